@@ -1,0 +1,75 @@
+#pragma once
+// Llama-family models (arch `llama`: Llama 2/3, Mistral, TinyLlama; arch `qwen2`) loaded from GGUF,
+// with weights kept in their file type in the mapping.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvslim/gguf.h"
+#include "kvslim/tokenizer.h"
+
+namespace kvslim {
+
+struct WeightView;
+
+/// Hyper-parameters read from `<arch>.*` metadata.
+struct HParams {
+  std::string arch;      ///< "llama" or "qwen2"
+  int n_vocab = 0;
+  int n_ctx_train = 0;   ///< tokens
+  int n_embd = 0;
+  int n_ff = 0;
+  int n_layer = 0;
+  int n_head = 0;        ///< query heads
+  int n_head_kv = 0;     ///< KV heads (GQA: n_head / n_head_kv query heads share one)
+  int head_dim = 0;
+  float rms_eps = 1e-5f;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  ///< 1 / linear scaling factor
+  bool rope_neox = false;        ///< qwen2: rotate (i, i + d/2) pairs instead of (2i, 2i+1)
+  int n_group() const { return n_head / n_head_kv; }
+};
+
+/// Weights of one transformer block. Norm weights are f32 copies (small); matrices are views.
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> bq, bk, bv;  ///< empty unless the model has q/k/v biases (qwen2)
+  std::unique_ptr<WeightView> wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+/// A loaded model: hyper-parameters, tokenizer and weights (views into the mapped GGUF file).
+class Model {
+ public:
+  /// Loads `path`. Throws kvslim::Error naming the file and the field for a missing/corrupt
+  /// file, an unknown architecture, a missing tensor, a tensor of the wrong shape, or an
+  /// unsupported tensor type.
+  static std::unique_ptr<Model> load(const std::string& path);
+  ~Model();
+
+  const HParams& hparams() const { return hp_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
+  const GGUFFile& file() const { return *file_; }
+  const LayerWeights& layer(int l) const { return layers_[l]; }
+  const WeightView& token_embd() const { return *tok_embd_; }
+  const WeightView& output() const { return *output_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  /// Per-dimension-pair RoPE frequency divisors (Llama 3.1 `rope_freqs`), empty when absent.
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }
+  /// Bytes of the weight tensors as stored.
+  size_t weight_bytes() const { return weight_bytes_; }
+  /// Name of the dominant weight type (e.g. "q8_0").
+  std::string weight_type() const;
+
+ private:
+  Model() = default;
+  HParams hp_;
+  std::unique_ptr<GGUFFile> file_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<LayerWeights> layers_;
+  std::unique_ptr<WeightView> tok_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace kvslim

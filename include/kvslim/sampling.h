@@ -1,0 +1,33 @@
+#pragma once
+// Next-token sampling: greedy, or top-k -> top-p -> temperature -> draw (llama.cpp's order).
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kvslim/tokenizer.h"
+
+namespace kvslim {
+
+struct SamplingParams {
+  float temp = 0.8f;    ///< <= 0: greedy (arg max)
+  int top_k = 40;       ///< <= 0: all tokens
+  float top_p = 0.95f;  ///< >= 1: no nucleus cut
+  uint64_t seed = 0;
+};
+
+/// Draws tokens from logits; deterministic for a seed.
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams p);
+  /// logits has n_vocab values. Ties in greedy mode go to the lowest id.
+  Token sample(const std::vector<float>& logits);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+};
+
+/// Index of the largest value (lowest index on ties).
+Token argmax(const float* logits, size_t n);
+
+}  // namespace kvslim

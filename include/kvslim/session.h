@@ -1,0 +1,75 @@
+#pragma once
+// A session runs a model over tokens on its own KV cache: batched prefill and single-token decode.
+#include <memory>
+#include <vector>
+
+#include "kvslim/kv_cache.h"
+#include "kvslim/model.h"
+
+namespace kvslim {
+
+/// What a press asked the forward pass to record while it prefills (see Press).
+struct ObservationRequest {
+  int window = 0;                  ///< record queries of the last `window` context tokens
+  bool hidden_states = false;      ///< record each layer's input hidden state for every token
+  bool attention_mass = false;     ///< accumulate, per entry, the attention it receives
+};
+
+/// What the forward pass saw, for presses. Filled by Session::forward when asked.
+struct Observation {
+  /// [layer] -> [n_head][n_window][head_dim] query vectors (RoPE applied) of the observation window.
+  std::vector<std::vector<float>> queries;
+  std::vector<int32_t> window_positions;  ///< positions of the observation-window queries
+  /// [layer] -> [n_tokens][n_embd] layer-input hidden states of the recorded tokens.
+  std::vector<std::vector<float>> hidden;
+  std::vector<int32_t> hidden_positions;
+  /// [layer][kv head] -> per entry of the segment, the sum over queries and over the GQA group
+  /// of the softmax probability the entry received (H2O's accumulated attention). Kept aligned
+  /// with the segment by the press that uses it.
+  std::vector<std::vector<std::vector<float>>> attention_mass;
+  int n_window() const { return static_cast<int>(window_positions.size()); }
+  void clear();
+};
+
+/// Options of a session.
+struct SessionOptions {
+  int n_ctx = 0;                       ///< max positions; 0 = the model's training context
+  KVCodec key_codec = KVCodec::F16;
+  KVCodec value_codec = KVCodec::F16;
+  bool exact = false;                  ///< f32 products everywhere (reference-logit tests)
+  int batch = 256;                     ///< tokens per forward batch during prefill
+};
+
+/// Owns a KV cache and the position counter for one request.
+class Session {
+ public:
+  /// Throws kvslim::Error when options are invalid for the model.
+  Session(const Model& model, SessionOptions opt);
+
+  /// Runs `tokens` at positions next_position().. appending their entries to the cache.
+  /// Returns logits [n_vocab] of the last token, or, when `all_logits`, [tokens.size()][n_vocab].
+  /// When `obs` and `req` are given, records what `req` asks for the positions in
+  /// [record_from, +inf). Throws kvslim::Error if the context (-c) would be exceeded.
+  std::vector<float> forward(const std::vector<Token>& tokens, bool all_logits = false,
+                             const ObservationRequest* req = nullptr, Observation* obs = nullptr,
+                             int32_t record_from = 0);
+
+  KVCache& cache() { return cache_; }
+  const KVCache& cache() const { return cache_; }
+  const Model& model() const { return model_; }
+  int32_t next_position() const { return next_pos_; }
+  int n_ctx() const { return n_ctx_; }
+  /// Forgets everything: empty cache, position 0.
+  void reset();
+
+ private:
+  void forward_batch(const Token* tokens, int n, bool all_logits, float* logits, const ObservationRequest* req,
+                     Observation* obs, int32_t record_from);
+  const Model& model_;
+  SessionOptions opt_;
+  int n_ctx_;
+  KVCache cache_;
+  int32_t next_pos_ = 0;
+};
+
+}  // namespace kvslim

@@ -1,0 +1,14 @@
+#pragma once
+// Each `kvslim` subcommand registers its options on the CLI11 app and returns the action to run.
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace kvslim::cli {
+
+using Action = std::function<int()>;
+
+/// Registration functions, one per subcommand file.
+void add_generate(CLI::App& app, Action& action);
+void add_presses(CLI::App& app, Action& action);
+
+}  // namespace kvslim::cli

@@ -1,0 +1,32 @@
+// kvslim: command-line entry point. Library errors become one line on stderr and exit code 1.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "kvslim/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvslim: long-context LLM inference with KV-cache compression"};
+  app.require_subcommand(1);
+  kvslim::cli::Action action;
+  kvslim::cli::add_generate(app, action);
+  kvslim::cli::add_presses(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const kvslim::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}

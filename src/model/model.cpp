@@ -1,0 +1,134 @@
+#include "kvslim/model.h"
+
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "kernels/matmul.h"
+
+namespace kvslim {
+
+Model::~Model() = default;
+
+namespace {
+
+std::unique_ptr<WeightView> matrix(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows,
+                                   size_t& total) {
+  const TensorInfo& t = f.tensor(name);
+  if (t.ne.size() != 2 || t.ne[0] != cols || t.ne[1] != rows)
+    throw Error(fmt::format("{}: tensor '{}' has shape [{}], expected [{}, {}]", f.path(), name,
+                            fmt::join(t.ne, ", "), cols, rows));
+  const TypeTraits* tr = type_traits(t.type);
+  if (!tr || !tr->supported)
+    throw Error(fmt::format("{}: tensor '{}' has unsupported tensor type {}", f.path(), name, type_name(t.type)));
+  auto w = std::make_unique<WeightView>();
+  w->type = t.type;
+  w->data = t.data;
+  w->cols = cols;
+  w->rows = rows;
+  w->row_stride = row_bytes(t.type, cols);
+  total += t.nbytes;
+  return w;
+}
+
+std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
+  const TensorInfo& t = f.tensor(name);
+  if (t.nelements() != n)
+    throw Error(fmt::format("{}: tensor '{}' has {} elements, expected {}", f.path(), name, t.nelements(), n));
+  return f.tensor_f32(t);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = GGUFFile::open(path);
+  const GGUFFile& f = *m->file_;
+  HParams& hp = m->hp_;
+  hp.arch = f.get_string("general.architecture");
+  if (hp.arch != "llama" && hp.arch != "qwen2" && hp.arch != "mistral")
+    throw Error(fmt::format("{}: unknown architecture general.architecture = '{}' (supported: llama, mistral, qwen2)",
+                            path, hp.arch));
+  const std::string a = hp.arch + ".";
+  auto positive = [&](const std::string& key, int64_t v) {
+    if (v <= 0 || v > (1 << 24)) throw Error(fmt::format("{}: metadata {} = {} is out of range", path, key, v));
+    return static_cast<int>(v);
+  };
+  hp.n_embd = positive(a + "embedding_length", f.get_int(a + "embedding_length"));
+  hp.n_ff = positive(a + "feed_forward_length", f.get_int(a + "feed_forward_length"));
+  hp.n_layer = positive(a + "block_count", f.get_int(a + "block_count"));
+  hp.n_head = positive(a + "attention.head_count", f.get_int(a + "attention.head_count"));
+  hp.n_head_kv = positive(a + "attention.head_count_kv", f.get_int(a + "attention.head_count_kv", hp.n_head));
+  hp.n_ctx_train = positive(a + "context_length", f.get_int(a + "context_length", 2048));
+  if (hp.n_head % hp.n_head_kv != 0)
+    throw Error(fmt::format("{}: {}attention.head_count = {} is not a multiple of head_count_kv = {}", path, a,
+                            hp.n_head, hp.n_head_kv));
+  hp.head_dim = static_cast<int>(f.get_int(a + "attention.key_length", hp.n_embd / hp.n_head));
+  if (hp.head_dim <= 0 || hp.head_dim % 2 != 0 || hp.head_dim > 1024)
+    throw Error(fmt::format("{}: head dimension {} is invalid", path, hp.head_dim));
+  hp.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  hp.rope_freq_base = static_cast<float>(f.get_float(a + "rope.freq_base", 10000.0));
+  if (f.has(a + "rope.scaling.type")) {
+    std::string st = f.get_string(a + "rope.scaling.type");
+    double factor = f.get_float(a + "rope.scaling.factor", 1.0);
+    if (st == "linear" && factor > 0) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    else if (st != "none" && st != "linear" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
+      throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}'", path, a, st));
+  } else if (f.has(a + "rope.scale_linear")) {
+    double factor = f.get_float(a + "rope.scale_linear");
+    if (factor > 0) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  }
+  hp.rope_neox = hp.arch == "qwen2";
+
+  m->tok_ = Tokenizer::from_gguf(f);
+  hp.n_vocab = m->tok_->n_vocab();
+
+  size_t& wb = m->weight_bytes_;
+  const int64_t d = hp.n_embd, dq = int64_t(hp.n_head) * hp.head_dim, dkv = int64_t(hp.n_head_kv) * hp.head_dim;
+  m->tok_embd_ = matrix(f, "token_embd.weight", d, hp.n_vocab, wb);
+  m->output_norm_ = vec(f, "output_norm.weight", d);
+  if (f.find_tensor("output.weight")) m->output_ = matrix(f, "output.weight", d, hp.n_vocab, wb);
+  else m->output_ = std::make_unique<WeightView>(*m->tok_embd_);  // tied embeddings
+  if (const TensorInfo* rf = f.find_tensor("rope_freqs.weight")) {
+    if (rf->nelements() != hp.head_dim / 2)
+      throw Error(fmt::format("{}: tensor 'rope_freqs.weight' has {} elements, expected {}", path, rf->nelements(),
+                              hp.head_dim / 2));
+    m->rope_freqs_ = f.tensor_f32(*rf);
+  }
+  m->layers_.resize(hp.n_layer);
+  for (int l = 0; l < hp.n_layer; ++l) {
+    LayerWeights& L = m->layers_[l];
+    std::string p = fmt::format("blk.{}.", l);
+    L.attn_norm = vec(f, p + "attn_norm.weight", d);
+    L.ffn_norm = vec(f, p + "ffn_norm.weight", d);
+    L.wq = matrix(f, p + "attn_q.weight", d, dq, wb);
+    L.wk = matrix(f, p + "attn_k.weight", d, dkv, wb);
+    L.wv = matrix(f, p + "attn_v.weight", d, dkv, wb);
+    L.wo = matrix(f, p + "attn_output.weight", dq, d, wb);
+    L.w_gate = matrix(f, p + "ffn_gate.weight", d, hp.n_ff, wb);
+    L.w_up = matrix(f, p + "ffn_up.weight", d, hp.n_ff, wb);
+    L.w_down = matrix(f, p + "ffn_down.weight", hp.n_ff, d, wb);
+    if (f.find_tensor(p + "attn_q.bias")) {
+      L.bq = vec(f, p + "attn_q.bias", dq);
+      L.bk = vec(f, p + "attn_k.bias", dkv);
+      L.bv = vec(f, p + "attn_v.bias", dkv);
+    }
+  }
+  return m;
+}
+
+std::string Model::weight_type() const {
+  std::map<std::string, size_t> bytes;
+  for (const LayerWeights& L : layers_)
+    for (const WeightView* w : {L.wq.get(), L.wk.get(), L.wv.get(), L.wo.get(), L.w_gate.get(), L.w_up.get(),
+                                L.w_down.get()})
+      bytes[type_name(w->type)] += w->row_stride * w->rows;
+  std::string best;
+  size_t most = 0;
+  for (auto& [k, v] : bytes)
+    if (v > most) most = v, best = k;
+  return best;
+}
+
+}  // namespace kvslim

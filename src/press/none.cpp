@@ -1,0 +1,17 @@
+// The identity press: keeps the full cache.
+#include "kvslim/press.h"
+
+namespace kvslim {
+namespace {
+
+class NonePress : public Press {
+ public:
+  std::string describe() const override { return "none"; }
+  void compress(KVCache&, const Model&, const Observation&) override {}
+};
+
+PressRegistrar reg({"none", "keeps every entry (full cache)", "-", {},
+                    [](const PressParams&) { return std::make_unique<NonePress>(); }});
+
+}  // namespace
+}  // namespace kvslim

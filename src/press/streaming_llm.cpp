@@ -1,0 +1,37 @@
+// StreamingLLM: keep the first n_sink entries (attention sinks) and the most recent ones.
+// Xiao et al., "Efficient Streaming Language Models with Attention Sinks", arXiv 2309.17453.
+#include <fmt/format.h>
+
+#include "kvslim/press.h"
+
+namespace kvslim {
+namespace {
+
+class StreamingLLMPress : public ScorerPress {
+ public:
+  StreamingLLMPress(double ratio, int n_sink) : ScorerPress(ratio), n_sink_(n_sink) {}
+  std::string describe() const override { return fmt::format("streaming_llm:ratio={},n_sink={}", ratio_, n_sink_); }
+  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
+    for (int h = 0; h < view.hp().n_head_kv; ++h) {
+      const auto& pos = view.seg(h).positions();
+      out[h].resize(pos.size());
+      // Sinks are the entries at the smallest positions; recency orders the rest.
+      for (size_t i = 0; i < pos.size(); ++i)
+        out[h][i] = i < static_cast<size_t>(n_sink_) ? kProtected : static_cast<float>(pos[i]);
+    }
+  }
+
+ private:
+  int n_sink_;
+};
+
+PressRegistrar reg({"streaming_llm", "attention sinks + most recent entries",
+                    "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks, arXiv 2309.17453",
+                    {{"ratio", "0"}, {"n_sink", "4"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                      int n_sink = param_int(p, "streaming_llm", "n_sink");
+                      if (n_sink < 0) throw Error(fmt::format("press streaming_llm: n_sink={} must be >= 0", n_sink));
+                      return std::make_unique<StreamingLLMPress>(param_double(p, "streaming_llm", "ratio"), n_sink);
+                    }});
+
+}  // namespace
+}  // namespace kvslim
