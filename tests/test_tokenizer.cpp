@@ -2,6 +2,7 @@
 // prompts, special tokens and error reporting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
 #include "kvslim/tokenizer.h"
+#include "tokenizer/internal.h"
 
 using namespace kvslim;
 
@@ -275,4 +277,50 @@ TEST(Tokenizer, LongPromptIsFast) {
     EXPECT_LT(s, 1.0) << name << ": " << ids.size() << " tokens took " << s << " s";
     EXPECT_EQ(tok->decode(ids), big) << name;
   }
+}
+
+// ---- pre-tokenizer regexes without a test vocabulary here (llama3, qwen2, ...) ----
+
+namespace {
+
+std::vector<std::string> words(const std::string& pre, const std::string& text) {
+  tok::RegexSplitter split(tok::pre_tokenizer_for(pre).regexes);
+  std::vector<std::string> out;
+  for (auto [b, e] : split.split(text)) out.push_back(text.substr(b, e - b));
+  return out;
+}
+
+using W = std::vector<std::string>;
+
+}  // namespace
+
+TEST(PreTokenizer, Llama3Splits) {
+  // Splits implied by llama.cpp's llama3 test ids (e.g. "    Hello\n    Hello" -> 262 22691 198 262 22691).
+  EXPECT_EQ(words("llama-bpe", "    Hello\n    Hello"), (W{"   ", " Hello", "\n", "   ", " Hello"}));
+  EXPECT_EQ(words("llama-bpe", "Hello, y'all! I'M"), (W{"Hello", ",", " y", "'all", "!", " I", "'M"}));
+  EXPECT_EQ(words("llama-bpe", "1314151"), (W{"131", "415", "1"}));
+  EXPECT_EQ(words("llama-bpe", "\n\n\n"), (W{"\n\n\n"}));
+  EXPECT_EQ(words("llama-bpe", "\n ="), (W{"\n", " ="}));
+  EXPECT_EQ(words("llama-bpe", "!!\n\nok  "), (W{"!!\n\n", "ok", "  "}));
+  EXPECT_EQ(words("llama-bpe", "нещо на"), (W{"нещо", " на"}));
+  EXPECT_TRUE(tok::pre_tokenizer_for("llama-bpe").ignore_merges);
+  EXPECT_TRUE(tok::pre_tokenizer_for("llama-bpe").add_bos);
+}
+
+TEST(PreTokenizer, Qwen2SplitsDigitsSingly) {
+  EXPECT_EQ(words("qwen2", "333 apples"), (W{"3", "3", "3", " apples"}));
+  EXPECT_EQ(words("qwen2", "don't"), (W{"don", "'t"}));
+  EXPECT_FALSE(tok::pre_tokenizer_for("qwen2").add_bos);
+}
+
+TEST(PreTokenizer, EveryKnownNameCompiles) {
+  for (const char* pre : {"", "default", "llama3", "llama-bpe", "dbrx", "deepseek-llm", "deepseek-coder",
+                          "deepseek-v3", "falcon", "starcoder", "refact", "gpt-2", "mpt", "qwen2", "stablelm2",
+                          "poro-chat", "viking", "tekken", "gpt-4o", "command-r", "smollm"}) {
+    std::vector<std::string> w = words(pre, "Hello, world! 12345 \xE4\xBD\xA0\xE5\xA5\xBD (x)\n\n  ");
+    std::string joined;
+    for (const auto& s : w) joined += s;
+    EXPECT_EQ(joined, "Hello, world! 12345 \xE4\xBD\xA0\xE5\xA5\xBD (x)\n\n  ") << pre;
+  }
+  EXPECT_THROW(tok::pre_tokenizer_for("no-such-pre"), Error);
 }

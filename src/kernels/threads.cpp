@@ -19,7 +19,8 @@ class Pool {
     stop();
     n_ = std::max(1, n);
     quit_ = false;
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
+    // New workers start from the current generation so they never replay a finished region.
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i, g = generation_] { loop(i, g); });
   }
   int size() const { return n_; }
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
@@ -48,8 +49,7 @@ class Pool {
   }
 
  private:
-  void loop(int idx) {
-    uint64_t seen = 0;
+  void loop(int idx, uint64_t seen) {
     for (;;) {
       const std::function<void(int64_t, int64_t)>* fn;
       int64_t b = 0, e = 0;
