@@ -1,6 +1,7 @@
 #pragma once
 // GGUF v2/v3 reading (mmap) and writing. Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,6 +71,10 @@ class GGUFFile {
   static std::unique_ptr<GGUFFile> open(const std::string& path);
   /// Parses an in-memory image (copied). Same errors as open(); `label` names it in messages.
   static std::unique_ptr<GGUFFile> from_bytes(const std::string& bytes, const std::string& label);
+  /// Parses `size` bytes at `data` without copying them: the caller keeps the memory alive and
+  /// unchanged for the life of the returned object (tensor data pointers point into it).
+  /// Same errors as open(); `label` names the image in messages.
+  static std::unique_ptr<GGUFFile> from_memory(const void* data, size_t size, const std::string& label);
   ~GGUFFile();
   GGUFFile(const GGUFFile&) = delete;
   GGUFFile& operator=(const GGUFFile&) = delete;
@@ -127,10 +132,18 @@ class GGUFWriter {
   /// Convenience: f32 data converted to `type` row by row.
   void add_tensor_f32(const std::string& name, GGMLType type, std::vector<int64_t> ne,
                       const std::vector<float>& values);
-  /// Serialized file image.
+  /// Declares a tensor whose encoded bytes are produced only while the file is written by
+  /// write_streaming, so a model larger than memory can be written tensor by tensor.
+  void add_tensor_deferred(const std::string& name, GGMLType type, std::vector<int64_t> ne);
+  /// Serialized file image. Throws kvslim::Error if a tensor was added with add_tensor_deferred.
   std::string bytes() const;
   /// Writes to `path`; I/O failure -> kvslim::Error.
   void write(const std::string& path) const;
+  /// Writes to `path`, calling `produce(i, out)` for each deferred tensor i (its index among all
+  /// tensors, in the order added) to fill `out` with exactly its encoded bytes. Only one tensor's
+  /// data is held at a time. I/O failure or a wrong size -> kvslim::Error.
+  void write_streaming(const std::string& path,
+                       const std::function<void(size_t index, std::string& out)>& produce) const;
 
  private:
   struct Pending {
@@ -138,7 +151,11 @@ class GGUFWriter {
     GGMLType type;
     std::vector<int64_t> ne;
     std::string data;
+    size_t nbytes = 0;
+    bool deferred = false;
   };
+  /// Header, tensor infos and padding up to the data section; fills the data offsets.
+  std::string header(std::vector<uint64_t>& offsets, size_t& alignment) const;
   std::vector<std::pair<std::string, GGUFValue>> kv_;
   std::vector<Pending> tensors_;
 };

@@ -1,6 +1,19 @@
 #pragma once
 // The KV cache: one segment per (layer, KV head), each a variable-length list of entries that
 // keep their original positions, so head- and layer-adaptive presses free real memory.
+//
+// Storage codecs (see ../shared/design/ARCHITECTURE.md section 3):
+// - row codecs f32, f16, bf16, q8_0, q4_0 (llama.cpp's --cache-type names and ggml's block
+//   semantics): every entry's key and value are encoded on their own;
+// - KIVI (Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache",
+//   arXiv 2402.02750): b-bit asymmetric codes, keys per channel over groups of G tokens, values
+//   per token over groups of G channels, the newest R entries kept in a full-precision row codec;
+// - an optional orthogonal (Hadamard) rotation of keys, undone for queries inside attention;
+// - two precision tiers per segment (LeanKV, Zhang et al., "Unifying KV Cache Compression for
+//   Large Language Models with LeanKV", arXiv 2412.03131): a high tier with the cache's codecs
+//   and a low tier with cheaper row codecs, keys and values chosen independently.
+// Attention reads segments block by block (kKVTile entries at a time), never a full-precision
+// copy of the whole segment.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,64 +23,229 @@
 
 namespace kvslim {
 
-/// Storage codec of a segment's keys or values.
-enum class KVCodec { F32, F16 };
-/// Parses "f32" / "f16" (llama.cpp's --cache-type names). Unknown -> kvslim::Error naming it.
+/// Row codec of keys or values. Q8_0 / Q4_0 use ggml's blocks of 32 values along head_dim (one
+/// f16 scale per block; q4_0's codes are offset by 8); where head_dim is not a multiple of 32 the
+/// block is gcd(32, head_dim) values (8 for a head_dim of 8), with the same rounding.
+enum class KVCodec { F32, F16, BF16, Q8_0, Q4_0 };
+
+/// Parses llama.cpp's --cache-type names: "f32", "f16", "bf16", "q8_0", "q4_0". Other names
+/// (including llama.cpp types this engine does not store, like q4_1) throw kvslim::Error naming
+/// the value and listing the supported ones.
 KVCodec parse_codec(const std::string& name);
 const char* codec_name(KVCodec c);
-/// Bytes one row of `head_dim` values takes in codec `c` (scales included).
+/// True for q8_0 and q4_0.
+bool codec_is_quantized(KVCodec c);
+/// Values per quantization block along head_dim: 1 for f32/f16/bf16, gcd(32, head_dim) otherwise.
+int codec_block(KVCodec c, int head_dim);
+/// Bytes one row of `head_dim` values takes in codec `c`, scales included.
 size_t codec_row_bytes(KVCodec c, int head_dim);
 
+/// Quantization options on top of the row codecs.
+struct KVQuantOptions {
+  int kivi_bits = 0;        ///< 0 = KIVI off; else 2 or 4 bits per key and value code
+  int kivi_group = 32;      ///< G: tokens per key group, channels per value group
+  int kivi_residual = 128;  ///< R: newest entries kept in the full-precision row codec
+  bool hadamard = false;    ///< rotate keys (and, inside attention, queries) before storing
+};
+
+/// Checks a cache configuration independently of the model; throws kvslim::Error with a message
+/// naming the flags for: KIVI bits other than 0/2/4, a group < 1, a residual < 0, KIVI with a
+/// quantized row codec (its residual window must be f32, f16 or bf16).
+void validate_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q);
+/// The model-dependent part: head_dim must allow the KIVI groups (head_dim a multiple of
+/// min(G, head_dim) and of 4). Throws kvslim::Error naming the values.
+void validate_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q, int head_dim);
+/// One-line summary, e.g. "k=q8_0 v=q4_0" or "kivi4 G=32 R=128 (residual k=f16 v=f16), hadamard".
+std::string describe_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q);
+
+/// Entries per key tile: keys are stored transposed in tiles of this many entries (so attention
+/// reads one channel of kKVTile entries with one vector load), values row by row.
+constexpr int kKVTile = 16;
+
+/// One storage tier of a segment: a KIVI part (quantized token groups, oldest entries) followed
+/// by a row part (row codecs). Without KIVI the row part holds every entry. Internal building
+/// block of Segment; exposed for the attention kernel.
+class KVStore {
+ public:
+  KVStore(int head_dim, KVCodec key_codec, KVCodec value_codec, const KVQuantOptions& q);
+
+  size_t size() const { return n_group_ + n_row_; }
+  size_t group_entries() const { return n_group_; }  ///< entries in KIVI groups (the oldest)
+  size_t row_entries() const { return n_row_; }      ///< entries in the row codec part
+  KVCodec key_codec() const { return kc_; }
+  KVCodec value_codec() const { return vc_; }
+  int kivi_bits() const { return bits_; }
+  /// Token counts of the KIVI groups, oldest first (a group shrinks when entries are retained).
+  std::vector<int> group_sizes() const;
+
+  /// Appends one entry (k may already be rotated). With KIVI, entries older than the newest R
+  /// appends are quantized G at a time.
+  void append(const float* k, const float* v);
+  /// Keeps entries `idx` (strictly increasing, in range; checked by Segment). KIVI groups lose the
+  /// dropped tokens' codes without requantizing the kept ones.
+  void retain(const std::vector<int32_t>& idx);
+  void clear();
+
+  void key(size_t i, float* out) const;
+  void value(size_t i, float* out) const;
+  /// Re-encodes keys [b, e) from rows[(e-b) * head_dim]; entries in a KIVI group requantize their
+  /// whole group's keys (exact re-quantization when the whole group is set in one call).
+  void set_keys(size_t b, size_t e, const float* rows);
+
+  /// Bytes of keys and values with scales and zero points.
+  size_t kv_bytes() const;
+  /// Bookkeeping bytes (KIVI residual-window serial numbers).
+  size_t meta_bytes() const { return serial_.size() * sizeof(uint32_t); }
+
+  /// Start of the attention block holding store index i.
+  size_t block_begin(size_t i) const;
+  /// End of the attention block starting at store index b: at most kKVTile entries, never across a
+  /// KIVI group or a key tile boundary.
+  size_t block_end(size_t b) const;
+  /// Decodes the keys of block [b, e) transposed: kt[d * kKVTile + j] = key(b + j)[d]. Lanes
+  /// j >= e - b are unspecified.
+  void block_keys_t(size_t b, size_t e, float* kt) const;
+  /// Values of block [b, e) as rows, (e-b) x head_dim. Returns a pointer into storage when the
+  /// value codec is f32 (no copy), else decodes into `buf` and returns it.
+  const float* block_values(size_t b, size_t e, float* buf) const;
+
+ private:
+  // Row part.
+  uint8_t* tile(size_t r) { return kt_.data() + (r / kKVTile) * tile_bytes_; }
+  const uint8_t* tile(size_t r) const { return kt_.data() + (r / kKVTile) * tile_bytes_; }
+  void row_key(size_t r, float* out) const;
+  void row_put_key(size_t r, const float* k);
+  void row_move(size_t dst, size_t src);
+  void row_resize(size_t n);
+  /// Appends entry j of `src` (a store without KIVI) to the row part, copying its encoded bytes
+  /// when the codecs match and re-encoding otherwise.
+  void append_from(const KVStore& src, size_t j);
+  // KIVI part.
+  void flush_groups();
+  void quantize_group(const float* keys, const float* vals, int n, std::vector<uint8_t>& dst) const;
+  size_t group_bytes(int n) const;
+  size_t group_of(size_t i) const;
+  void group_key(size_t g, int t, float* out) const;
+  void group_value(size_t g, int t, float* out) const;
+  void group_block_keys_t(size_t g, int t0, int nb, float* kt) const;
+  void group_block_values(size_t g, int t0, int nb, float* out) const;
+  void set_group_keys(size_t g, const std::vector<std::pair<int, const float*>>& rows);
+  void retain_groups(const std::vector<int32_t>& idx, size_t& used);
+  void rebuild_group_starts();
+
+  int hd_;
+  KVCodec kc_, vc_;
+  size_t krow_, vrow_;  // bytes per entry in the row part
+  size_t tile_bytes_;
+  int bits_, G_, R_, gv_;
+  // Row part: key tiles (kKVTile entries each, transposed) and value rows.
+  std::vector<uint8_t> kt_, v_;
+  size_t n_row_ = 0;
+  // KIVI part: groups laid out back to back; gofs_[g] is the byte offset of group g, gn_[g] its
+  // token count, gstart_[g] the store index of its first token (gstart_.back() == n_group_).
+  std::vector<uint8_t> g_;
+  std::vector<size_t> gofs_;
+  std::vector<int> gn_;
+  std::vector<size_t> gstart_{0};
+  size_t n_group_ = 0;
+  // KIVI residual window: append serial of every row-part entry (only with KIVI).
+  std::vector<uint32_t> serial_;
+  uint64_t appended_ = 0;
+
+  friend class Segment;
+};
+
 /// Entries of one (layer, KV head): keys (RoPE applied) and values, head_dim each, plus the
-/// original token position of every entry. Entry order is insertion order.
+/// original token position of every entry. Entry order is insertion order. Entries live in tier 0
+/// (the cache's codecs) unless a LeanKV-style split moved them to tier 1 (cheaper row codecs).
 class Segment {
  public:
-  Segment(int head_dim, KVCodec key_codec, KVCodec value_codec);
+  /// Throws kvslim::Error for a configuration validate_cache_config rejects.
+  Segment(int head_dim, KVCodec key_codec, KVCodec value_codec, const KVQuantOptions& q = {});
 
   int head_dim() const { return head_dim_; }
   size_t size() const { return pos_.size(); }
-  KVCodec key_codec() const { return kc_; }
-  KVCodec value_codec() const { return vc_; }
+  KVCodec key_codec() const { return stores_[0].key_codec(); }
+  KVCodec value_codec() const { return stores_[0].value_codec(); }
+  const KVQuantOptions& quant() const { return q_; }
 
-  /// Appends one entry; k and v hold head_dim floats.
+  /// Appends one entry to tier 0; k and v hold head_dim floats (k is rotated here when the
+  /// cache rotates keys).
   void append(const float* k, const float* v, int32_t position);
   /// Keeps only the entries at `indices` (strictly increasing, each < size()), compacts them in
-  /// order and releases the freed memory. Throws kvslim::Error on bad indices.
+  /// order and releases the freed memory. Entries keep their tier. Throws kvslim::Error on bad
+  /// indices.
   void retain(const std::vector<int32_t>& indices);
+  /// LeanKV-style precision tiers: keeps `indices` (as retain) and puts entry indices[j] in the low
+  /// tier when low[j] != 0, else in the high tier. Entries that change tier are decoded and
+  /// re-encoded (a low-tier entry moved up keeps its quantization error). The low tier uses
+  /// row codecs `low_key` / `low_value`; existing low-tier entries are re-encoded if these differ
+  /// from the current ones. Throws kvslim::Error for bad indices, sizes that differ, or a KIVI
+  /// cache (its token groups cannot be split by tier).
+  void retain_tiered(const std::vector<int32_t>& indices, const std::vector<uint8_t>& low, KVCodec low_key,
+                     KVCodec low_value);
+  /// Entries in the low tier, and whether entry i is there.
+  size_t low_tier_size() const { return stores_.size() > 1 ? stores_[1].size() : 0; }
+  bool is_low(size_t i) const { return !tier_.empty() && tier_[i] != 0; }
   void clear();
 
-  /// Decodes entry i's key/value into out[head_dim].
+  /// Decodes entry i's key/value into out[head_dim] (keys un-rotated: the key as appended, up to
+  /// the codec's error).
   void key(size_t i, float* out) const;
   void value(size_t i, float* out) const;
-  /// Decodes keys [begin, end) into out[(end-begin) * head_dim] (row-major). For f32 storage
-  /// keys_f32() gives the rows without a copy.
+  /// Decodes keys [begin, end) into out[(end-begin) * head_dim] (row-major).
   void keys(size_t begin, size_t end, float* out) const;
   void values(size_t begin, size_t end, float* out) const;
-  /// Direct f32 rows when the codec is F32, else nullptr.
-  const float* keys_f32() const;
+  /// Keys are stored in transposed tiles, never as plain rows: always nullptr (kept for callers
+  /// that fall back to keys()).
+  const float* keys_f32() const { return nullptr; }
+  /// Direct value rows when every entry is in one f32 row part, else nullptr.
   const float* values_f32() const;
 
   const std::vector<int32_t>& positions() const { return pos_; }
   std::vector<int32_t>& positions_mut() { return pos_; }
-  /// Overwrites entry i's key (used by key re-rotation).
+  /// Overwrites entry i's key, re-encoding it in its codec (key re-rotation: dequantize, rotate,
+  /// requantize). For many keys prefer set_keys: a KIVI group set in one call is quantized once.
   void set_key(size_t i, const float* k);
+  /// Overwrites keys [begin, end) from rows[(end-begin) * head_dim].
+  void set_keys(size_t begin, size_t end, const float* rows);
 
-  /// Payload bytes: keys, values (with any scales) and positions of the stored entries.
+  /// Payload bytes: keys and values (scales and zero points included), positions, and the
+  /// bookkeeping of tiers and of the KIVI residual window.
   size_t bytes() const;
+  /// Key and value bytes only (scales and zero points included): bits per value = 8 * kv_bytes()
+  /// / (2 * head_dim * size()).
+  size_t kv_bytes() const;
+
+  // ---- Read access for attention kernels ----
+  bool rotated() const { return q_.hadamard; }
+  /// Applies the key rotation to x[head_dim] (its own inverse); no-op without rotation.
+  void rotate(float* x) const;
+  int n_stores() const { return static_cast<int>(stores_.size()); }
+  const KVStore& store(int s) const { return stores_[s]; }
+  /// Logical index of every entry of store s, in store order; empty when store s holds exactly
+  /// the entries [0, size()) (a single tier).
+  std::vector<int32_t> store_entries(int s) const;
+  /// Store and store index of entry i.
+  void locate(size_t i, int& s, size_t& j) const;
 
  private:
+  void check_indices(const std::vector<int32_t>& idx, const char* what) const;
   int head_dim_;
-  KVCodec kc_, vc_;
-  size_t krow_, vrow_;
-  std::vector<uint8_t> k_, v_;
+  KVQuantOptions q_;
+  std::vector<KVStore> stores_;
   std::vector<int32_t> pos_;
+  // Only with two tiers: tier and store index of every entry.
+  std::vector<uint8_t> tier_;
+  std::vector<int32_t> sidx_;
 };
 
 /// All segments of a model: n_layer x n_head_kv.
 class KVCache {
  public:
+  /// Throws kvslim::Error when the configuration is invalid (see validate_cache_config).
   KVCache(int n_layer, int n_head_kv, int head_dim, KVCodec key_codec = KVCodec::F16,
-          KVCodec value_codec = KVCodec::F16);
+          KVCodec value_codec = KVCodec::F16, const KVQuantOptions& q = {});
 
   int n_layer() const { return n_layer_; }
   int n_head_kv() const { return n_head_kv_; }
@@ -81,6 +259,8 @@ class KVCache {
   /// Payload bytes over all segments (see Segment::bytes).
   size_t bytes() const;
   size_t bytes(int layer) const;
+  /// Key and value bytes over all segments (see Segment::kv_bytes).
+  size_t kv_bytes() const;
   /// Bytes of a full (uncompressed) f16 cache holding `n_tokens` entries in every segment,
   /// positions included: the reference of the memory ratio.
   size_t full_f16_bytes(size_t n_tokens) const;
@@ -92,5 +272,12 @@ class KVCache {
   int n_layer_, n_head_kv_, head_dim_;
   std::vector<Segment> segs_;
 };
+
+/// LeanKV-style split of one segment from its scores (higher = more important): the `n_high`
+/// highest-scoring entries stay in the high tier, the next `n_low` go to the low tier, the rest
+/// are evicted. Entries scored >= `protect` (a press's protected score) are always high.
+/// Ties go to the later entry. Throws kvslim::Error when scores and segment sizes differ.
+void apply_precision_tiers(Segment& seg, const std::vector<float>& scores, int n_high, int n_low, KVCodec low_key,
+                           KVCodec low_value, float protect = 3.0e38f);
 
 }  // namespace kvslim

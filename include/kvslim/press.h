@@ -1,7 +1,23 @@
 #pragma once
 // Presses: methods that decide which KV cache entries to keep (kvpress's term). A score-based
 // press = a scorer (one score per entry; higher is kept) + a budget policy (how many entries each
-// (layer, KV head) keeps) + selection; the cache then retains exactly the chosen entries.
+// (layer, KV head) keeps) + selection; the cache then retains exactly the chosen entries, so the
+// bytes really go down (head- and layer-adaptive budgets included: nothing is masked).
+//
+// Spec syntax (make_press, `kvslim generate --press`, `kvslim presses`):
+//   spec  := term ('+' term)*                 composition: each term compresses what the previous left
+//   term  := NAME [':' params]                a registered press (scorer), e.g. snapkv:window=32
+//          | NAME '(' spec [',' params] ')' [':' params]
+//                                             a budget policy over a scorer, e.g. adakv(snapkv),
+//                                             or a wrapper, e.g. key_rerotation(streaming_llm)
+//   params:= key=value (',' key=value)*
+// Inside the parentheses, key=value items that follow the inner spec belong to the inner press
+// while the inner spec has a ':' list and the key is one of its parameters; the first other key
+// and every later one belong to the outer press. `adakv(snapkv:window=32,alpha=0.3)` gives window
+// to snapkv and alpha to adakv; `threshold(snapkv,window=128)` gives window to threshold; the
+// form `outer(inner:...):k=v` is always unambiguous. A parameter given twice is an error.
+// The --compression-ratio value fills every `ratio` the spec leaves unset; `ratio` after a policy
+// or wrapper sets the ratio of what it wraps.
 #include <functional>
 #include <map>
 #include <memory>
@@ -16,22 +32,37 @@ namespace kvslim {
 
 /// Score of entries that must never be evicted (sinks, observation window, sliding window).
 constexpr float kProtected = 3.0e38f;
+/// Score that ranks an entry above every unprotected score without protecting it (CriticalKV's
+/// first-stage selection): it still counts against the budget.
+constexpr float kPreferred = 1.0e30f;
 
 /// scores[layer][kv head][entry], aligned with the cache segments.
 using Scores = std::vector<std::vector<std::vector<float>>>;
 /// keep[layer][kv head]: how many entries each segment keeps.
 using KeepCounts = std::vector<std::vector<int>>;
 
+/// What one compression step aims at: remove `ratio` of `n_context` entries per segment.
+/// n_context is the number of context tokens seen so far (with chunked prefill, every chunk so
+/// far), or, inside a composition, what the previous presses left.
+struct Target {
+  double ratio = 0.0;
+  size_t n_context = 0;
+};
+
 /// What a press sees of one layer when it compresses.
 class LayerView {
  public:
-  LayerView(const Model& model, const KVCache& cache, const Observation& obs, int layer);
+  LayerView(const Model& model, const KVCache& cache, const Observation& obs, int layer, Target target = {});
   int layer() const { return layer_; }
   const HParams& hp() const { return model_.hparams(); }
   const Model& model() const { return model_; }
+  const KVCache& cache() const { return cache_; }
   const Segment& seg(int kv_head) const { return cache_.seg(layer_, kv_head); }
   const Observation& obs() const { return obs_; }
-  /// Observation-window queries of query head qh: [n_window][head_dim], RoPE applied.
+  /// The step's target (ratio and the context length it applies to).
+  const Target& target() const { return target_; }
+  /// Observation-window queries of query head qh: [n_window][head_dim], RoPE applied; nullptr
+  /// when none were recorded.
   const float* window_queries(int qh) const;
   int n_window() const { return obs_.n_window(); }
   /// Softmax attention of the observation-window queries of every query head of KV head h's
@@ -44,69 +75,158 @@ class LayerView {
   const KVCache& cache_;
   const Observation& obs_;
   int layer_;
+  Target target_;
   mutable std::map<int, std::vector<float>> attn_;
-};
-
-/// Base of all presses.
-class Press {
- public:
-  virtual ~Press() = default;
-  /// Registry name with parameters, e.g. "snapkv:window=64,kernel=5,ratio=0.5".
-  virtual std::string describe() const = 0;
-  /// What the forward pass must record for compress().
-  virtual ObservationRequest request() const { return {}; }
-  /// Compresses `cache` after a prefill step (the whole context, or one chunk of it when
-  /// prefill is chunked). `obs` holds what request() asked for.
-  virtual void compress(KVCache& cache, const Model& model, const Observation& obs) = 0;
-  /// Called after each decode step; decoding presses evict here. Default: nothing.
-  virtual void after_decode(KVCache& cache, const Model& model, const Observation& obs) {}
-  /// Forgets per-request state (a press object may serve several requests).
-  virtual void reset() {}
-  /// The compression ratio asked for (fraction of context entries to remove).
-  virtual double ratio() const { return 0.0; }
-};
-
-/// Turns scores into keep-counts per (layer, KV head).
-class BudgetPolicy {
- public:
-  virtual ~BudgetPolicy() = default;
-  virtual std::string describe() const = 0;
-  /// keep[l][h] for removing `ratio` of the entries. Implementations call clamp_keep().
-  virtual KeepCounts keep_counts(const Scores& scores, const KVCache& cache, double ratio) const = 0;
 };
 
 /// floor(n * (1 - ratio)), at least 1 (when n > 0) and at most n.
 int uniform_keep(size_t n, double ratio);
 
-/// Uniform policy: every segment keeps uniform_keep(n, ratio).
+/// Largest position stored + 1 over the cache (0 when empty), read from each segment's last
+/// entry: right after a forward call, the number of tokens the session has seen.
+int32_t cache_next_position(const KVCache& cache);
+
+/// Base of all presses. A press serves one request at a time; reset() (called by
+/// prefill_and_compress before the first chunk) forgets everything about the previous one.
+class Press {
+ public:
+  virtual ~Press() = default;
+  /// Spec with parameters, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg".
+  virtual std::string describe() const = 0;
+  /// What the forward pass must record during prefill.
+  virtual ObservationRequest request() const { return {}; }
+  /// What the forward pass must record at each decode step (for after_decode).
+  virtual ObservationRequest decode_request() const { return {}; }
+  /// Compresses `cache` after a prefill step (the whole context, or one chunk of it when prefill
+  /// is chunked): observe(), then apply() toward {ratio(), tokens seen so far}. `obs` holds what
+  /// request() asked for, recorded over this step's tokens.
+  void compress(KVCache& cache, const Model& model, const Observation& obs);
+  /// Updates per-request state from a forward step (e.g. H2O's accumulated attention). Called
+  /// before any entry of the step is evicted.
+  virtual void observe(const KVCache& cache, const Model& model, const Observation& obs) {}
+  /// Evicts toward `target`.
+  virtual void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) = 0;
+  /// Called after each decode step (the new token's entries are in the cache); decoding presses
+  /// evict here. `obs` holds what decode_request() asked for. Default: nothing.
+  virtual void after_decode(KVCache& cache, const Model& model, const Observation& obs) {}
+  /// Forgets per-request state.
+  virtual void reset() {}
+  /// One line on what the press measured in the current request (e.g. ClusterKV's attention work
+  /// saved), printed by `kvslim generate`; "" when it has nothing to add.
+  virtual std::string report() const { return {}; }
+  /// The compression ratio asked for (fraction of context entries to remove). A composition
+  /// reports 1 - prod(1 - r_i).
+  virtual double ratio() const { return 0.0; }
+  /// Sets the ratio (wrappers and `outer(...):ratio=` use it). Default: kvslim::Error.
+  virtual void set_ratio(double r);
+  /// Entries per segment apply() leaves from `n` when nothing is protected: what the next press
+  /// of a composition compresses.
+  virtual size_t kept_after(const Target& t) const;
+  /// Entries of segment (layer, kv_head) moved from positions old_pos to new_pos (key
+  /// re-rotation); presses that keep per-entry state keyed by position follow them.
+  virtual void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
+                               const std::vector<int32_t>& new_pos) {}
+};
+
+/// Union of two observation requests (largest window, any flag set in either).
+ObservationRequest merge_requests(const ObservationRequest& a, const ObservationRequest& b);
+
+/// Inputs of a budget policy.
+struct BudgetInput {
+  const Scores& scores;           ///< after BudgetPolicy::prepare
+  const KVCache& cache;
+  Target target;
+  std::vector<double> layer_stat;  ///< BudgetPolicy::inspect() of every layer (when it wants one)
+};
+
+/// Turns scores into keep-counts per (layer, KV head). Every policy keeps, in every segment, at
+/// least its kProtected entries and at most its size. A ratio-driven policy keeps in all exactly
+/// as many entries as the uniform policy at the same target (only their distribution differs),
+/// unless protected entries force more.
+class BudgetPolicy {
+ public:
+  virtual ~BudgetPolicy() = default;
+  /// e.g. "adakv:alpha=0.2" ("uniform" for the default).
+  virtual std::string describe() const = 0;
+  /// Observation the policy needs beyond the scorer's (ZigZagKV: a window).
+  virtual ObservationRequest request() const { return {}; }
+  /// False when the keep-counts do not depend on the ratio (threshold, per-layer ratios): then
+  /// ratio 0 does not skip the press.
+  virtual bool uses_ratio() const { return true; }
+  /// The ratio the press reports under this policy (per_layer: the mean of its ratios).
+  virtual double reported_ratio(double scorer_ratio) const { return scorer_ratio; }
+  /// Decode steps between evictions during decode (0 = the policy does not act in decode).
+  virtual int decode_interval() const { return 0; }
+  /// Whether inspect() must run for every layer while it is scored.
+  virtual bool wants_inspect() const { return false; }
+  /// One number per layer computed from the layer view while it is scored (ZigZagKV: LMBA).
+  virtual double inspect(const LayerView& view) const { return 0.0; }
+  /// May mark more entries kProtected before counting (threshold: the sliding window).
+  virtual void prepare(Scores& scores, const KVCache& cache, const Target& target) const {}
+  virtual KeepCounts keep_counts(const BudgetInput& in) const = 0;
+};
+
+/// Uniform policy: every segment keeps min(size, uniform_keep(n_context, ratio)).
 class UniformBudget : public BudgetPolicy {
  public:
   std::string describe() const override { return "uniform"; }
-  KeepCounts keep_counts(const Scores& scores, const KVCache& cache, double ratio) const override;
+  KeepCounts keep_counts(const BudgetInput& in) const override;
 };
 
-/// Keeps, in segment (l, h), the keep[l][h] highest-scoring entries plus every entry scored
-/// kProtected; ties go to the later entry. Returns the increasing indices kept.
+/// Number of kProtected scores.
+int count_protected(const std::vector<float>& scores);
+
+/// Keeps, in one segment, the `keep` highest-scoring entries plus every entry scored kProtected;
+/// ties go to the later entry; NaN ranks lowest. Returns the increasing indices kept.
 std::vector<int32_t> select_top(const std::vector<float>& scores, int keep);
 
 /// A press defined by a per-layer scorer and a budget policy.
 class ScorerPress : public Press {
  public:
   explicit ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy = nullptr);
-  void compress(KVCache& cache, const Model& model, const Observation& obs) override;
-  double ratio() const override { return ratio_; }
-  /// Scores of layer `view.layer()`: out[kv head][entry]. Protected entries get kProtected.
+  /// "<scorer>" under the uniform policy, "<policy>(<scorer>)" otherwise (policy parameters after
+  /// the parentheses).
+  std::string describe() const override;
+  /// The scorer's spec alone, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg".
+  virtual std::string describe_scorer() const = 0;
+  /// The scorer's needs merged with the policy's.
+  ObservationRequest request() const override;
+  virtual ObservationRequest scorer_request() const { return {}; }
+  ObservationRequest decode_request() const override;
+  /// Scores every layer (in parallel), runs the policy and retains the selection. Ratio 0 under a
+  /// ratio-driven policy returns at once (bit-identical to no press).
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
+  /// With a policy that acts in decode (threshold:decode=1): observe and apply every interval.
+  void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
+  double ratio() const override { return policy_->reported_ratio(ratio_); }
+  void set_ratio(double r) override;
+  size_t kept_after(const Target& t) const override;
+  /// Subclasses with per-request state override and call this.
+  void reset() override { decode_steps_ = 0; }
+  /// Scores of layer `view.layer()`: out[kv head][entry] (out has n_head_kv empty vectors on
+  /// entry). Protected entries get kProtected. Must be thread-safe (layers run in parallel).
   virtual void score(const LayerView& view, std::vector<std::vector<float>>& out) const = 0;
+  /// Scores of every layer, as apply() computes them (also used by tests and analysis).
+  Scores score_all(const KVCache& cache, const Model& model, const Observation& obs, const Target& target,
+                   std::vector<double>* layer_stat = nullptr) const;
   const BudgetPolicy& policy() const { return *policy_; }
-  void set_policy(std::unique_ptr<BudgetPolicy> p) { policy_ = std::move(p); }
+  void set_policy(std::unique_ptr<BudgetPolicy> p);
 
  protected:
   double ratio_;
   std::unique_ptr<BudgetPolicy> policy_;
+  int decode_steps_ = 0;
 };
 
 /// Parameters of a press as given on the command line: name -> value text.
 using PressParams = std::map<std::string, std::string>;
+
+/// What a registry entry builds.
+enum class PressKind {
+  Scorer,   ///< a press on its own (make)
+  Policy,   ///< a budget policy over a scorer press (make_policy)
+  Wrapper,  ///< a press around another press (make_wrapper)
+};
 
 /// A registered press: its parameters with defaults, its source, and a factory.
 struct PressInfo {
@@ -115,6 +235,10 @@ struct PressInfo {
   std::string source;  ///< paper and arXiv id
   std::vector<std::pair<std::string, std::string>> params;  ///< name, default value
   std::function<std::unique_ptr<Press>(const PressParams&)> make;
+  PressKind kind = PressKind::Scorer;
+  std::function<std::unique_ptr<BudgetPolicy>(const PressParams&)> make_policy;
+  std::function<std::unique_ptr<Press>(const PressParams&, std::unique_ptr<Press> inner)> make_wrapper;
+  std::string default_inner;  ///< Policy / Wrapper written without parentheses wrap this spec
 };
 
 /// All presses, by name.
@@ -134,15 +258,18 @@ struct PressRegistrar {
   explicit PressRegistrar(PressInfo info) { PressRegistry::instance().add(std::move(info)); }
 };
 
-/// Builds a press from a spec "name[:key=value,...]". `ratio` (the --compression-ratio value)
-/// fills the `ratio` parameter unless the spec sets it. Throws kvslim::Error for an unknown press
-/// or parameter, or a value out of range, naming it.
+/// Builds a press from a spec (see the syntax at the top of this header). `ratio` (the
+/// --compression-ratio value) fills every `ratio` parameter the spec leaves unset. Throws
+/// kvslim::Error for an unknown press or parameter, a malformed spec, a value out of range, or a
+/// policy over something that is not a scorer press, naming it.
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio);
 
 /// Typed parameter readers for factories; errors name the press, the key and the value.
 double param_double(const PressParams& p, const std::string& press, const std::string& key);
 int param_int(const PressParams& p, const std::string& press, const std::string& key);
 std::string param_str(const PressParams& p, const std::string& press, const std::string& key);
+/// "0.2/0.5/0.7" -> {0.2, 0.5, 0.7}.
+std::vector<double> param_double_list(const PressParams& p, const std::string& press, const std::string& key);
 /// Checks 0 <= ratio < 1, else kvslim::Error.
 void check_ratio(double ratio, const std::string& press);
 

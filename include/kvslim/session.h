@@ -1,5 +1,6 @@
 #pragma once
 // A session runs a model over tokens on its own KV cache: batched prefill and single-token decode.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -8,11 +9,36 @@
 
 namespace kvslim {
 
+class Session;
+
+/// Chooses, per layer, which cached entries a forward batch attends to, without evicting any
+/// (decode-time selection, e.g. ClusterKV, arXiv 2412.03213).
+class AttentionSelector {
+ public:
+  virtual ~AttentionSelector() = default;
+  /// Called by Session::forward for each layer, after the batch's own entries are appended.
+  /// `q` holds the batch's queries, [n][n_head][head_dim], RoPE applied. Return false to attend to
+  /// every entry. Otherwise fill subset[h] (one list per KV head, resized by the caller to
+  /// n_head_kv) with strictly increasing indices of entries that existed before the batch; the
+  /// batch's own entries are always attended (causally), whatever the subset says.
+  virtual bool select(int layer, const float* q, int n, const KVCache& cache,
+                      std::vector<std::vector<int32_t>>& subset) = 0;
+};
+
 /// What a press asked the forward pass to record while it prefills (see Press).
 struct ObservationRequest {
   int window = 0;                  ///< record queries of the last `window` context tokens
   bool hidden_states = false;      ///< record each layer's input hidden state for every token
   bool attention_mass = false;     ///< accumulate, per entry, the attention it receives
+  bool tokens = false;             ///< record every token of the call with its position (KVzip's replay)
+  /// Called for every layer (in order) of every batch with the attention input of all the batch's
+  /// tokens (the layer-input hidden state after the attention RMSNorm), [n][n_embd], and their
+  /// positions, whatever `record_from` says: lets a press score entries as they are created
+  /// (KVzap) without storing hidden states. May throw kvslim::Error (forward passes it on).
+  std::function<void(int layer, const float* attn_input, int n, int n_embd, const int32_t* positions)>
+      on_attention_input;
+  /// Decode-time attention subset (ClusterKV); nullptr = attend to every entry.
+  AttentionSelector* selector = nullptr;
 };
 
 /// What the forward pass saw, for presses. Filled by Session::forward when asked.
@@ -27,6 +53,12 @@ struct Observation {
   /// of the softmax probability the entry received (H2O's accumulated attention). Kept aligned
   /// with the segment by the press that uses it.
   std::vector<std::vector<std::vector<float>>> attention_mass;
+  /// With ObservationRequest::tokens: every token of the forward call and its position.
+  std::vector<Token> tokens;
+  std::vector<int32_t> token_positions;
+  /// The session that filled this observation, for presses that run the model again on the same
+  /// cache (KVzip's replay). Set by Session::forward.
+  Session* session = nullptr;
   int n_window() const { return static_cast<int>(window_positions.size()); }
   void clear();
 };
@@ -36,6 +68,7 @@ struct SessionOptions {
   int n_ctx = 0;                       ///< max positions; 0 = the model's training context
   KVCodec key_codec = KVCodec::F16;
   KVCodec value_codec = KVCodec::F16;
+  KVQuantOptions kv_quant;             ///< KIVI and key rotation (see kv_cache.h)
   bool exact = false;                  ///< f32 products everywhere (reference-logit tests)
   int batch = 256;                     ///< tokens per forward batch during prefill
 };
@@ -61,6 +94,10 @@ class Session {
   int n_ctx() const { return n_ctx_; }
   /// Forgets everything: empty cache, position 0.
   void reset();
+  /// Drops every entry at position >= `position` from every segment and continues at `position`
+  /// (KVzip discards its replay this way). Throws kvslim::Error when `position` is negative or
+  /// beyond next_position().
+  void rewind(int32_t position);
 
  private:
   void forward_batch(const Token* tokens, int n, bool all_logits, float* logits, const ObservationRequest* req,

@@ -10,5 +10,10 @@ using Action = std::function<int()>;
 /// Registration functions, one per subcommand file.
 void add_generate(CLI::App& app, Action& action);
 void add_presses(CLI::App& app, Action& action);
+void add_synth(CLI::App& app, Action& action);
+void add_attention_stats(CLI::App& app, Action& action);
+void add_duo_calibrate(CLI::App& app, Action& action);
+void add_kvzap_train(CLI::App& app, Action& action);
+void add_eval(CLI::App& app, Action& action);
 
 }  // namespace kvslim::cli

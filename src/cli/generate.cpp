@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "kernels/threads.h"
 #include "kvslim/generate.h"
@@ -16,6 +17,7 @@ namespace {
 struct GenerateArgs {
   std::string model = "models/stories260K.gguf";
   std::string prompt, prompt_file, question;
+  bool prompt_given = false, file_given = false;  // -p "" is an empty prompt, not a missing one
   int n_predict = 64;
   std::string press = "none";
   double ratio = 0.0;
@@ -27,6 +29,7 @@ struct GenerateArgs {
   int ctx = 0;
   int chunk_size = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
+  KVQuantOptions kv_quant;
 };
 
 std::string read_file(const std::string& path) {
@@ -45,13 +48,14 @@ std::string human_bytes(double b) {
 }
 
 int run(const GenerateArgs& a) {
-  if (a.prompt.empty() == a.prompt_file.empty()) throw Error("give exactly one of -p TEXT or -f FILE");
+  if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
+  if (!a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
   check_ratio(a.ratio, "--compression-ratio");
   std::unique_ptr<Press> press = make_press(a.press, a.ratio);
   set_num_threads(a.threads);
   auto model = Model::load(a.model);
   GenerateOptions opt;
-  opt.context = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+  opt.context = a.file_given ? read_file(a.prompt_file) : a.prompt;
   opt.question = a.question;
   opt.n_predict = a.n_predict;
   opt.sampling = {a.temp, a.top_k, a.top_p, a.seed};
@@ -59,6 +63,7 @@ int run(const GenerateArgs& a) {
   opt.session.n_ctx = a.ctx;
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
+  opt.session.kv_quant = a.kv_quant;
   fmt::print("{}", opt.context);
   if (!opt.question.empty()) fmt::print("{}", opt.question);
   std::fflush(stdout);
@@ -81,11 +86,20 @@ int run(const GenerateArgs& a) {
   fmt::print("kept per layer   {} (of {} each)\n", per_layer, st.context_tokens * hp.n_head_kv);
   fmt::print("KV bytes         {} ({} B; full f16 cache {} B; memory ratio {:.3f})\n", human_bytes(st.kv_bytes),
              st.kv_bytes, st.full_f16_bytes, st.memory_ratio());
-  fmt::print("KV cache type    k={} v={}; peak during prefill {} B\n", a.cache_type_k, a.cache_type_v,
-             st.peak_kv_bytes);
+  fmt::print("KV cache type    {}; peak during prefill {} B\n",
+             describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant), st.peak_kv_bytes);
+  if (st.entries_kept) {
+    // Everything the cache holds per entry (key, value, scales, zero points, position, bookkeeping),
+    // and per stored key or value element without the 4-byte position.
+    const double per_entry = 8.0 * st.kv_bytes / st.entries_kept;
+    const double per_value = (per_entry - 32.0) / (2.0 * hp.head_dim);
+    fmt::print("KV bits          {:.1f} bits per entry ({:.2f} bits per key/value element; full f16 cache: {} and 16)\n",
+               per_entry, per_value, 2 * 16 * hp.head_dim + 32);
+  }
   fmt::print("prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
              st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print("decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
+  if (std::string r = press->report(); !r.empty()) fmt::print("press report     {}\n", r);
   return 0;
 }
 
@@ -95,8 +109,8 @@ void add_generate(CLI::App& app, Action& action) {
   auto a = std::make_shared<GenerateArgs>();
   auto* sub = app.add_subcommand("generate", "prefill a prompt, compress its KV cache with a press, and generate");
   sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
-  sub->add_option("-p,--prompt", a->prompt, "context text (compressed by the press)");
-  sub->add_option("-f,--file", a->prompt_file, "read the context from a file");
+  auto* prompt_opt = sub->add_option("-p,--prompt", a->prompt, "context text (compressed by the press)");
+  auto* file_opt = sub->add_option("-f,--file", a->prompt_file, "read the context from a file");
   sub->add_option("--question", a->question, "text appended after compression, never compressed");
   sub->add_option("-n,--n-predict", a->n_predict, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--press", a->press, "press spec: NAME[:key=value,...] (see `kvslim presses`)")->capture_default_str();
@@ -111,9 +125,12 @@ void add_generate(CLI::App& app, Action& action) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--chunk-size", a->chunk_size, "compress after every chunk of this many prompt tokens (0 = once)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--cache-type-k", a->cache_type_k, "KV cache key type (f32, f16)")->capture_default_str();
-  sub->add_option("--cache-type-v", a->cache_type_v, "KV cache value type (f32, f16)")->capture_default_str();
-  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+  add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
+  sub->callback([a, &action, prompt_opt, file_opt] {
+    a->prompt_given = prompt_opt->count() > 0;
+    a->file_given = file_opt->count() > 0;
+    action = [a] { return run(*a); };
+  });
 }
 
 }  // namespace kvslim::cli

@@ -12,6 +12,11 @@ int main(int argc, char** argv) {
   kvslim::cli::Action action;
   kvslim::cli::add_generate(app, action);
   kvslim::cli::add_presses(app, action);
+  kvslim::cli::add_synth(app, action);
+  kvslim::cli::add_attention_stats(app, action);
+  kvslim::cli::add_duo_calibrate(app, action);
+  kvslim::cli::add_kvzap_train(app, action);
+  kvslim::cli::add_eval(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,4 +1,5 @@
-// `kvslim presses`: every registered press with its parameters, defaults and source.
+// `kvslim presses`: every registered press, budget policy and wrapper with its parameters,
+// defaults and source, and the spec syntax `--press` accepts.
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -6,16 +7,48 @@
 
 namespace kvslim::cli {
 
+namespace {
+
+constexpr const char* kSyntax = R"(Spec syntax (kvslim generate --press SPEC --compression-ratio R):
+  NAME[:k=v,...]                 a scorer press, e.g. snapkv:window=32,kernel=7
+  POLICY(SCORER)[:k=v,...]       a budget policy over a scorer, e.g. adakv(snapkv:window=32):alpha=0.3
+  WRAPPER(SPEC)[:k=v,...]        a wrapper, e.g. key_rerotation(streaming_llm:n_sink=4)
+  SPEC+SPEC+...                  composition: each press compresses what the previous ones left;
+                                 kept fractions multiply, reported ratio = 1 - prod(1 - r_i)
+  A policy or wrapper written without parentheses wraps its default inner press (shown below).
+  Inside the parentheses, key=value items after "name:k=v" stay with the inner press while they
+  are its parameters; the first other key and all later ones go to the outer press:
+    adakv(snapkv:window=32,alpha=0.3)   window -> snapkv, alpha -> adakv
+    threshold(knorm,window=128)         window -> threshold (the inner spec has no ':' list)
+    per_layer(knorm,ratios=0.2/0.5/0.5/0.7/0.9)
+  R fills every `ratio` the spec leaves unset (each part of a composition gets R unless it sets
+  its own); `ratio=` after a policy or wrapper sets the ratio of what it wraps.
+  With --chunk-size C the press acts after every chunk, its ratio applying to all context so far.
+)";
+
+void print_group(PressKind kind, const char* title) {
+  fmt::print("{}\n", title);
+  for (const PressInfo* p : PressRegistry::instance().all()) {
+    if (p->kind != kind) continue;
+    std::string params;
+    for (auto& [k, v] : p->params) params += fmt::format("{}{}={}", params.empty() ? "" : ",", k, v);
+    fmt::print("  {:<20} {}\n", p->name, p->summary);
+    fmt::print("  {:<20} parameters: {}\n", "", params.empty() ? "none" : params);
+    if (!p->default_inner.empty()) fmt::print("  {:<20} default inner press: {}\n", "", p->default_inner);
+    fmt::print("  {:<20} source: {}\n", "", p->source);
+  }
+}
+
+}  // namespace
+
 void add_presses(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("presses", "list the presses with their parameters and source papers");
   sub->callback([&action] {
     action = [] {
-      for (const PressInfo* p : PressRegistry::instance().all()) {
-        std::string params;
-        for (auto& [k, v] : p->params) params += fmt::format("{}{}={}", params.empty() ? "" : ",", k, v);
-        fmt::print("{:<20} {}\n{:<20} parameters: {}\n{:<20} source: {}\n", p->name, p->summary, "",
-                   params.empty() ? "none" : params, "", p->source);
-      }
+      print_group(PressKind::Scorer, "Presses (scorers; uniform budget unless a policy wraps them):");
+      print_group(PressKind::Policy, "\nBudget policies (POLICY(SCORER)):");
+      print_group(PressKind::Wrapper, "\nWrappers (WRAPPER(SPEC)):");
+      fmt::print("\n{}", kSyntax);
       return 0;
     };
   });

@@ -114,37 +114,43 @@ bool is_unsigned_int(GGUFValueType t) {
 }
 bool is_float(GGUFValueType t) { return t == GGUFValueType::FLOAT32 || t == GGUFValueType::FLOAT64; }
 
-/// Bounds-checked little-endian reader over the mapping. Every failure names the file and what
-/// was being read.
+/// Bounds-checked little-endian reader over the mapping. Every failure names the file and the
+/// field being read (`what`), and the offset where it starts.
 class Cursor {
  public:
   Cursor(const uint8_t* p, size_t n, const std::string& path) : p_(p), n_(n), path_(path) {}
   size_t pos() const { return pos_; }
-  void need(size_t k, const char* what) const {
+  void need(size_t k, const std::string& what) const {
     if (k > n_ - pos_)
-      throw Error(fmt::format("{}: truncated GGUF: {} needs {} bytes at offset {}, file has {}", path_,
-                              what, k, pos_, n_));
+      throw Error(fmt::format("{}: truncated GGUF: {} needs {} bytes at offset {}, file has {}", path_, what, k,
+                              pos_, n_));
   }
   template <class T>
-  T get(const char* what) {
+  T get(const std::string& what) {
     need(sizeof(T), what);
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return v;
   }
-  std::string str(const char* what) {
-    uint64_t len = get<uint64_t>(what);
-    need(len, what);  // also rejects absurd lengths before allocating
+  std::string str(const std::string& what) {
+    uint64_t len = get<uint64_t>(what + " (string length)");
+    // Checked before allocating, so a hostile length (2^63) is an error, not a bad_alloc.
+    if (len > n_ - pos_)
+      throw Error(fmt::format("{}: truncated or corrupt GGUF: {} has string length {} at offset {}, only {} bytes "
+                              "left in the file",
+                              path_, what, len, pos_ - 8, n_ - pos_));
     std::string s(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
     return s;
   }
   /// An element count: must be payable by the remaining bytes at `min_elem` bytes each.
-  uint64_t count(const char* what, size_t min_elem) {
+  uint64_t count(const std::string& what, size_t min_elem) {
     uint64_t c = get<uint64_t>(what);
     if (min_elem > 0 && c > (n_ - pos_) / min_elem)
-      throw Error(fmt::format("{}: corrupt GGUF: {} count {} exceeds the file size", path_, what, c));
+      throw Error(fmt::format("{}: truncated or corrupt GGUF: {} = {} at offset {} needs at least {} bytes each, "
+                              "only {} bytes left in the file",
+                              path_, what, c, pos_ - 8, min_elem, n_ - pos_));
     return c;
   }
 
@@ -167,7 +173,7 @@ size_t scalar_size(GGUFValueType t) {
   return 0;
 }
 
-void read_scalar(Cursor& c, GGUFValueType t, GGUFValue& v, const char* what) {
+void read_scalar(Cursor& c, GGUFValueType t, GGUFValue& v, const std::string& what) {
   switch (t) {
     case GGUFValueType::UINT8: v.u = c.get<uint8_t>(what); break;
     case GGUFValueType::INT8: v.i = c.get<int8_t>(what); break;
@@ -189,28 +195,29 @@ void read_scalar(Cursor& c, GGUFValueType t, GGUFValue& v, const char* what) {
   }
 }
 
-void read_value(Cursor& c, GGUFValueType t, GGUFValue& v, const std::string& key, const std::string& path,
+// `field` names the value in messages ("metadata 'general.name'").
+void read_value(Cursor& c, GGUFValueType t, GGUFValue& v, const std::string& field, const std::string& path,
                 int depth) {
   v.type = t;
   if (t != GGUFValueType::ARRAY) {
-    read_scalar(c, t, v, key.c_str());
+    read_scalar(c, t, v, field);
     return;
   }
-  if (depth > 4) throw Error(fmt::format("{}: corrupt GGUF: key '{}' nests arrays too deeply", path, key));
-  uint32_t et = c.get<uint32_t>(key.c_str());
+  if (depth > 4) throw Error(fmt::format("{}: corrupt GGUF: {} nests arrays too deeply", path, field));
+  uint32_t et = c.get<uint32_t>(field + " (array element type)");
   if (et > static_cast<uint32_t>(GGUFValueType::FLOAT64))
-    throw Error(fmt::format("{}: corrupt GGUF: key '{}' has unknown array element type {}", path, key, et));
+    throw Error(fmt::format("{}: corrupt GGUF: {} has unknown array element type {}", path, field, et));
   v.elem_type = static_cast<GGUFValueType>(et);
-  uint64_t n = c.count(key.c_str(), scalar_size(v.elem_type));
+  uint64_t n = c.count(field + " array length", scalar_size(v.elem_type));
   GGUFValue tmp;
   for (uint64_t k = 0; k < n; ++k) {
     if (v.elem_type == GGUFValueType::ARRAY) {
       GGUFValue inner;
-      read_value(c, GGUFValueType::ARRAY, inner, key, path, depth + 1);
+      read_value(c, GGUFValueType::ARRAY, inner, field, path, depth + 1);
       v.arrays.push_back(std::move(inner));
       continue;
     }
-    read_scalar(c, v.elem_type, tmp, key.c_str());
+    read_scalar(c, v.elem_type, tmp, field);
     if (is_signed_int(v.elem_type)) v.ints.push_back(tmp.i);
     else if (is_unsigned_int(v.elem_type)) v.uints.push_back(tmp.u);
     else if (is_float(v.elem_type)) v.floats.push_back(tmp.f);
@@ -260,6 +267,15 @@ std::unique_ptr<GGUFFile> GGUFFile::from_bytes(const std::string& bytes, const s
   return f;
 }
 
+std::unique_ptr<GGUFFile> GGUFFile::from_memory(const void* data, size_t size, const std::string& label) {
+  std::unique_ptr<GGUFFile> f(new GGUFFile());
+  f->path_ = label;
+  f->base_ = static_cast<const uint8_t*>(data);
+  f->size_ = size;
+  f->parse();
+  return f;
+}
+
 void GGUFFile::parse() {
   Cursor c(base_, size_, path_);
   if (size_ < 4) throw Error(fmt::format("{}: not a GGUF file: {} bytes, too short for the magic", path_, size_));
@@ -273,12 +289,13 @@ void GGUFFile::parse() {
   uint64_t n_kv = c.count("metadata_kv_count", 12);
 
   for (uint64_t k = 0; k < n_kv; ++k) {
-    std::string key = c.str("metadata key");
-    uint32_t t = c.get<uint32_t>(key.c_str());
+    std::string key = c.str(fmt::format("metadata key #{}", k));
+    const std::string field = fmt::format("metadata '{}'", key);
+    uint32_t t = c.get<uint32_t>(field + " (value type)");
     if (t > static_cast<uint32_t>(GGUFValueType::FLOAT64))
-      throw Error(fmt::format("{}: corrupt GGUF: key '{}' has unknown value type {}", path_, key, t));
+      throw Error(fmt::format("{}: corrupt GGUF: {} has unknown value type {}", path_, field, t));
     GGUFValue v;
-    read_value(c, static_cast<GGUFValueType>(t), v, key, path_, 0);
+    read_value(c, static_cast<GGUFValueType>(t), v, field, path_, 0);
     if (kv_index_.count(key)) throw Error(fmt::format("{}: corrupt GGUF: duplicate key '{}'", path_, key));
     kv_index_[key] = kv_.size();
     kv_.emplace_back(std::move(key), std::move(v));
@@ -289,28 +306,29 @@ void GGUFFile::parse() {
     if (!is_unsigned_int(a->type) && !is_signed_int(a->type))
       throw Error(fmt::format("{}: general.alignment must be an integer, got {}", path_, value_type_name(a->type)));
     if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
-      throw Error(fmt::format("{}: general.alignment = {} is not a power of two", path_, al));
+      throw Error(fmt::format("{}: general.alignment = {} is not a power of two in [1, 2^20]", path_, al));
     alignment_ = static_cast<size_t>(al);
   }
 
   for (uint64_t k = 0; k < n_tensors; ++k) {
     TensorInfo ti;
-    ti.name = c.str("tensor name");
-    uint32_t nd = c.get<uint32_t>(ti.name.c_str());
+    ti.name = c.str(fmt::format("tensor #{} name", k));
+    const std::string field = fmt::format("tensor '{}'", ti.name);
+    uint32_t nd = c.get<uint32_t>(field + " (dimension count)");
     if (nd == 0 || nd > 4)
       throw Error(fmt::format("{}: tensor '{}' has {} dimensions (1 to 4 allowed)", path_, ti.name, nd));
     for (uint32_t d = 0; d < nd; ++d) {
-      int64_t e = c.get<int64_t>(ti.name.c_str());
+      int64_t e = c.get<int64_t>(field + " (dimensions)");
       if (e <= 0 || e > (int64_t(1) << 40))
         throw Error(fmt::format("{}: tensor '{}' has invalid dimension {} = {}", path_, ti.name, d, e));
       ti.ne.push_back(e);
     }
-    uint32_t ty = c.get<uint32_t>(ti.name.c_str());
+    uint32_t ty = c.get<uint32_t>(field + " (type)");
     ti.type = static_cast<GGMLType>(ty);
     const TypeTraits* tr = type_traits(ti.type);
     if (!tr || tr->type_size == 0)
       throw Error(fmt::format("{}: tensor '{}' has unknown tensor type {}", path_, ti.name, ty));
-    ti.offset = c.get<uint64_t>(ti.name.c_str());
+    ti.offset = c.get<uint64_t>(field + " (offset)");
     // Element count with overflow guard (each dimension is at most 2^40 but products can overflow).
     __int128 nel = 1;
     for (int64_t e : ti.ne) {

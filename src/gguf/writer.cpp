@@ -74,7 +74,14 @@ void GGUFWriter::add_tensor(const std::string& name, GGMLType type, std::vector<
   if (data.size() != want)
     throw Error(fmt::format("GGUFWriter: tensor '{}' has {} bytes of data, its shape needs {}", name, data.size(),
                             want));
-  tensors_.push_back({name, type, std::move(ne), std::move(data)});
+  tensors_.push_back({name, type, std::move(ne), std::move(data), want, false});
+}
+
+void GGUFWriter::add_tensor_deferred(const std::string& name, GGMLType type, std::vector<int64_t> ne) {
+  int64_t nel = 1;
+  for (int64_t e : ne) nel *= e;
+  size_t want = row_bytes(type, ne.at(0)) * static_cast<size_t>(nel / ne.at(0));
+  tensors_.push_back({name, type, std::move(ne), std::string(), want, true});
 }
 
 void GGUFWriter::add_tensor_f32(const std::string& name, GGMLType type, std::vector<int64_t> ne,
@@ -90,10 +97,18 @@ void GGUFWriter::add_tensor_f32(const std::string& name, GGMLType type, std::vec
   add_tensor(name, type, std::move(ne), std::move(data));
 }
 
-std::string GGUFWriter::bytes() const {
-  size_t alignment = 32;
+std::string GGUFWriter::header(std::vector<uint64_t>& offsets, size_t& alignment) const {
+  alignment = 32;
   for (auto& kv : kv_)
-    if (kv.first == "general.alignment") alignment = kv.second.u ? kv.second.u : static_cast<size_t>(kv.second.i);
+    if (kv.first == "general.alignment") {
+      const GGUFValue& a = kv.second;
+      const bool is_signed = a.type == GGUFValueType::INT8 || a.type == GGUFValueType::INT16 ||
+                             a.type == GGUFValueType::INT32 || a.type == GGUFValueType::INT64;
+      const uint64_t al = is_signed ? static_cast<uint64_t>(a.i) : a.u;  // 0 for non-integer types
+      if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
+        throw Error(fmt::format("GGUFWriter: general.alignment = {} is not a power of two in [1, 2^20]", al));
+      alignment = static_cast<size_t>(al);
+    }
   std::string out;
   put<uint32_t>(out, 0x46554747u);
   put<uint32_t>(out, 3);
@@ -105,7 +120,7 @@ std::string GGUFWriter::bytes() const {
     put_value(out, kv.second);
   }
   uint64_t offset = 0;
-  std::vector<uint64_t> offsets;
+  offsets.clear();
   for (const Pending& t : tensors_) {
     put_str(out, t.name);
     put<uint32_t>(out, t.ne.size());
@@ -113,9 +128,19 @@ std::string GGUFWriter::bytes() const {
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
     offsets.push_back(offset);
-    offset += (t.data.size() + alignment - 1) / alignment * alignment;
+    offset += (t.nbytes + alignment - 1) / alignment * alignment;
   }
   out.resize((out.size() + alignment - 1) / alignment * alignment, '\0');
+  return out;
+}
+
+std::string GGUFWriter::bytes() const {
+  for (const Pending& t : tensors_)
+    if (t.deferred)
+      throw Error(fmt::format("GGUFWriter: tensor '{}' has deferred data; use write_streaming", t.name));
+  std::vector<uint64_t> offsets;
+  size_t alignment = 32;
+  std::string out = header(offsets, alignment);
   size_t data_start = out.size();
   for (size_t k = 0; k < tensors_.size(); ++k) {
     out.resize(data_start + offsets[k], '\0');
@@ -130,6 +155,41 @@ void GGUFWriter::write(const std::string& path) const {
   if (!f) throw Error(fmt::format("{}: cannot open for writing", path));
   std::string b = bytes();
   f.write(b.data(), static_cast<std::streamsize>(b.size()));
+  if (!f) throw Error(fmt::format("{}: write failed", path));
+}
+
+void GGUFWriter::write_streaming(const std::string& path,
+                                 const std::function<void(size_t, std::string&)>& produce) const {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error(fmt::format("{}: cannot open for writing", path));
+  std::vector<uint64_t> offsets;
+  size_t alignment = 32;
+  const std::string head = header(offsets, alignment);
+  f.write(head.data(), static_cast<std::streamsize>(head.size()));
+  uint64_t written = 0;  // bytes of the data section so far
+  std::string buf;
+  const std::string zeros(alignment, '\0');
+  for (size_t k = 0; k < tensors_.size(); ++k) {
+    const Pending& t = tensors_[k];
+    f.write(zeros.data(), static_cast<std::streamsize>(offsets[k] - written));
+    const std::string* data = &t.data;
+    if (t.deferred) {
+      buf.clear();
+      produce(k, buf);
+      if (buf.size() != t.nbytes)
+        throw Error(fmt::format("GGUFWriter: tensor '{}' was produced with {} bytes, its shape needs {}", t.name,
+                                buf.size(), t.nbytes));
+      data = &buf;
+    }
+    f.write(data->data(), static_cast<std::streamsize>(data->size()));
+    written = offsets[k] + data->size();
+    if (!f) throw Error(fmt::format("{}: write failed (tensor '{}')", path, t.name));
+  }
+  if (!tensors_.empty()) {
+    uint64_t end = (written + alignment - 1) / alignment * alignment;
+    f.write(zeros.data(), static_cast<std::streamsize>(end - written));
+  }
+  f.flush();
   if (!f) throw Error(fmt::format("{}: write failed", path));
 }
 

@@ -3,8 +3,10 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
+#include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 
 namespace kvslim {
@@ -17,41 +19,91 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-}  // namespace
+// Rows are handed to threads in units of 16 (one AVX-512 tile), so no tile is split.
+constexpr int64_t kRowUnit = 16;
 
-void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, bool exact) {
-  if (W.type == GGMLType::F32) {
-    if (n_tokens == 1) {
-      parallel_for(W.rows, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) Y[r] = dot_f32(X, reinterpret_cast<const float*>(W.row(r)), W.cols);
-      });
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tokens, W.rows, W.cols, 1.0f, X, W.cols,
-                static_cast<const float*>(W.data), W.row_stride / sizeof(float), 0.0f, Y, W.rows);
-    return;
+void parallel_rows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_for((rows + kRowUnit - 1) / kRowUnit, [&](int64_t b, int64_t e) {
+    fn(b * kRowUnit, std::min(rows, e * kRowUnit));
+  });
+}
+
+// OpenBLAS splits one product across its threads differently for different thread counts,
+// which changes the rounding. So the batched f32 products run as fixed tiles of rows, each one
+// single-threaded sgemm call of the same shape whatever the thread count, spread over our pool.
+class BlasSingleThread {
+ public:
+  BlasSingleThread() : prev_(openblas_get_num_threads()) {
+    if (prev_ != 1) openblas_set_num_threads(1);
   }
+  ~BlasSingleThread() {
+    if (prev_ != 1) openblas_set_num_threads(prev_);
+  }
+
+ private:
+  int prev_;
+};
+
+// f32 products: per-row dot for a token or three (exact path), else BLAS on tiles of rows
+// (dequantized first unless already f32).
+void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y) {
   if (n_tokens < 4) {
     parallel_for(W.rows, [&](int64_t b, int64_t e) {
-      std::vector<float> buf(W.cols);
+      std::vector<float> buf(W.type == GGMLType::F32 ? 0 : W.cols);
       for (int64_t r = b; r < e; ++r) {
-        dequantize_row(W.type, W.row(r), buf.data(), W.cols);
-        for (int64_t t = 0; t < n_tokens; ++t) Y[t * W.rows + r] = dot_f32(X + t * W.cols, buf.data(), W.cols);
+        const float* w = reinterpret_cast<const float*>(W.row(r));
+        if (W.type != GGMLType::F32) {
+          dequantize_row(W.type, W.row(r), buf.data(), W.cols);
+          w = buf.data();
+        }
+        for (int64_t t = 0; t < n_tokens; ++t) Y[t * W.rows + r] = dot_f32(X + t * W.cols, w, W.cols);
       }
     });
     return;
   }
-  // Batched: dequantize a tile of rows to f32, then one BLAS product per tile.
-  const int64_t tile = 128;
-  std::vector<float> wf(static_cast<size_t>(tile * W.cols));
-  for (int64_t r0 = 0; r0 < W.rows; r0 += tile) {
-    int64_t nr = std::min(tile, W.rows - r0);
-    parallel_for(nr, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) dequantize_row(W.type, W.row(r0 + r), wf.data() + r * W.cols, W.cols);
-    });
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tokens, nr, W.cols, 1.0f, X, W.cols, wf.data(), W.cols,
-                0.0f, Y + r0, W.rows);
+  constexpr int64_t tile = 128;
+  BlasSingleThread single;
+  parallel_for((W.rows + tile - 1) / tile, [&](int64_t b, int64_t e) {
+    std::vector<float> wf(W.type == GGMLType::F32 ? 0 : static_cast<size_t>(tile * W.cols));
+    for (int64_t ti = b; ti < e; ++ti) {
+      const int64_t r0 = ti * tile, nr = std::min(tile, W.rows - r0);
+      const float* w = reinterpret_cast<const float*>(W.row(r0));
+      int64_t ldw = static_cast<int64_t>(W.row_stride / sizeof(float));
+      if (W.type != GGMLType::F32) {
+        for (int64_t r = 0; r < nr; ++r) dequantize_row(W.type, W.row(r0 + r), wf.data() + r * W.cols, W.cols);
+        w = wf.data();
+        ldw = W.cols;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tokens, nr, W.cols, 1.0f, X, W.cols, w, ldw, 0.0f, Y + r0,
+                  W.rows);
+    }
+  });
+}
+
+}  // namespace
+
+void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, bool exact) {
+  if (n_tokens <= 0 || W.rows <= 0) return;
+  if (!exact) {
+    const qdot::Level lv = qdot::level();
+    const qdot::Format f = qdot::format_of(W.type);
+    if (f.group > 0) {
+      // Reused between calls to keep its memory; workers must see the caller's object, so they
+      // get a reference (a thread_local named inside the lambdas would be their own).
+      static thread_local qdot::Acts caller_acts;
+      qdot::Acts& acts = caller_acts;
+      qdot::prepare_acts(n_tokens, W.cols, f, acts);
+      parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, acts); });
+      parallel_rows(W.rows, [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
+      return;
+    }
+    const bool float_type = W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
+    if (float_type && n_tokens < 4) {
+      parallel_rows(W.rows, [&](int64_t b, int64_t e) { qdot::dot_rows_f(lv, W, b, e, X, n_tokens, Y, W.rows); });
+      return;
+    }
   }
+  matmul_f32(W, X, n_tokens, Y);
 }
 
 }  // namespace kvslim

@@ -18,8 +18,15 @@ struct WeightView {
 };
 
 /// Y[t][r] = sum_c X[t][c] * W[r][c] for t < n_tokens. X is [n_tokens][W.cols] f32, Y is
-/// [n_tokens][W.rows] f32. `exact` forces the f32 path (dequantize, then f32 products) instead
-/// of quantized-activation dot products. Threads over output rows.
+/// [n_tokens][W.rows] f32. Threads over output rows.
+///
+/// Fast path (exact = false): quantized weights (q4_0 ... q8_0, q2_K ... q6_K) use integer dot
+/// products with activations quantized to 8 bits per 32 values (see kernels/quant_dot.h for the
+/// canonical computation and its error); f32/f16/bf16 weights use f32 fma for fewer than 4
+/// tokens and OpenBLAS sgemm on dequantized tiles above. The result does not depend on the
+/// thread count, the SIMD level or, for quantized weights, the number of tokens.
+/// Exact path (exact = true): weights dequantized to f32 and f32 products only (reference-logit
+/// tests).
 void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, bool exact = false);
 
 }  // namespace kvslim

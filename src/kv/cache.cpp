@@ -1,108 +1,226 @@
+// Segments (one per (layer, KV head)) and the cache. A segment is one or two KVStores (precision
+// tiers); its logical entry order is insertion order across both.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include <fmt/format.h>
 
+#include "kv/codec.h"
 #include "kvslim/kv_cache.h"
-#include "kvslim/quant.h"
 
 namespace kvslim {
 
-KVCodec parse_codec(const std::string& name) {
-  if (name == "f32") return KVCodec::F32;
-  if (name == "f16") return KVCodec::F16;
-  throw Error(fmt::format("unknown KV cache type '{}' (expected f32 or f16)", name));
+Segment::Segment(int head_dim, KVCodec key_codec, KVCodec value_codec, const KVQuantOptions& q)
+    : head_dim_(head_dim), q_(q) {
+  validate_cache_config(key_codec, value_codec, q, head_dim);
+  stores_.emplace_back(head_dim, key_codec, value_codec, q);
 }
 
-const char* codec_name(KVCodec c) { return c == KVCodec::F32 ? "f32" : "f16"; }
-
-size_t codec_row_bytes(KVCodec c, int head_dim) {
-  return c == KVCodec::F32 ? head_dim * sizeof(float) : head_dim * sizeof(uint16_t);
+void Segment::rotate(float* x) const {
+  if (q_.hadamard) kv::hadamard_rotate(x, head_dim_);
 }
-
-namespace {
-
-void encode_row(KVCodec c, const float* x, uint8_t* dst, int n) {
-  if (c == KVCodec::F32) {
-    std::memcpy(dst, x, n * sizeof(float));
-    return;
-  }
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  for (int i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
-}
-
-void decode_rows(KVCodec c, const uint8_t* src, float* out, size_t n) {
-  if (c == KVCodec::F32) {
-    std::memcpy(out, src, n * sizeof(float));
-    return;
-  }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(h[i]);
-}
-
-}  // namespace
-
-Segment::Segment(int head_dim, KVCodec key_codec, KVCodec value_codec)
-    : head_dim_(head_dim), kc_(key_codec), vc_(value_codec),
-      krow_(codec_row_bytes(key_codec, head_dim)), vrow_(codec_row_bytes(value_codec, head_dim)) {}
 
 void Segment::append(const float* k, const float* v, int32_t position) {
-  size_t n = size();
-  k_.resize((n + 1) * krow_);
-  v_.resize((n + 1) * vrow_);
-  encode_row(kc_, k, k_.data() + n * krow_, head_dim_);
-  encode_row(vc_, v, v_.data() + n * vrow_, head_dim_);
+  if (q_.hadamard) {
+    float buf[512];
+    std::vector<float> big;
+    float* r = buf;
+    if (head_dim_ > 512) {
+      big.resize(head_dim_);
+      r = big.data();
+    }
+    std::memcpy(r, k, head_dim_ * sizeof(float));
+    kv::hadamard_rotate(r, head_dim_);
+    stores_[0].append(r, v);
+  } else {
+    stores_[0].append(k, v);
+  }
+  if (!tier_.empty()) {
+    tier_.push_back(0);
+    sidx_.push_back(static_cast<int32_t>(stores_[0].size() - 1));
+  }
   pos_.push_back(position);
 }
 
-void Segment::retain(const std::vector<int32_t>& idx) {
+void Segment::check_indices(const std::vector<int32_t>& idx, const char* what) const {
   for (size_t j = 0; j < idx.size(); ++j) {
     if (idx[j] < 0 || static_cast<size_t>(idx[j]) >= size() || (j > 0 && idx[j] <= idx[j - 1]))
-      throw Error(fmt::format("Segment::retain: index {} at {} is out of range or not increasing (size {})",
-                              idx[j], j, size()));
+      throw Error(fmt::format("Segment::{}: index {} at {} is out of range or not increasing (size {})", what, idx[j],
+                              j, size()));
   }
+}
+
+void Segment::locate(size_t i, int& s, size_t& j) const {
+  if (tier_.empty()) {
+    s = 0;
+    j = i;
+  } else {
+    s = tier_[i];
+    j = static_cast<size_t>(sidx_[i]);
+  }
+}
+
+void Segment::retain(const std::vector<int32_t>& idx) {
+  check_indices(idx, "retain");
+  if (tier_.empty()) {
+    stores_[0].retain(idx);
+  } else {
+    std::vector<int32_t> per[2];
+    std::vector<uint8_t> nt;
+    std::vector<int32_t> ns;
+    nt.reserve(idx.size());
+    ns.reserve(idx.size());
+    for (int32_t i : idx) {
+      const int s = tier_[i];
+      ns.push_back(static_cast<int32_t>(per[s].size()));
+      per[s].push_back(sidx_[i]);
+      nt.push_back(static_cast<uint8_t>(s));
+    }
+    stores_[0].retain(per[0]);
+    stores_[1].retain(per[1]);
+    tier_.swap(nt);
+    sidx_.swap(ns);
+    if (stores_[1].size() == 0) {
+      stores_.pop_back();
+      std::vector<uint8_t>().swap(tier_);
+      std::vector<int32_t>().swap(sidx_);
+    }
+  }
+  std::vector<int32_t> np(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) np[j] = pos_[idx[j]];
+  pos_.swap(np);
+}
+
+void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<uint8_t>& low, KVCodec low_key,
+                            KVCodec low_value) {
+  check_indices(idx, "retain_tiered");
+  if (low.size() != idx.size())
+    throw Error(fmt::format("Segment::retain_tiered: {} tier flags for {} indices", low.size(), idx.size()));
+  const bool any_low = std::any_of(low.begin(), low.end(), [](uint8_t x) { return x != 0; });
+  if (q_.kivi_bits && any_low)
+    throw Error("precision tiers need row codecs (f32, f16, bf16, q8_0, q4_0): KIVI's token groups cannot be "
+                "split by tier");
+  if (!any_low && tier_.empty()) return retain(idx);
+  const KVQuantOptions plain{};  // tiers hold row codecs only
+  KVStore hi(head_dim_, stores_[0].key_codec(), stores_[0].value_codec(), plain);
+  KVStore lo(head_dim_, low_key, low_value, plain);
+  std::vector<uint8_t> nt;
+  std::vector<int32_t> ns;
   for (size_t j = 0; j < idx.size(); ++j) {
-    size_t s = idx[j];
-    if (s == j) continue;
-    std::memmove(k_.data() + j * krow_, k_.data() + s * krow_, krow_);
-    std::memmove(v_.data() + j * vrow_, v_.data() + s * vrow_, vrow_);
-    pos_[j] = pos_[s];
+    int s;
+    size_t si;
+    locate(idx[j], s, si);
+    KVStore& dst = low[j] ? lo : hi;
+    ns.push_back(static_cast<int32_t>(dst.size()));
+    nt.push_back(low[j] ? 1 : 0);
+    dst.append_from(stores_[s], si);
   }
-  size_t n = idx.size();
-  // Copy-and-swap so capacity really shrinks: the freed bytes go back to the allocator.
-  std::vector<uint8_t>(k_.begin(), k_.begin() + n * krow_).swap(k_);
-  std::vector<uint8_t>(v_.begin(), v_.begin() + n * vrow_).swap(v_);
-  std::vector<int32_t>(pos_.begin(), pos_.begin() + n).swap(pos_);
+  stores_.clear();
+  stores_.push_back(std::move(hi));
+  if (lo.size() > 0) {
+    stores_.push_back(std::move(lo));
+    tier_.swap(nt);
+    sidx_.swap(ns);
+  } else {
+    std::vector<uint8_t>().swap(tier_);
+    std::vector<int32_t>().swap(sidx_);
+  }
+  std::vector<int32_t> np(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) np[j] = pos_[idx[j]];
+  pos_.swap(np);
 }
 
 void Segment::clear() {
-  std::vector<uint8_t>().swap(k_);
-  std::vector<uint8_t>().swap(v_);
+  stores_.erase(stores_.begin() + 1, stores_.end());
+  stores_[0].clear();
   std::vector<int32_t>().swap(pos_);
+  std::vector<uint8_t>().swap(tier_);
+  std::vector<int32_t>().swap(sidx_);
 }
 
-void Segment::key(size_t i, float* out) const { decode_rows(kc_, k_.data() + i * krow_, out, head_dim_); }
-void Segment::value(size_t i, float* out) const { decode_rows(vc_, v_.data() + i * vrow_, out, head_dim_); }
+void Segment::key(size_t i, float* out) const {
+  int s;
+  size_t j;
+  locate(i, s, j);
+  stores_[s].key(j, out);
+  rotate(out);  // the rotation is its own inverse
+}
+
+void Segment::value(size_t i, float* out) const {
+  int s;
+  size_t j;
+  locate(i, s, j);
+  stores_[s].value(j, out);
+}
+
 void Segment::keys(size_t b, size_t e, float* out) const {
-  decode_rows(kc_, k_.data() + b * krow_, out, (e - b) * head_dim_);
+  for (size_t i = b; i < e; ++i) key(i, out + (i - b) * head_dim_);
 }
+
 void Segment::values(size_t b, size_t e, float* out) const {
-  decode_rows(vc_, v_.data() + b * vrow_, out, (e - b) * head_dim_);
+  if (tier_.empty() && stores_[0].group_entries() <= b) {
+    const KVStore& st = stores_[0];
+    kv::rows_decode(st.vc_, head_dim_, st.v_.data() + (b - st.n_group_) * st.vrow_, out, e - b);
+    return;
+  }
+  for (size_t i = b; i < e; ++i) value(i, out + (i - b) * head_dim_);
 }
-const float* Segment::keys_f32() const {
-  return kc_ == KVCodec::F32 ? reinterpret_cast<const float*>(k_.data()) : nullptr;
-}
+
 const float* Segment::values_f32() const {
-  return vc_ == KVCodec::F32 ? reinterpret_cast<const float*>(v_.data()) : nullptr;
+  const KVStore& st = stores_[0];
+  if (stores_.size() > 1 || st.group_entries() > 0 || st.value_codec() != KVCodec::F32) return nullptr;
+  return reinterpret_cast<const float*>(st.v_.data());
 }
-void Segment::set_key(size_t i, const float* k) { encode_row(kc_, k, k_.data() + i * krow_, head_dim_); }
 
-size_t Segment::bytes() const { return size() * (krow_ + vrow_ + sizeof(int32_t)); }
+void Segment::set_key(size_t i, const float* k) { set_keys(i, i + 1, k); }
 
-KVCache::KVCache(int n_layer, int n_head_kv, int head_dim, KVCodec kc, KVCodec vc)
+void Segment::set_keys(size_t b, size_t e, const float* rows) {
+  if (b > e || e > size())
+    throw Error(fmt::format("Segment::set_keys: range [{}, {}) is outside the segment (size {})", b, e, size()));
+  std::vector<float> r;
+  if (q_.hadamard) {
+    r.assign(rows, rows + (e - b) * head_dim_);
+    for (size_t i = 0; i < e - b; ++i) kv::hadamard_rotate(r.data() + i * head_dim_, head_dim_);
+    rows = r.data();
+  }
+  if (tier_.empty()) return stores_[0].set_keys(b, e, rows);
+  for (size_t i = b; i < e; ++i) {
+    int s;
+    size_t j;
+    locate(i, s, j);
+    stores_[s].set_keys(j, j + 1, rows + (i - b) * head_dim_);
+  }
+}
+
+size_t Segment::kv_bytes() const {
+  size_t n = 0;
+  for (const KVStore& s : stores_) n += s.kv_bytes();
+  return n;
+}
+
+size_t Segment::bytes() const {
+  size_t n = pos_.size() * sizeof(int32_t) + tier_.size() * (sizeof(uint8_t) + sizeof(int32_t));
+  for (const KVStore& s : stores_) n += s.kv_bytes() + s.meta_bytes();
+  return n;
+}
+
+std::vector<int32_t> Segment::store_entries(int s) const {
+  std::vector<int32_t> out;
+  if (tier_.empty()) return out;
+  out.reserve(stores_[s].size());
+  for (size_t i = 0; i < tier_.size(); ++i)
+    if (tier_[i] == s) out.push_back(static_cast<int32_t>(i));
+  return out;
+}
+
+// ---- KVCache ----
+
+KVCache::KVCache(int n_layer, int n_head_kv, int head_dim, KVCodec kc, KVCodec vc, const KVQuantOptions& q)
     : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim) {
+  validate_cache_config(kc, vc, q, head_dim);
   segs_.reserve(static_cast<size_t>(n_layer) * n_head_kv);
-  for (int i = 0; i < n_layer * n_head_kv; ++i) segs_.emplace_back(head_dim, kc, vc);
+  for (int i = 0; i < n_layer * n_head_kv; ++i) segs_.emplace_back(head_dim, kc, vc, q);
 }
 
 size_t KVCache::entries() const {
@@ -123,6 +241,11 @@ size_t KVCache::bytes() const {
 size_t KVCache::bytes(int layer) const {
   size_t n = 0;
   for (int h = 0; h < n_head_kv_; ++h) n += seg(layer, h).bytes();
+  return n;
+}
+size_t KVCache::kv_bytes() const {
+  size_t n = 0;
+  for (const Segment& s : segs_) n += s.kv_bytes();
   return n;
 }
 size_t KVCache::full_f16_bytes(size_t n_tokens) const {

@@ -21,6 +21,8 @@ double GenerateStats::decode_tps() const {
 
 std::vector<float> prefill_and_compress(Session& session, Press& press, const std::vector<Token>& tokens,
                                         int chunk_size, size_t* peak_bytes, double* press_seconds) {
+  // A press object may serve several requests: nothing of the previous one may leak into this one.
+  press.reset();
   const ObservationRequest req = press.request();
   const size_t step = chunk_size > 0 ? static_cast<size_t>(chunk_size) : tokens.size();
   std::vector<float> logits;
@@ -31,7 +33,7 @@ std::vector<float> prefill_and_compress(Session& session, Press& press, const st
     Observation obs;
     int32_t first = session.next_position();
     int32_t record_from = first + static_cast<int32_t>(chunk.size()) - std::max(req.window, 0);
-    if (req.hidden_states || req.attention_mass) record_from = first;
+    if (req.hidden_states || req.attention_mass || req.tokens) record_from = first;
     logits = session.forward(chunk, false, &req, &obs, std::max(record_from, first));
     peak = std::max(peak, session.cache().bytes());
     auto t0 = Clock::now();
@@ -59,7 +61,6 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
                             ctx.size() + q.size(), ctx.size(), q.size(), session.n_ctx()));
   st.context_tokens = static_cast<int>(ctx.size());
   st.question_tokens = static_cast<int>(q.size());
-  press.reset();
 
   auto t0 = Clock::now();
   std::vector<float> logits = prefill_and_compress(session, press, ctx, opt.chunk_size, &st.peak_kv_bytes,
@@ -74,6 +75,7 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
   st.prefill_seconds = since(t0);
 
   Sampler sampler(opt.sampling);
+  const ObservationRequest dreq = press.decode_request();
   auto t1 = Clock::now();
   int max_new = static_cast<int>(std::min<size_t>(opt.n_predict, session.n_ctx() - session.next_position() + 1));
   (void)need;
@@ -86,9 +88,12 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
     res.text += piece;
     if (on_text) on_text(piece);
     if (i + 1 == max_new || session.next_position() >= session.n_ctx()) break;
-    logits = session.forward({t});
-    Observation none;
-    press.after_decode(session.cache(), model, none);
+    // A decoding press (H2O, threshold:decode, the decoding wrapper) sees what it asked for.
+    Observation dobs;
+    const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
+                      dreq.on_attention_input || dreq.selector;
+    logits = session.forward({t}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, session.next_position());
+    press.after_decode(session.cache(), model, dobs);
   }
   st.generated_tokens = static_cast<int>(res.tokens.size());
   st.decode_seconds = since(t1);

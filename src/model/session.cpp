@@ -19,13 +19,16 @@ void Observation::clear() {
   hidden.clear();
   hidden_positions.clear();
   attention_mass.clear();
+  tokens.clear();
+  token_positions.clear();
+  session = nullptr;
 }
 
 Session::Session(const Model& model, SessionOptions opt)
     : model_(model), opt_(opt),
       n_ctx_(opt.n_ctx > 0 ? opt.n_ctx : model.hparams().n_ctx_train),
       cache_(model.hparams().n_layer, model.hparams().n_head_kv, model.hparams().head_dim, opt.key_codec,
-             opt.value_codec) {
+             opt.value_codec, opt.kv_quant) {
   if (opt.n_ctx < 0) throw Error(fmt::format("context size -c {} must be positive", opt.n_ctx));
   if (opt_.batch <= 0) opt_.batch = 256;
 }
@@ -33,6 +36,23 @@ Session::Session(const Model& model, SessionOptions opt)
 void Session::reset() {
   cache_.clear();
   next_pos_ = 0;
+}
+
+void Session::rewind(int32_t position) {
+  if (position < 0 || position > next_pos_)
+    throw Error(fmt::format("rewind: position {} is outside [0, {}]", position, next_pos_));
+  for (int l = 0; l < cache_.n_layer(); ++l)
+    for (int h = 0; h < cache_.n_head_kv(); ++h) {
+      Segment& s = cache_.seg(l, h);
+      const auto& p = s.positions();
+      // Positions may be out of order after re-rotation, so test every entry.
+      std::vector<int32_t> keep;
+      keep.reserve(p.size());
+      for (size_t i = 0; i < p.size(); ++i)
+        if (p[i] < position) keep.push_back(static_cast<int32_t>(i));
+      if (keep.size() != p.size()) s.retain(keep);
+    }
+  next_pos_ = position;
 }
 
 namespace {
@@ -85,6 +105,12 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
                             next_pos_, n_ctx_));
   for (Token t : tokens)
     if (t < 0 || t >= hp.n_vocab) throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1));
+  if (obs) obs->session = this;
+  if (obs && req && req->tokens)
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      obs->tokens.push_back(tokens[i]);
+      obs->token_positions.push_back(next_pos_ + static_cast<int32_t>(i));
+    }
   if (obs && req) {
     obs->queries.resize(hp.n_layer);
     obs->hidden.resize(hp.n_layer);
@@ -137,6 +163,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
       obs->hidden[l].insert(obs->hidden[l].end(), x.begin() + static_cast<size_t>(rec0) * d, x.end());
 
     for (int t = 0; t < n; ++t) rms_norm(x.data() + t * d, L.attn_norm.data(), xn.data() + t * d, d, hp.rms_eps);
+    if (req && req->on_attention_input) req->on_attention_input(l, xn.data(), n, d, pos.data());
     matmul(*L.wq, xn.data(), n, q.data(), ex);
     matmul(*L.wk, xn.data(), n, k.data(), ex);
     matmul(*L.wv, xn.data(), n, v.data(), ex);
@@ -187,6 +214,13 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     if (obs && req && req->attention_mass)
       for (int h = 0; h < nkv; ++h) obs->attention_mass[l][h].resize(cache_.seg(l, h).size(), 0.0f);
 
+    // Decode-time selection (ClusterKV): per KV head, the old entries this batch attends to.
+    std::vector<std::vector<int32_t>> subset;
+    bool use_subset = false;
+    if (req && req->selector) {
+      subset.assign(nkv, {});
+      use_subset = req->selector->select(l, q.data(), n, cache_, subset);
+    }
     // One unit of work = one KV head x a tile of tokens; rows are (token, group head).
     const int tile = std::max(1, 64 / G);
     const int n_tiles = (n + tile - 1) / tile;
@@ -216,7 +250,15 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
           mp.assign(s.size(), 0.0f);
           mass = mp.data();
         }
-        attend_segment(s, qr.data(), rows, vis.data(), scale, orow.data(), hd, mass);
+        if (use_subset) {
+          // The selected old entries, then the batch's own entries (always attended, causally).
+          std::vector<int32_t> idx = subset[h];
+          for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
+          attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data(), rows, vis.data(), scale,
+                                orow.data(), hd);
+        } else {
+          attend_segment(s, qr.data(), rows, vis.data(), scale, orow.data(), hd, mass);
+        }
         for (int t = t0; t < t1; ++t)
           for (int gi = 0; gi < G; ++gi)
             std::memcpy(&att[static_cast<size_t>(t) * dq + (h * G + gi) * hd], &orow[static_cast<size_t>((t - t0) * G + gi) * hd],

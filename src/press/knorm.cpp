@@ -13,7 +13,7 @@ namespace {
 class KNormPress : public ScorerPress {
  public:
   using ScorerPress::ScorerPress;
-  std::string describe() const override { return fmt::format("knorm:ratio={}", ratio_); }
+  std::string describe_scorer() const override { return fmt::format("knorm:ratio={}", ratio_); }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     const int hd = view.hp().head_dim;
     std::vector<float> k(hd);

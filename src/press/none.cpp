@@ -7,7 +7,7 @@ namespace {
 class NonePress : public Press {
  public:
   std::string describe() const override { return "none"; }
-  void compress(KVCache&, const Model&, const Observation&) override {}
+  void apply(KVCache&, const Model&, const Observation&, const Target&) override {}
 };
 
 PressRegistrar reg({"none", "keeps every entry (full cache)", "-", {},

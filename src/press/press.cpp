@@ -1,19 +1,20 @@
-// Shared machinery of score-based presses: the layer view, selection and the uniform budget.
+// Shared machinery of presses: the layer view, the compress step, selection, the uniform budget
+// and the score-based press.
 #include "kvslim/press.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include <cblas.h>
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
 #include "kernels/threads.h"
 
 namespace kvslim {
 
-LayerView::LayerView(const Model& model, const KVCache& cache, const Observation& obs, int layer)
-    : model_(model), cache_(cache), obs_(obs), layer_(layer) {}
+LayerView::LayerView(const Model& model, const KVCache& cache, const Observation& obs, int layer, Target target)
+    : model_(model), cache_(cache), obs_(obs), layer_(layer), target_(target) {}
 
 const float* LayerView::window_queries(int qh) const {
   if (obs_.queries.size() <= static_cast<size_t>(layer_) || obs_.queries[layer_].empty()) return nullptr;
@@ -25,18 +26,32 @@ const std::vector<float>& LayerView::window_attention(int h) const {
   if (it != attn_.end()) return it->second;
   const Segment& s = seg(h);
   const int G = hp().n_group(), hd = hp().head_dim, w = n_window();
-  std::vector<float> probs(static_cast<size_t>(G) * w * s.size());
-  std::vector<int32_t> vis(static_cast<size_t>(w));
-  // A window query sees the entries whose position is at most its own.
-  for (int i = 0; i < w; ++i) {
-    int32_t p = obs_.window_positions[i];
-    vis[i] = static_cast<int32_t>(std::upper_bound(s.positions().begin(), s.positions().end(), p) - s.positions().begin());
-  }
-  std::vector<float> out(static_cast<size_t>(w) * hd);
+  const size_t n = s.size();
+  std::vector<float> probs(static_cast<size_t>(G) * w * n);
+  if (w == 0 || n == 0 || !window_queries(0)) return attn_.emplace(h, std::move(probs)).first->second;
+  // Only the probabilities are needed (no weighted sum of values): one BLAS product of the
+  // group's window queries with the decoded keys, then a causal softmax per row. A window query
+  // sees the entries whose position is at most its own.
+  std::vector<float> keys(n * hd);
+  s.keys(0, n, keys.data());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int g = 0; g < G; ++g)
-    attend_segment(s, window_queries(h * G + g), w, vis.data(), scale, out.data(), hd, nullptr,
-                   probs.data() + static_cast<size_t>(g) * w * s.size());
+  // The G heads' queries are contiguous: [G][w][hd] starting at query head h * G.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, G * w, static_cast<int>(n), hd, scale, window_queries(h * G),
+              hd, keys.data(), hd, 0.0f, probs.data(), static_cast<int>(n));
+  for (int i = 0; i < w; ++i) {
+    const int32_t p = obs_.window_positions[i];
+    const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), p) - s.positions().begin();
+    for (int g = 0; g < G; ++g) {
+      float* row = probs.data() + (static_cast<size_t>(g) * w + i) * n;
+      float mx = -INFINITY;
+      for (size_t j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
+      double sum = 0;
+      for (size_t j = 0; j < vis; ++j) sum += (row[j] = std::exp(row[j] - mx));
+      const float inv = vis > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+      for (size_t j = 0; j < vis; ++j) row[j] *= inv;
+      std::fill(row + vis, row + n, 0.0f);
+    }
+  }
   return attn_.emplace(h, std::move(probs)).first->second;
 }
 
@@ -46,18 +61,58 @@ int uniform_keep(size_t n, double ratio) {
   return static_cast<int>(std::clamp<double>(k, 1.0, static_cast<double>(n)));
 }
 
-KeepCounts UniformBudget::keep_counts(const Scores& scores, const KVCache& cache, double ratio) const {
-  KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
+int32_t cache_next_position(const KVCache& cache) {
+  int32_t p = 0;
   for (int l = 0; l < cache.n_layer(); ++l)
-    for (int h = 0; h < cache.n_head_kv(); ++h) keep[l][h] = uniform_keep(cache.seg(l, h).size(), ratio);
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      const auto& pos = cache.seg(l, h).positions();
+      if (!pos.empty()) p = std::max(p, pos.back() + 1);  // positions increase within a segment
+    }
+  return p;
+}
+
+void Press::compress(KVCache& cache, const Model& model, const Observation& obs) {
+  Target t{ratio(), static_cast<size_t>(cache_next_position(cache))};
+  observe(cache, model, obs);
+  apply(cache, model, obs, t);
+}
+
+void Press::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
+
+size_t Press::kept_after(const Target& t) const {
+  return ratio() > 0 ? static_cast<size_t>(uniform_keep(t.n_context, ratio())) : t.n_context;
+}
+
+ObservationRequest merge_requests(const ObservationRequest& a, const ObservationRequest& b) {
+  ObservationRequest r = a;
+  r.window = std::max(a.window, b.window);
+  r.hidden_states = a.hidden_states || b.hidden_states;
+  r.attention_mass = a.attention_mass || b.attention_mass;
+  r.tokens = a.tokens || b.tokens;
+  if (!r.on_attention_input) r.on_attention_input = b.on_attention_input;
+  if (!r.selector) r.selector = b.selector;
+  return r;
+}
+
+KeepCounts UniformBudget::keep_counts(const BudgetInput& in) const {
+  const KVCache& cache = in.cache;
+  KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
+  const int k = uniform_keep(in.target.n_context, in.target.ratio);
+  for (int l = 0; l < cache.n_layer(); ++l)
+    for (int h = 0; h < cache.n_head_kv(); ++h)
+      keep[l][h] = std::min<int>(k, static_cast<int>(cache.seg(l, h).size()));
   return keep;
+}
+
+int count_protected(const std::vector<float>& scores) {
+  int n = 0;
+  for (float s : scores) n += s >= kProtected;
+  return n;
 }
 
 std::vector<int32_t> select_top(const std::vector<float>& scores, int keep) {
   const int n = static_cast<int>(scores.size());
-  int n_prot = 0;
-  for (float s : scores) n_prot += s >= kProtected;
-  keep = std::clamp(std::max(keep, n_prot), 0, n);
+  keep = std::clamp(std::max(keep, count_protected(scores)), 0, n);
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   if (keep < n) {
@@ -76,28 +131,79 @@ std::vector<int32_t> select_top(const std::vector<float>& scores, int keep) {
 ScorerPress::ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy)
     : ratio_(ratio), policy_(policy ? std::move(policy) : std::make_unique<UniformBudget>()) {}
 
-void ScorerPress::compress(KVCache& cache, const Model& model, const Observation& obs) {
-  if (ratio_ <= 0.0) return;  // ratio 0 leaves the cache bit-identical
+void ScorerPress::set_policy(std::unique_ptr<BudgetPolicy> p) {
+  policy_ = p ? std::move(p) : std::make_unique<UniformBudget>();
+}
+
+void ScorerPress::set_ratio(double r) {
+  check_ratio(r, describe_scorer());
+  ratio_ = r;
+}
+
+std::string ScorerPress::describe() const {
+  std::string pol = policy_->describe();
+  if (pol == "uniform") return describe_scorer();
+  // "adakv:alpha=0.2" -> "adakv(<scorer>):alpha=0.2"
+  auto c = pol.find(':');
+  std::string name = pol.substr(0, c), rest = c == std::string::npos ? "" : pol.substr(c);
+  return name + "(" + describe_scorer() + ")" + rest;
+}
+
+ObservationRequest ScorerPress::request() const { return merge_requests(scorer_request(), policy_->request()); }
+
+ObservationRequest ScorerPress::decode_request() const {
+  return policy_->decode_interval() > 0 ? request() : ObservationRequest{};
+}
+
+size_t ScorerPress::kept_after(const Target& t) const {
+  return policy_->uses_ratio() ? static_cast<size_t>(uniform_keep(t.n_context, t.ratio)) : t.n_context;
+}
+
+Scores ScorerPress::score_all(const KVCache& cache, const Model& model, const Observation& obs, const Target& target,
+                              std::vector<double>* layer_stat) const {
   const int L = cache.n_layer(), H = cache.n_head_kv();
   Scores scores(L);
+  const bool inspect = layer_stat && policy_->wants_inspect();
+  if (layer_stat) layer_stat->assign(L, 0.0);
   parallel_for(L, [&](int64_t b, int64_t e) {
     for (int64_t l = b; l < e; ++l) {
-      LayerView view(model, cache, obs, static_cast<int>(l));
+      LayerView view(model, cache, obs, static_cast<int>(l), target);
       scores[l].assign(H, {});
       score(view, scores[l]);
       for (int h = 0; h < H; ++h)
         if (scores[l][h].size() != cache.seg(l, h).size())
           throw Error(fmt::format("press {} produced {} scores for {} entries (layer {}, KV head {})", describe(),
                                   scores[l][h].size(), cache.seg(l, h).size(), l, h));
+      // The policy reuses the window attention the scorer already computed.
+      if (inspect) (*layer_stat)[l] = policy_->inspect(view);
     }
   });
-  KeepCounts keep = policy_->keep_counts(scores, cache, ratio_);
-  for (int l = 0; l < L; ++l)
-    for (int h = 0; h < H; ++h) {
+  return scores;
+}
+
+void ScorerPress::apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) {
+  if (policy_->uses_ratio() && target.ratio <= 0.0) return;  // ratio 0 leaves the cache bit-identical
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  std::vector<double> stat;
+  Scores scores = score_all(cache, model, obs, target, &stat);
+  policy_->prepare(scores, cache, target);
+  KeepCounts keep = policy_->keep_counts(BudgetInput{scores, cache, target, std::move(stat)});
+  parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int l = static_cast<int>(i / H), h = static_cast<int>(i % H);
       Segment& s = cache.seg(l, h);
       if (keep[l][h] >= static_cast<int>(s.size())) continue;
       s.retain(select_top(scores[l][h], keep[l][h]));
     }
+  });
+}
+
+void ScorerPress::after_decode(KVCache& cache, const Model& model, const Observation& obs) {
+  const int every = policy_->decode_interval();
+  if (every <= 0) return;
+  observe(cache, model, obs);
+  if (++decode_steps_ % every != 0) return;
+  apply(cache, model, obs, Target{ratio(), static_cast<size_t>(cache_next_position(cache))});
 }
 
 }  // namespace kvslim

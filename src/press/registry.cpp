@@ -1,9 +1,12 @@
-// Press registry and the "name:key=value,..." spec parser.
+// Press registry and the spec parser (syntax: include/kvslim/press.h).
+#include <cctype>
 #include <cstdlib>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "kvslim/press.h"
+#include "press/wrappers.h"
 
 namespace kvslim {
 
@@ -50,41 +53,201 @@ int param_int(const PressParams& p, const std::string& press, const std::string&
 
 std::string param_str(const PressParams& p, const std::string& press, const std::string& key) { return p.at(key); }
 
-std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
-  std::string name = spec, rest;
-  if (auto c = spec.find(':'); c != std::string::npos) {
-    name = spec.substr(0, c);
-    rest = spec.substr(c + 1);
-  }
-  const PressInfo* info = PressRegistry::instance().find(name);
-  if (!info) {
-    std::string known;
-    for (const PressInfo* p : PressRegistry::instance().all()) known += (known.empty() ? "" : ", ") + p->name;
-    throw Error(fmt::format("unknown press '{}' (known: {})", name, known));
-  }
-  PressParams params;
-  for (auto& [k, v] : info->params) params[k] = v;
-  bool has_ratio = params.count("ratio") > 0;
-  if (has_ratio) params["ratio"] = fmt::format("{}", ratio);
+std::vector<double> param_double_list(const PressParams& p, const std::string& press, const std::string& key) {
+  const std::string& s = p.at(key);
+  std::vector<double> out;
   size_t i = 0;
-  while (i < rest.size()) {
-    size_t j = rest.find(',', i);
-    if (j == std::string::npos) j = rest.size();
-    std::string kv = rest.substr(i, j - i);
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw Error(fmt::format("press {}: parameter '{}' should be key=value", name, kv));
-    std::string k = kv.substr(0, eq);
-    if (!params.count(k)) {
-      std::string known;
-      for (auto& [pk, pv] : info->params) known += (known.empty() ? "" : ", ") + pk;
-      throw Error(fmt::format("press {}: unknown parameter '{}' (parameters: {})", name, k, known.empty() ? "none" : known));
-    }
-    params[k] = kv.substr(eq + 1);
+  while (i < s.size()) {
+    size_t j = s.find('/', i);
+    if (j == std::string::npos) j = s.size();
+    std::string item = s.substr(i, j - i);
+    char* end = nullptr;
+    double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0')
+      throw Error(fmt::format("press {}: parameter {}='{}': '{}' is not a number", press, key, s, item));
+    out.push_back(v);
     i = j + 1;
   }
-  if (has_ratio) check_ratio(param_double(params, name, "ratio"), name);
-  return info->make(params);
+  return out;
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+/// Splits at `sep` outside parentheses. For '+', only where a press name follows (a letter), so
+/// numbers such as 1e+5 stay whole.
+std::vector<std::string> split_top(const std::string& s, char sep, const std::string& whole) {
+  std::vector<std::string> out;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '(') ++depth;
+    if (c == ')' && --depth < 0) throw Error(fmt::format("press spec '{}': unbalanced ')'", whole));
+    bool split = depth == 0 && c == sep;
+    if (split && sep == '+') {
+      size_t k = i + 1;
+      while (k < s.size() && s[k] == ' ') ++k;
+      split = k < s.size() && (std::isalpha(static_cast<unsigned char>(s[k])) || s[k] == '_');
+    }
+    if (split) {
+      out.push_back(trim(s.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  if (depth != 0) throw Error(fmt::format("press spec '{}': unbalanced '('", whole));
+  out.push_back(trim(s.substr(start)));
+  return out;
+}
+
+std::string known_presses() {
+  std::string known;
+  for (const PressInfo* p : PressRegistry::instance().all()) known += (known.empty() ? "" : ", ") + p->name;
+  return known;
+}
+
+/// Reads key=value items into `params` (which holds the defaults); `extra` are accepted keys not
+/// in the defaults. Unknown, malformed and repeated keys raise errors naming the press.
+void read_params(const std::string& press, const std::vector<std::string>& items, const PressInfo& info,
+                 PressParams& params, std::set<std::string>& given, const std::set<std::string>& extra = {}) {
+  for (const std::string& raw : items) {
+    std::string kv = trim(raw);
+    if (kv.empty()) continue;
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(fmt::format("press {}: parameter '{}' should be key=value", press, kv));
+    std::string k = trim(kv.substr(0, eq)), v = trim(kv.substr(eq + 1));
+    bool known = extra.count(k) > 0;
+    for (auto& [pk, pv] : info.params) known = known || pk == k;
+    if (!known) {
+      std::string names;
+      for (auto& [pk, pv] : info.params) names += (names.empty() ? "" : ", ") + pk;
+      for (const auto& e : extra) names += (names.empty() ? "" : ", ") + e;
+      throw Error(fmt::format("press {}: unknown parameter '{}' (parameters: {})", press, k,
+                              names.empty() ? "none" : names));
+    }
+    if (!given.insert(k).second) throw Error(fmt::format("press {}: parameter '{}' given twice", press, k));
+    params[k] = v;
+  }
+}
+
+bool has_param(const PressInfo& info, const std::string& key) {
+  for (auto& [k, v] : info.params)
+    if (k == key) return true;
+  return false;
+}
+
+std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole);
+
+std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const std::string& whole) {
+  if (spec.empty()) throw Error(fmt::format("press spec '{}': empty press name", whole));
+  size_t p = spec.find_first_of("(:");
+  std::string name = trim(spec.substr(0, p));
+  std::string inner_text, outer_text;
+  bool has_inner = false;
+  if (p != std::string::npos && spec[p] == '(') {
+    int depth = 0;
+    size_t close = std::string::npos;
+    for (size_t i = p; i < spec.size(); ++i) {
+      if (spec[i] == '(') ++depth;
+      if (spec[i] == ')' && --depth == 0) {
+        close = i;
+        break;
+      }
+    }
+    if (close == std::string::npos) throw Error(fmt::format("press spec '{}': unbalanced '('", whole));
+    has_inner = true;
+    inner_text = trim(spec.substr(p + 1, close - p - 1));
+    std::string after = trim(spec.substr(close + 1));
+    if (!after.empty()) {
+      if (after[0] != ':')
+        throw Error(fmt::format("press spec '{}': unexpected '{}' after '{}(...)'", whole, after, name));
+      outer_text = after.substr(1);
+    }
+  } else if (p != std::string::npos) {
+    outer_text = spec.substr(p + 1);
+  }
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_'))
+      throw Error(fmt::format("press spec '{}': '{}' is not a press name", whole, name));
+  const PressInfo* info = PressRegistry::instance().find(name);
+  if (!info) throw Error(fmt::format("unknown press '{}' (known: {})", name, known_presses()));
+
+  PressParams params;
+  for (auto& [k, v] : info->params) params[k] = v;
+  std::set<std::string> given;
+
+  if (info->kind == PressKind::Scorer) {
+    if (has_inner) throw Error(fmt::format("press {} takes no inner press: '{}'", name, spec));
+    read_params(name, split_top(outer_text, ',', whole), *info, params, given);
+    if (has_param(*info, "ratio")) {
+      if (!given.count("ratio")) params["ratio"] = fmt::format("{}", ratio);
+      check_ratio(param_double(params, name, "ratio"), name);
+    }
+    return info->make(params);
+  }
+
+  // Policy or wrapper: split the inner spec from the outer parameters.
+  std::string inner_spec = info->default_inner;
+  std::vector<std::string> outer_items;
+  if (has_inner) {
+    std::vector<std::string> items = split_top(inner_text, ',', whole);
+    inner_spec = items[0];
+    if (inner_spec.empty()) throw Error(fmt::format("press {}: empty inner press in '{}'", name, spec));
+    // Keys after an inner "name:k=v" list stay with the inner press while they are its parameters.
+    const bool simple = inner_spec.find_first_of("(+") == std::string::npos && inner_spec.find(':') != std::string::npos;
+    const PressInfo* in_info = simple ? PressRegistry::instance().find(trim(inner_spec.substr(0, inner_spec.find(':'))))
+                                      : nullptr;
+    bool to_inner = in_info != nullptr;
+    for (size_t i = 1; i < items.size(); ++i) {
+      std::string key = trim(items[i].substr(0, items[i].find('=')));
+      if (to_inner && has_param(*in_info, key))
+        inner_spec += "," + items[i];
+      else {
+        to_inner = false;
+        outer_items.push_back(items[i]);
+      }
+    }
+  }
+  for (auto& item : split_top(outer_text, ',', whole)) outer_items.push_back(item);
+  read_params(name, outer_items, *info, params, given, {"ratio"});
+  std::unique_ptr<Press> inner = build(inner_spec, ratio, whole);
+  if (given.count("ratio")) {
+    double r = param_double(params, name, "ratio");
+    check_ratio(r, name);
+    inner->set_ratio(r);
+  }
+  params.erase("ratio");
+  if (info->kind == PressKind::Policy) {
+    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    if (!sp)
+      throw Error(fmt::format("press {}: a budget policy needs a scorer press inside, got '{}'", name,
+                              inner->describe()));
+    if (sp->policy().describe() != "uniform")
+      throw Error(fmt::format("press {}: '{}' already has a budget policy", name, inner->describe()));
+    sp->set_policy(info->make_policy(params));
+    return inner;
+  }
+  return info->make_wrapper(params, std::move(inner));
+}
+
+std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole) {
+  std::vector<std::string> parts = split_top(trim(spec_in), '+', whole);
+  if (parts.size() == 1) return build_term(parts[0], ratio, whole);
+  std::vector<std::unique_ptr<Press>> presses;
+  for (const auto& part : parts) presses.push_back(build_term(part, ratio, whole));
+  return std::make_unique<ComposedPress>(std::move(presses));
+}
+
+}  // namespace
+
+std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
+  check_ratio(ratio, "--compression-ratio");
+  return build(spec, ratio, spec);
 }
 
 }  // namespace kvslim

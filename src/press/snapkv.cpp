@@ -1,6 +1,8 @@
 // SnapKV: the last `window` context queries vote for the entries they attend to; votes are
 // pooled over neighbouring positions and averaged over the GQA group; the window itself is kept.
 // Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", arXiv 2404.14469.
+// As kvpress's SnapKVPress: mean over the window queries, avg_pool1d with zero padding (divisor =
+// kernel), mean over the GQA group; `pooling=max` is the original repository's option.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -14,31 +16,33 @@ class SnapKVPress : public ScorerPress {
  public:
   SnapKVPress(double ratio, int window, int kernel, bool max_pool)
       : ScorerPress(ratio), window_(window), kernel_(kernel), max_pool_(max_pool) {}
-  std::string describe() const override {
+  std::string describe_scorer() const override {
     return fmt::format("snapkv:ratio={},window={},kernel={},pooling={}", ratio_, window_, kernel_,
                        max_pool_ ? "max" : "avg");
   }
-  ObservationRequest request() const override {
+  ObservationRequest scorer_request() const override {
     ObservationRequest r;
     r.window = window_;
     return r;
   }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
-    const int G = view.hp().n_group(), w = view.n_window();
+    const int G = view.hp().n_group(), nw = view.n_window();
+    // Another part of the press (a policy) may have asked for a longer window: use the newest rows.
+    const int w = std::min(nw, window_), w0i = nw - w;
     for (int h = 0; h < view.hp().n_head_kv; ++h) {
       const Segment& s = view.seg(h);
       const size_t n = s.size();
       out[h].assign(n, 0.0f);
       if (w == 0) continue;
       // Entries at or after the first window position are the window: always kept.
-      const int32_t w0 = view.obs().window_positions.front();
+      const int32_t w0 = view.obs().window_positions[w0i];
       size_t n_prefix = std::lower_bound(s.positions().begin(), s.positions().end(), w0) - s.positions().begin();
       const std::vector<float>& p = view.window_attention(h);
       std::vector<float> vote(n_prefix, 0.0f);
       for (int g = 0; g < G; ++g) {
         std::vector<float> m(n_prefix, 0.0f);
-        for (int i = 0; i < w; ++i) {
-          const float* row = p.data() + (static_cast<size_t>(g) * w + i) * n;
+        for (int i = w0i; i < nw; ++i) {
+          const float* row = p.data() + (static_cast<size_t>(g) * nw + i) * n;
           for (size_t j = 0; j < n_prefix; ++j) m[j] += row[j];
         }
         // Pool over neighbouring entries (zero padding, divisor = kernel, as torch's avg_pool1d).

@@ -10,7 +10,9 @@ namespace {
 class StreamingLLMPress : public ScorerPress {
  public:
   StreamingLLMPress(double ratio, int n_sink) : ScorerPress(ratio), n_sink_(n_sink) {}
-  std::string describe() const override { return fmt::format("streaming_llm:ratio={},n_sink={}", ratio_, n_sink_); }
+  std::string describe_scorer() const override {
+    return fmt::format("streaming_llm:ratio={},n_sink={}", ratio_, n_sink_);
+  }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     for (int h = 0; h < view.hp().n_head_kv; ++h) {
       const auto& pos = view.seg(h).positions();

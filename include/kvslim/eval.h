@@ -1,0 +1,188 @@
+#pragma once
+// The evaluation harness (architecture section 6): fidelity of a compressed cache against the
+// full cache, synthetic long-context tasks scored by string match, attention statistics, and
+// sweeps over presses x compression ratios x samples.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvslim/eval_metrics.h"
+#include "kvslim/eval_tasks.h"
+#include "kvslim/press.h"
+#include "kvslim/session.h"
+
+namespace kvslim {
+
+/// What the cache holds after the context was compressed, measured from the cache.
+struct CacheCheck {
+  int context_tokens = 0;
+  double requested_ratio = 0;          ///< the compression ratio asked for
+  size_t entries_total = 0;            ///< context tokens x layers x KV heads
+  size_t entries_kept = 0;
+  std::vector<size_t> kept_per_layer;
+  size_t kv_bytes = 0;
+  size_t full_f16_bytes = 0;           ///< a full f16 cache of the context
+  /// Per needle: the fraction of its entries (tokens x layers x KV heads) still in the cache.
+  std::vector<double> needle_kept;
+  /// The measured compression ratio is within tolerance() of the requested one.
+  bool as_configured = true;
+  double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
+  double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
+  /// Allowed |measured - requested|: 0.01 plus one entry per segment of rounding.
+  double tolerance() const { return 0.01 + (context_tokens ? 1.0 / context_tokens : 0.0); }
+  /// Smallest needle_kept (1 when there is no needle).
+  double min_needle_kept() const;
+};
+
+/// Measures `cache` after compressing a context of `context_tokens` tokens at positions
+/// 0..context_tokens-1; `spans` are needle token spans [begin, end) (= positions).
+CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double requested_ratio,
+                         const std::vector<std::pair<int, int>>& spans = {});
+
+/// How a sample is run.
+struct RunOptions {
+  SessionOptions session;
+  int chunk_size = 0;  ///< > 0: the press acts after every chunk of this many context tokens
+  int n_predict = 0;   ///< tokens to decode for a task answer; 0 = the sample's own suggestion
+};
+
+/// One task sample run: prefill + compress the context, forward the question, greedy decode.
+struct TaskOutcome {
+  std::string answer;
+  double score = 0;         ///< string_match_all or _part, as the sample asks
+  int question_tokens = 0;
+  int generated_tokens = 0;
+  CacheCheck cache;
+  double prefill_seconds = 0, press_seconds = 0, decode_seconds = 0;
+};
+
+/// Runs one sample with `press` (reset first). Decoding is greedy and stops at end-of-generation,
+/// after n_predict tokens, or when the answer holds the sample's stop string after some
+/// non-space text. Throws kvslim::Error when the sample does not fit the context size.
+TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample, const TokenizedSample& toks,
+                     const std::string& stop, const RunOptions& opt);
+
+/// Full-cache reference of a teacher-forced continuation: the logits of every continuation
+/// token after the first, [continuation.size() - 1][n_vocab] (the first continuation token is
+/// fed, not predicted, so each prediction is made after the press acted).
+struct FidelityReference {
+  std::vector<Token> prefix;        ///< the context: compressed by the press (BOS included)
+  std::vector<Token> continuation;  ///< teacher-forced, never compressed
+  std::vector<float> logits;
+  int n_vocab = 0;
+};
+
+/// Runs the full cache over prefix + continuation. Throws kvslim::Error when the prefix is empty,
+/// the continuation has fewer than 2 tokens, or the whole does not fit the context size.
+FidelityReference fidelity_reference(const Model& model, std::vector<Token> prefix, std::vector<Token> continuation,
+                                     const RunOptions& opt);
+
+struct FidelityOutcome {
+  FidelityAccumulator metrics;
+  CacheCheck cache;
+  double seconds = 0;
+};
+
+/// Compresses the prefix with `press` (reset first), teacher-forces the continuation and compares
+/// each next-token distribution with the reference: KL(full || compressed), top-1 agreement,
+/// perplexity of both.
+FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityReference& ref, const RunOptions& opt);
+
+/// Attention statistics of a full cache: for each query head, MBA = the fewest entries whose
+/// attention, summed over the last `window` queries, holds at least `tau` of the total
+/// (minimum_budget in src/eval/attention_stats.h); LMBA = the mean MBA of a layer's heads. Zhong et al., "ZigZagKV: Dynamic KV Cache Compression for
+/// Long-context Modeling based on Layer Uncertainty", arXiv 2412.09036.
+struct AttentionStats {
+  int context_tokens = 0;
+  int window = 0;
+  double tau = 0;
+  std::vector<std::vector<int>> mba;  ///< [layer][query head], entries
+  std::vector<double> lmba;           ///< [layer], entries
+};
+
+/// Prefills `tokens` with a full cache and measures AttentionStats. Throws kvslim::Error for
+/// window < 1, tau outside (0, 1], or window longer than the tokens.
+AttentionStats attention_stats(const Model& model, const std::vector<Token>& tokens, int window, double tau,
+                               const SessionOptions& session);
+
+/// One (press spec, compression ratio) of a sweep.
+struct PressRun {
+  std::string spec;
+  double ratio = 0;
+};
+
+/// The runs of a sweep: the full-cache baseline ("none" at 0) first when `baseline`, then every
+/// press at every ratio ("none" is not repeated). Throws kvslim::Error for an unknown press or a
+/// ratio outside [0, 1) (via make_press).
+std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const std::vector<double>& ratios,
+                                  bool baseline);
+
+/// Reports progress: runs done, runs in all, and what runs now.
+using ProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
+
+/// A task sweep: tasks x lengths x depths x samples, each sample run with every PressRun.
+struct TaskSweep {
+  std::vector<std::string> tasks;  ///< "niah" and/or names from ruler_tasks()
+  std::vector<int> lengths;        ///< context tokens, BOS included
+  std::vector<double> depths;      ///< needle depths; empty -> one random depth per sample
+  int samples = 1;                 ///< per (task, length, depth)
+  uint64_t seed = 0;
+  TaskText text = TaskText::defaults();
+  RulerOptions ruler;
+  RunOptions run;
+};
+
+/// One task result.
+struct TaskRecord {
+  std::string task, press, press_spec;
+  double ratio = 0;
+  int length = 0;              ///< requested context tokens
+  double depth = -1;           ///< requested depth of the asked needle (-1: drawn at random)
+  double measured_depth = -1;  ///< from the tokens
+  int sample = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> answers;
+  std::vector<std::pair<int, int>> needle_spans;
+  TaskOutcome outcome;
+};
+
+/// Runs the sweep; `on_record` receives each result as soon as it exists. Samples depend only
+/// on (seed, task, length, depth, sample index), so every press sees the same samples.
+void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sweep,
+                    const std::function<void(const TaskRecord&)>& on_record, const ProgressFn& progress = nullptr);
+
+/// A fidelity sweep over samples of a text.
+struct FidelitySweep {
+  int context_tokens = 256;       ///< prefix (BOS included), compressed
+  int continuation_tokens = 128;  ///< teacher-forced
+  int samples = 4;
+  uint64_t seed = 0;
+  /// Token sequence to cut samples from (consecutive windows). Empty -> each sample is sampled
+  /// from the model itself (temperature 1, end-of-generation masked, seeded).
+  std::vector<Token> text;
+  int lmba_window = 0;  ///< > 0: also measure AttentionStats of each sample's prefix
+  double lmba_tau = 0.9;
+  RunOptions run;
+};
+
+struct FidelityRecord {
+  std::string press, press_spec;
+  double ratio = 0;
+  int sample = 0;
+  FidelityOutcome outcome;
+};
+
+/// Runs the sweep. `on_stats` (may be null) receives each sample's AttentionStats when asked.
+/// Throws kvslim::Error when the text is too short for one sample.
+void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sweep,
+                        const std::function<void(const FidelityRecord&)>& on_record,
+                        const std::function<void(int sample, const AttentionStats&)>& on_stats = nullptr,
+                        const ProgressFn& progress = nullptr);
+
+/// Samples `n` tokens from the model after BOS at temperature 1 (end-of-generation masked so the
+/// text never stops), seeded: a text of the model's own distribution for fidelity runs.
+std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const SessionOptions& session);
+
+}  // namespace kvslim

@@ -1,0 +1,101 @@
+// `kvslim attention-stats`: ZigZagKV's MBA per head and LMBA / LMBO per layer for a prompt, as a
+// table and a gnuplot plot.
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "eval/attention_stats.h"
+#include "kernels/threads.h"
+#include "kvslim/eval.h"
+#include "kvslim/eval_report.h"
+
+namespace kvslim::cli {
+
+namespace {
+
+struct StatsArgs {
+  std::string model = "models/stories260K.gguf";
+  std::string prompt, prompt_file, plot;
+  LayerBudgetOptions opt;
+  int threads = 2;
+  int ctx = 0;
+};
+
+int run(const StatsArgs& a) {
+  if (a.prompt.empty() == a.prompt_file.empty()) throw Error("give exactly one of -p TEXT or -f FILE");
+  std::string format;
+  if (!a.plot.empty()) {
+    auto dot = a.plot.rfind('.');
+    format = dot == std::string::npos ? "" : a.plot.substr(dot + 1);
+    check_plot_format(format);
+  }
+  set_num_threads(a.threads);
+  auto model = Model::load(a.model);
+  std::string text = a.prompt;
+  if (!a.prompt_file.empty()) {
+    std::ifstream f(a.prompt_file, std::ios::binary);
+    if (!f) throw Error(fmt::format("{}: cannot open prompt file", a.prompt_file));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  const Tokenizer& tok = model->tokenizer();
+  std::vector<Token> toks = tok.encode(text, tok.add_bos_default(), false);
+  SessionOptions so;
+  so.n_ctx = a.ctx;
+  LayerBudgets lb = layer_budgets(*model, toks, a.opt, so);
+  const AttentionStats& st = lb.attention;
+  const int n_tok = st.context_tokens;
+  const HParams& hp = model->hparams();
+  fmt::print("model       {} ({} layers, {} query heads, {} KV heads)\n", a.model, hp.n_layer, hp.n_head, hp.n_head_kv);
+  fmt::print("prompt      {} tokens; observation window {} queries\n", n_tok, st.window);
+  fmt::print("MBA         fewest entries holding {:.0f}% of a head's window attention\n", 100 * st.tau);
+  fmt::print("LMBO        smallest per-KV-head budget keeping the layer's attention output at cosine >= {}\n\n",
+             lb.similarity);
+  fmt::print("{:>5} {:>8} {:>7} {:>8} {:>7}  MBA per query head\n", "layer", "LMBA", "LMBA%", "LMBO", "LMBO%");
+  for (int l = 0; l < hp.n_layer; ++l) {
+    std::string heads;
+    for (int v : st.mba[l]) heads += fmt::format("{} ", v);
+    fmt::print("{:>5} {:>8.1f} {:>6.1f}% {:>8} {:>6.1f}%  {}\n", l, st.lmba[l], 100.0 * st.lmba[l] / n_tok,
+               lb.lmbo[l], 100.0 * lb.lmbo[l] / n_tok, heads);
+  }
+  if (!a.plot.empty()) {
+    PlotSeries lmba{"LMBA", {}}, lmbo{"LMBO", {}};
+    for (int l = 0; l < hp.n_layer; ++l) {
+      lmba.points.emplace_back(l, 100.0 * st.lmba[l] / n_tok);
+      lmbo.points.emplace_back(l, 100.0 * lb.lmbo[l] / n_tok);
+    }
+    std::string why;
+    if (!plot_lines({lmba, lmbo}, fmt::format("Minimum budgets per layer ({} tokens)", n_tok), "layer",
+                    "% of prompt tokens", a.plot, format, &why))
+      throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
+    fmt::print("\nplot        {}\n", a.plot);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_attention_stats(CLI::App& app, Action& action) {
+  auto a = std::make_shared<StatsArgs>();
+  auto* sub = app.add_subcommand("attention-stats",
+                                 "ZigZagKV's attention statistics of a prompt: MBA per head, LMBA and LMBO per layer");
+  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  sub->add_option("-p,--prompt", a->prompt, "prompt text");
+  sub->add_option("-f,--file", a->prompt_file, "read the prompt from a file");
+  sub->add_option("--window", a->opt.window, "observation window: last prompt tokens whose queries are analysed")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--mass", a->opt.mass, "attention mass an MBA must hold")->capture_default_str()
+      ->check(CLI::Range(1e-9, 1.0));
+  sub->add_option("--similarity", a->opt.similarity, "cosine similarity an LMBO budget must reach")
+      ->capture_default_str()->check(CLI::Range(-1.0, 1.0));
+  sub->add_option("--plot", a->plot, "draw LMBA and LMBO per layer with gnuplot into this .png or .svg");
+  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+}
+
+}  // namespace kvslim::cli

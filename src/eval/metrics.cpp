@@ -1,0 +1,90 @@
+#include "kvslim/eval_metrics.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "kvslim/error.h"
+#include "kvslim/sampling.h"
+
+namespace kvslim {
+
+namespace {
+
+double log_sum_exp(const float* x, size_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+  if (!std::isfinite(m)) return m;
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  return m + std::log(s);
+}
+
+std::string lower(const std::string& s) {
+  std::string r = s;
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+}  // namespace
+
+double kl_divergence_logits(const float* p, const float* q, size_t n) {
+  const double lp = log_sum_exp(p, n), lq = log_sum_exp(q, n);
+  double kl = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double logp = double(p[i]) - lp;
+    const double pi = std::exp(logp);
+    if (pi == 0.0) continue;
+    kl += pi * (logp - (double(q[i]) - lq));
+  }
+  // Rounding can leave a tiny negative sum for identical distributions.
+  return std::max(kl, 0.0);
+}
+
+double nll_logits(const float* logits, size_t n, int target) {
+  if (target < 0 || static_cast<size_t>(target) >= n)
+    throw Error(fmt::format("target token {} is outside the vocabulary of {} tokens", target, n));
+  return log_sum_exp(logits, n) - double(logits[target]);
+}
+
+void FidelityAccumulator::add(const float* full, const float* comp, size_t n, int target) {
+  const double kl = kl_divergence_logits(full, comp, n);
+  kl_sum_ += kl;
+  kl_max_ = std::max(kl_max_, kl);
+  agree_ += argmax(full, n) == argmax(comp, n);
+  nll_full_ += nll_logits(full, n, target);
+  nll_comp_ += nll_logits(comp, n, target);
+  ++n_;
+}
+
+void FidelityAccumulator::merge(const FidelityAccumulator& o) {
+  n_ += o.n_;
+  agree_ += o.agree_;
+  kl_sum_ += o.kl_sum_;
+  kl_max_ = std::max(kl_max_, o.kl_max_);
+  nll_full_ += o.nll_full_;
+  nll_comp_ += o.nll_comp_;
+}
+
+double FidelityAccumulator::perplexity_full() const { return n_ ? std::exp(nll_full_ / n_) : 0.0; }
+double FidelityAccumulator::perplexity_compressed() const { return n_ ? std::exp(nll_comp_ / n_) : 0.0; }
+
+double string_match_all(const std::string& prediction, const std::vector<std::string>& refs) {
+  if (refs.empty()) return 0.0;
+  const std::string p = lower(prediction);
+  size_t hit = 0;
+  for (const auto& r : refs) hit += p.find(lower(r)) != std::string::npos;
+  return double(hit) / refs.size();
+}
+
+double string_match_part(const std::string& prediction, const std::vector<std::string>& refs) {
+  const std::string p = lower(prediction);
+  for (const auto& r : refs)
+    if (p.find(lower(r)) != std::string::npos) return 1.0;
+  return 0.0;
+}
+
+}  // namespace kvslim

@@ -1,0 +1,370 @@
+// Running samples through a press: task answers, fidelity against the full cache, attention
+// statistics, and the sweeps over presses x ratios x samples.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "eval/attention_stats.h"
+#include "kvslim/error.h"
+#include "kvslim/eval.h"
+#include "kvslim/generate.h"
+#include "kvslim/sampling.h"
+
+namespace kvslim {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t sample_seed(uint64_t seed, const std::string& what) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : what) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = seed + h + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void check_fits(const Session& s, size_t n, const std::string& what) {
+  if (n > static_cast<size_t>(s.n_ctx()))
+    throw Error(fmt::format("{} of {} tokens exceeds the context size -c {}", what, n, s.n_ctx()));
+}
+
+/// Answer text up to the stop string, when the stop string follows some non-space text.
+bool cut_at_stop(std::string& answer, const std::string& stop) {
+  if (stop.empty()) return false;
+  size_t start = answer.find_first_not_of(" \t\r\n");
+  if (start == std::string::npos) return false;
+  size_t at = answer.find(stop, start);
+  if (at == std::string::npos) return false;
+  answer.resize(at);
+  return true;
+}
+
+std::vector<Token> with_bos(const Tokenizer& tok, std::vector<Token> t) {
+  if (tok.bos() >= 0 && tok.add_bos_default()) t.insert(t.begin(), tok.bos());
+  return t;
+}
+
+/// One decode step as generate() takes it: the press records what decode_request() asks and
+/// may evict after the token's entries are in the cache.
+std::vector<float> decode_step(Session& s, Press* press, Token t) {
+  if (!press) return s.forward({t});
+  const ObservationRequest dreq = press->decode_request();
+  const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens;
+  Observation dobs;
+  std::vector<float> l = s.forward({t}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, s.next_position());
+  press->after_decode(s.cache(), s.model(), dobs);
+  return l;
+}
+
+/// Feeds `tokens` after the compressed context one decode step at a time, so a decoding press
+/// acts after each token as it would while generating. Returns the logits of every token fed.
+std::vector<float> feed_stepwise(Session& s, Press* press, const std::vector<Token>& tokens) {
+  std::vector<float> all;
+  for (Token t : tokens) {
+    std::vector<float> l = decode_step(s, press, t);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+double CacheCheck::min_needle_kept() const {
+  double m = 1.0;
+  for (double v : needle_kept) m = std::min(m, v);
+  return m;
+}
+
+CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double requested_ratio,
+                         const std::vector<std::pair<int, int>>& spans) {
+  CacheCheck c;
+  c.context_tokens = context_tokens;
+  c.requested_ratio = requested_ratio;
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  c.entries_total = static_cast<size_t>(context_tokens) * L * H;
+  c.entries_kept = cache.entries();
+  for (int l = 0; l < L; ++l) c.kept_per_layer.push_back(cache.entries(l));
+  c.kv_bytes = cache.bytes();
+  c.full_f16_bytes = cache.full_f16_bytes(context_tokens);
+  for (const auto& [b, e] : spans) {
+    if (e <= b) {
+      c.needle_kept.push_back(1.0);
+      continue;
+    }
+    size_t kept = 0;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int32_t p : cache.seg(l, h).positions()) kept += p >= b && p < e;
+    c.needle_kept.push_back(double(kept) / (double(e - b) * L * H));
+  }
+  c.as_configured = c.entries_kept <= c.entries_total &&
+                    std::fabs(c.compression_ratio() - requested_ratio) <= c.tolerance();
+  return c;
+}
+
+TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample, const TokenizedSample& toks,
+                     const std::string& stop, const RunOptions& opt) {
+  const Tokenizer& tok = model.tokenizer();
+  TaskOutcome out;
+  Session session(model, opt.session);
+  check_fits(session, toks.context.size() + toks.question.size(),
+             fmt::format("task {} sample (context + question)", sample.task));
+  press.reset();
+  auto t0 = Clock::now();
+  std::vector<float> logits =
+      prefill_and_compress(session, press, toks.context, opt.chunk_size, nullptr, &out.press_seconds);
+  out.cache = inspect_cache(session.cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+  out.question_tokens = static_cast<int>(toks.question.size());
+  if (!toks.question.empty()) logits = session.forward(toks.question);
+  out.prefill_seconds = since(t0);
+
+  auto t1 = Clock::now();
+  const int n_predict = opt.n_predict > 0 ? opt.n_predict : sample.n_predict;
+  for (int i = 0; i < n_predict; ++i) {
+    const Token t = argmax(logits.data(), logits.size());
+    if (tok.is_eog(t)) break;
+    ++out.generated_tokens;
+    out.answer += tok.piece(t);
+    if (cut_at_stop(out.answer, stop)) break;
+    if (i + 1 == n_predict || session.next_position() >= session.n_ctx()) break;
+    logits = decode_step(session, &press, t);
+  }
+  out.decode_seconds = since(t1);
+  out.score = sample.match_all ? string_match_all(out.answer, sample.answers)
+                               : string_match_part(out.answer, sample.answers);
+  return out;
+}
+
+FidelityReference fidelity_reference(const Model& model, std::vector<Token> prefix, std::vector<Token> continuation,
+                                     const RunOptions& opt) {
+  if (prefix.empty()) throw Error("fidelity: the context prefix is empty");
+  if (continuation.size() < 2)
+    throw Error(fmt::format("fidelity: the continuation has {} tokens, at least 2 are needed", continuation.size()));
+  FidelityReference ref;
+  ref.n_vocab = model.hparams().n_vocab;
+  Session s(model, opt.session);
+  check_fits(s, prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
+  // The same prefill path as the compressed run, so the "none" press compares bit-identical logits.
+  auto none = make_press("none", 0.0);
+  prefill_and_compress(s, *none, prefix, opt.chunk_size);
+  ref.logits = feed_stepwise(s, nullptr, std::vector<Token>(continuation.begin(), continuation.end() - 1));
+  ref.prefix = std::move(prefix);
+  ref.continuation = std::move(continuation);
+  return ref;
+}
+
+FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityReference& ref, const RunOptions& opt) {
+  FidelityOutcome out;
+  auto t0 = Clock::now();
+  Session s(model, opt.session);
+  check_fits(s, ref.prefix.size() + ref.continuation.size(), "fidelity sample (context + continuation)");
+  press.reset();
+  prefill_and_compress(s, press, ref.prefix, opt.chunk_size);
+  out.cache = inspect_cache(s.cache(), static_cast<int>(ref.prefix.size()), press.ratio());
+  std::vector<float> logits =
+      feed_stepwise(s, &press, std::vector<Token>(ref.continuation.begin(), ref.continuation.end() - 1));
+  const size_t V = static_cast<size_t>(ref.n_vocab);
+  for (size_t i = 0; i + 1 < ref.continuation.size(); ++i)
+    out.metrics.add(ref.logits.data() + i * V, logits.data() + i * V, V, ref.continuation[i + 1]);
+  out.seconds = since(t0);
+  return out;
+}
+
+AttentionStats attention_stats(const Model& model, const std::vector<Token>& tokens, int window, double tau,
+                               const SessionOptions& session) {
+  if (window < 1) throw Error(fmt::format("attention statistics: window {} must be >= 1", window));
+  if (!(tau > 0.0 && tau <= 1.0)) throw Error(fmt::format("attention statistics: tau {} is outside (0, 1]", tau));
+  if (static_cast<size_t>(window) > tokens.size())
+    throw Error(fmt::format("attention statistics: window {} is longer than the {} tokens", window, tokens.size()));
+  Session s(model, session);
+  check_fits(s, tokens.size(), "attention statistics text");
+  ObservationRequest req;
+  req.window = window;
+  Observation obs;
+  s.forward(tokens, false, &req, &obs, static_cast<int32_t>(tokens.size()) - window);
+  const HParams& hp = model.hparams();
+  AttentionStats st;
+  st.context_tokens = static_cast<int>(tokens.size());
+  st.window = window;
+  st.tau = tau;
+  const int G = hp.n_group();
+  for (int l = 0; l < hp.n_layer; ++l) {
+    LayerView view(model, s.cache(), obs, l);
+    std::vector<int> mba(hp.n_head);
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      const std::vector<float>& probs = view.window_attention(h);
+      const size_t n = s.cache().seg(l, h).size();
+      const int w = view.n_window();
+      for (int g = 0; g < G; ++g) {
+        std::vector<float> a(n, 0.0f);
+        for (int q = 0; q < w; ++q)
+          for (size_t e = 0; e < n; ++e) a[e] += probs[(static_cast<size_t>(g) * w + q) * n + e];
+        mba[h * G + g] = minimum_budget(a.data(), n, tau);
+      }
+    }
+    double mean = 0;
+    for (int v : mba) mean += v;
+    st.lmba.push_back(mean / hp.n_head);
+    st.mba.push_back(std::move(mba));
+  }
+  return st;
+}
+
+std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const std::vector<double>& ratios,
+                                  bool baseline) {
+  std::vector<PressRun> runs;
+  bool have_none = false;
+  if (baseline) {
+    runs.push_back({"none", 0.0});
+    have_none = true;
+  }
+  for (const auto& spec : presses) {
+    const std::string name = spec.substr(0, spec.find(':'));
+    if (name == "none") {
+      if (!have_none) runs.push_back({spec, 0.0});
+      have_none = true;
+      continue;
+    }
+    for (double r : ratios) {
+      check_ratio(r, spec);
+      make_press(spec, r);  // unknown presses and bad parameters fail before any work
+      runs.push_back({spec, r});
+    }
+  }
+  if (runs.empty()) throw Error("sweep: no press to run (give --press and --ratios)");
+  return runs;
+}
+
+void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sw,
+                    const std::function<void(const TaskRecord&)>& on_record, const ProgressFn& progress) {
+  if (sw.samples < 1) throw Error(fmt::format("sweep: samples={} must be >= 1", sw.samples));
+  if (sw.tasks.empty() || sw.lengths.empty()) throw Error("sweep: give at least one task and one length");
+  for (const auto& t : sw.tasks)
+    if (t != "niah" && std::find(ruler_tasks().begin(), ruler_tasks().end(), t) == ruler_tasks().end()) {
+      std::string known = "niah";
+      for (const auto& k : ruler_tasks()) known += ", " + k;
+      throw Error(fmt::format("unknown task '{}' (known: {})", t, known));
+    }
+  const Tokenizer& tok = model.tokenizer();
+  PieceEncoder enc(tok);
+  TokenCounter count = [&](const std::string& s) { return enc.count(s); };
+  std::vector<double> depths = sw.depths;
+  if (depths.empty()) depths.push_back(-1.0);
+  const size_t total = sw.tasks.size() * sw.lengths.size() * depths.size() * sw.samples * runs.size();
+  size_t done = 0;
+  for (const auto& task : sw.tasks)
+    for (int length : sw.lengths)
+      for (double depth : depths)
+        for (int i = 0; i < sw.samples; ++i) {
+          // The depth is not part of the seed: at one length, every depth moves the same needle
+          // through the same haystack.
+          const uint64_t seed = sample_seed(sw.seed, fmt::format("{}/{}/{}", task, length, i));
+          TaskSample sample;
+          if (task == "niah") {
+            double d = depth;
+            if (d < 0) d = double(sample_seed(seed, "depth") >> 11) * 0x1.0p-53;
+            sample = make_niah(sw.text, length, d, seed, count);
+          } else {
+            sample = make_ruler(task, sw.text, sw.ruler, length, depth, seed, count);
+          }
+          const TokenizedSample toks = tokenize_sample(sample, enc, tok);
+          for (const auto& run : runs) {
+            auto press = make_press(run.spec, run.ratio);
+            if (progress)
+              progress(done, total, fmt::format("{} L={} d={} #{} {} r={:.2f}", task, length, depth, i, run.spec, run.ratio));
+            TaskRecord rec;
+            rec.task = task;
+            rec.press = press->describe();
+            rec.press_spec = run.spec;
+            rec.ratio = run.ratio;
+            rec.length = length;
+            rec.depth = task == "niah" ? sample.needle_depths.at(0) : depth;
+            rec.measured_depth = toks.needle_depths.empty() ? -1 : toks.needle_depths[0];
+            rec.sample = i;
+            rec.seed = seed;
+            rec.answers = sample.answers;
+            rec.needle_spans = toks.needle_spans;
+            rec.outcome = run_task(model, *press, sample, toks, sw.text.stop, sw.run);
+            on_record(rec);
+            ++done;
+          }
+        }
+  if (progress) progress(done, total, "done");
+}
+
+std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const SessionOptions& session) {
+  const Tokenizer& tok = model.tokenizer();
+  Session s(model, session);
+  check_fits(s, static_cast<size_t>(n) + 1, "sampled text");
+  std::vector<Token> masked;
+  for (Token t = 0; t < model.hparams().n_vocab; ++t)
+    if (tok.is_eog(t) || tok.is_control(t)) masked.push_back(t);
+  Sampler sampler({1.0f, 0, 1.0f, seed});
+  std::vector<Token> start = with_bos(tok, {});
+  if (start.empty()) throw Error("sampled text: the vocabulary has no BOS to start from; give a text file");
+  std::vector<float> logits = s.forward(start);
+  std::vector<Token> out;
+  while (static_cast<int>(out.size()) < n) {
+    for (Token t : masked) logits[t] = -std::numeric_limits<float>::infinity();
+    const Token t = sampler.sample(logits);
+    out.push_back(t);
+    if (static_cast<int>(out.size()) < n) logits = s.forward({t});
+  }
+  return out;
+}
+
+void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sw,
+                        const std::function<void(const FidelityRecord&)>& on_record,
+                        const std::function<void(int, const AttentionStats&)>& on_stats, const ProgressFn& progress) {
+  if (sw.samples < 1) throw Error(fmt::format("fidelity: samples={} must be >= 1", sw.samples));
+  if (sw.context_tokens < 2 || sw.continuation_tokens < 2)
+    throw Error(fmt::format("fidelity: context ({}) and continuation ({}) need at least 2 tokens each",
+                            sw.context_tokens, sw.continuation_tokens));
+  const Tokenizer& tok = model.tokenizer();
+  const int n_bos = with_bos(tok, {}).size();
+  const size_t per = static_cast<size_t>(sw.context_tokens - n_bos + sw.continuation_tokens);
+  int samples = sw.samples;
+  if (!sw.text.empty()) {
+    samples = std::min<int>(samples, static_cast<int>(sw.text.size() / per));
+    if (samples == 0)
+      throw Error(fmt::format("fidelity: the text has {} tokens, one sample needs {} ({} context + {} continuation)",
+                              sw.text.size(), per, sw.context_tokens, sw.continuation_tokens));
+  }
+  const size_t total = static_cast<size_t>(samples) * runs.size();
+  size_t done = 0;
+  for (int i = 0; i < samples; ++i) {
+    if (progress) progress(done, total, fmt::format("sample #{}: full-cache reference", i));
+    std::vector<Token> text;
+    if (sw.text.empty())
+      text = sample_text(model, static_cast<int>(per), sample_seed(sw.seed, fmt::format("fidelity/{}", i)), sw.run.session);
+    else
+      text.assign(sw.text.begin() + i * per, sw.text.begin() + (i + 1) * per);
+    std::vector<Token> prefix = with_bos(tok, std::vector<Token>(text.begin(), text.end() - sw.continuation_tokens));
+    std::vector<Token> cont(text.end() - sw.continuation_tokens, text.end());
+    if (on_stats && sw.lmba_window > 0)
+      on_stats(i, attention_stats(model, prefix, std::min<int>(sw.lmba_window, prefix.size()), sw.lmba_tau,
+                                  sw.run.session));
+    const FidelityReference ref = fidelity_reference(model, std::move(prefix), std::move(cont), sw.run);
+    for (const auto& run : runs) {
+      auto press = make_press(run.spec, run.ratio);
+      if (progress) progress(done, total, fmt::format("sample #{} {} r={:.2f}", i, run.spec, run.ratio));
+      FidelityRecord rec;
+      rec.press = press->describe();
+      rec.press_spec = run.spec;
+      rec.ratio = run.ratio;
+      rec.sample = i;
+      rec.outcome = run_fidelity(model, *press, ref, sw.run);
+      on_record(rec);
+      ++done;
+    }
+  }
+  if (progress) progress(done, total, "done");
+}
+
+}  // namespace kvslim

@@ -1,0 +1,21 @@
+// The avx2 level of the canonical dot products: quant_dot_simd.inc compiled for avx2,fma,f16c.
+// Chosen at run time only on CPUs that have these features (see qdot::detected_level).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/quant_dot.h"
+#include "kvslim/error.h"
+
+// Headers come first so that nothing they define is compiled for avx2.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define KV_NS avx2
+#define KV_AVX512 0
+#include "kernels/quant_dot_simd.inc"
+#pragma GCC pop_options

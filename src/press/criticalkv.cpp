@@ -1,0 +1,123 @@
+// CriticalKV: a two-stage selection that accounts for what an entry adds to the output. Stage 1
+// keeps the first_stage share of the budget by the inner press's scores; stage 2 ranks the rest by
+// (score + epsilon) x ||W_o^h v||_1 (the L1 norm of the value projected by the output matrix
+// slice of each query head h of the GQA group, averaged over the group). Feng et al., "Identify
+// Critical KV Cache in LLM Inference from an Output Perturbation Perspective", arXiv 2502.03805;
+// as kvpress's CriticalKVPress. The stage-1 size is floor(first_stage x floor(n (1 - ratio))), the
+// uniform budget, whatever budget policy runs on top (kvpress's CriticalAdaKV sizes it from the
+// adaptive head budgets instead).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include "kernels/matmul.h"
+#include "kvslim/press.h"
+#include "kvslim/quant.h"
+
+namespace kvslim {
+namespace {
+
+class CriticalKVPress : public ScorerPress {
+ public:
+  CriticalKVPress(std::unique_ptr<ScorerPress> inner, double eps, double first_stage)
+      : ScorerPress(inner->ratio()), inner_(std::move(inner)), eps_(eps), first_(first_stage) {}
+  std::string describe_scorer() const override {
+    return fmt::format("criticalkv({}):epsilon={},first_stage={}", inner_->describe(), eps_, first_);
+  }
+  ObservationRequest scorer_request() const override { return inner_->request(); }
+  void set_ratio(double r) override {
+    ScorerPress::set_ratio(r);
+    inner_->set_ratio(r);
+  }
+  void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
+  void reset() override {
+    ScorerPress::reset();
+    inner_->reset();
+  }
+  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
+    inner_->remap_positions(l, h, o, n);
+  }
+  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
+    inner_->score(view, out);
+    const HParams& hp = view.hp();
+    const int hd = hp.head_dim, G = hp.n_group(), H = hp.n_head_kv;
+    const WeightView& wo = *view.model().layer(view.layer()).wo;
+    const int64_t n_embd = wo.rows, cols = wo.cols;
+    std::vector<float> W(static_cast<size_t>(n_embd) * cols);
+    for (int64_t r = 0; r < n_embd; ++r) dequantize_row(wo.type, wo.row(r), W.data() + r * cols, cols);
+    const int stage1_keep = uniform_keep(view.target().n_context, view.target().ratio);
+    for (int h = 0; h < H; ++h) {
+      std::vector<float>& sc = out[h];
+      const size_t n = sc.size();
+      const int b1 = static_cast<int>(std::floor(first_ * stage1_keep + 1e-9));
+      std::vector<int32_t> first = select_top(sc, std::min<int>(b1, static_cast<int>(n)));
+      std::vector<char> in_first(n, 0);
+      // select_top also returns every protected entry; only the top b1 count as stage 1.
+      for (int32_t j : first) in_first[j] = 1;
+      // Entries that stage 2 must weigh, projected through W_o in blocks (one BLAS product per
+      // query head of the group).
+      std::vector<int32_t> todo;
+      for (size_t j = 0; j < n; ++j) {
+        if (sc[j] >= kProtected) continue;
+        if (in_first[j])
+          sc[j] = kPreferred;
+        else
+          todo.push_back(static_cast<int32_t>(j));
+      }
+      constexpr size_t kBlock = 128;
+      std::vector<float> V(kBlock * hd), Y(kBlock * n_embd);
+      for (size_t b0 = 0; b0 < todo.size(); b0 += kBlock) {
+        const size_t nb = std::min(kBlock, todo.size() - b0);
+        for (size_t i = 0; i < nb; ++i) view.seg(h).value(todo[b0 + i], V.data() + i * hd);
+        std::vector<double> norm(nb, 0.0);
+        for (int g = 0; g < G; ++g) {
+          const int64_t c0 = static_cast<int64_t>(h * G + g) * hd;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nb), static_cast<int>(n_embd), hd, 1.0f,
+                      V.data(), hd, W.data() + c0, static_cast<int>(cols), 0.0f, Y.data(), static_cast<int>(n_embd));
+          for (size_t i = 0; i < nb; ++i) {
+            double l1 = 0;
+            const float* y = Y.data() + i * n_embd;
+            for (int64_t r = 0; r < n_embd; ++r) l1 += std::fabs(y[r]);
+            norm[i] += l1 / G;
+          }
+        }
+        for (size_t i = 0; i < nb; ++i) {
+          float& x = sc[todo[b0 + i]];
+          x = static_cast<float>((double(x) + eps_) * norm[i]);
+        }
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<ScorerPress> inner_;
+  double eps_, first_;
+};
+
+PressRegistrar reg([] {
+  PressInfo i;
+  i.name = "criticalkv";
+  i.summary = "wrapper over a scorer: stage 1 keeps first_stage of the budget by its scores, stage 2 reweights "
+              "by ||W_o v||_1";
+  i.source = "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation "
+             "Perspective, arXiv 2502.03805";
+  i.params = {{"epsilon", "1e-4"}, {"first_stage", "0.5"}};
+  i.kind = PressKind::Wrapper;
+  i.default_inner = "snapkv";
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    if (!sp) throw Error(fmt::format("press criticalkv needs a scorer press inside, got '{}'", inner->describe()));
+    double fs = param_double(p, "criticalkv", "first_stage");
+    if (!(fs >= 0 && fs <= 1)) throw Error(fmt::format("press criticalkv: first_stage={} must be in [0, 1]", fs));
+    inner.release();
+    return std::make_unique<CriticalKVPress>(std::unique_ptr<ScorerPress>(sp), param_double(p, "criticalkv", "epsilon"),
+                                             fs);
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim

@@ -1,0 +1,109 @@
+// Decoding wrapper: leaves prefill alone and, every `interval` generated tokens, compresses the
+// cache with the inner press to `size` entries per (layer, KV head), or, with size=0, to the
+// inner press's ratio of every token seen so far (context + generated). The inner press scores
+// with the queries of the most recent decode steps as its observation window (the prefill's last
+// window to start with). kvpress's DecodingPress (compression_interval, target_size).
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kvslim/press.h"
+
+namespace kvslim {
+namespace {
+
+class DecodingPress : public Press {
+ public:
+  DecodingPress(std::unique_ptr<Press> inner, int interval, int size)
+      : inner_(std::move(inner)), interval_(interval), size_(size) {}
+  std::string describe() const override {
+    return fmt::format("decoding({}):interval={},size={}", inner_->describe(), interval_, size_);
+  }
+  ObservationRequest request() const override { return inner_->request(); }
+  ObservationRequest decode_request() const override {
+    return merge_requests(inner_->request(), inner_->decode_request());
+  }
+  void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
+  void apply(KVCache&, const Model& model, const Observation& obs, const Target&) override {
+    // Prefill: nothing is evicted; the window seeds the decode-time observation.
+    buf_.queries = obs.queries;
+    buf_.window_positions = obs.window_positions;
+  }
+  void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
+    inner_->observe(cache, model, obs);
+    append_window(model, obs);
+    if (++steps_ % interval_ != 0) return;
+    const size_t n = static_cast<size_t>(cache_next_position(cache));
+    Target t{inner_->ratio(), n};
+    if (size_ > 0) {
+      if (n <= static_cast<size_t>(size_)) return;
+      t.ratio = 1.0 - static_cast<double>(size_) / static_cast<double>(n);
+    }
+    if (t.ratio <= 0) return;
+    inner_->apply(cache, model, buf_, t);
+  }
+  void reset() override {
+    inner_->reset();
+    buf_.clear();
+    steps_ = 0;
+  }
+  double ratio() const override { return inner_->ratio(); }
+  void set_ratio(double r) override { inner_->set_ratio(r); }
+  size_t kept_after(const Target& t) const override { return t.n_context; }
+  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
+    inner_->remap_positions(l, h, o, n);
+  }
+
+ private:
+  /// Appends the decode step's recorded queries to the window, keeping the newest `window` rows.
+  void append_window(const Model& model, const Observation& obs) {
+    const int W = inner_->request().window, add = obs.n_window();
+    if (W <= 0 || add == 0) return;
+    const HParams& hp = model.hparams();
+    const int nh = hp.n_head, hd = hp.head_dim, have = buf_.n_window();
+    const int keep_old = std::min(have, std::max(0, W - add)), take = std::min(add, W), nw = keep_old + take;
+    buf_.queries.resize(hp.n_layer);
+    for (int l = 0; l < hp.n_layer; ++l) {
+      std::vector<float> q(static_cast<size_t>(nh) * nw * hd);
+      const std::vector<float>& old = buf_.queries[l];
+      const std::vector<float>& neu = obs.queries[l];
+      for (int h = 0; h < nh; ++h) {
+        if (keep_old > 0)
+          std::memcpy(&q[static_cast<size_t>(h) * nw * hd], &old[(static_cast<size_t>(h) * have + have - keep_old) * hd],
+                      sizeof(float) * keep_old * hd);
+        std::memcpy(&q[(static_cast<size_t>(h) * nw + keep_old) * hd], &neu[(static_cast<size_t>(h) * add + add - take) * hd],
+                    sizeof(float) * take * hd);
+      }
+      buf_.queries[l].swap(q);
+    }
+    std::vector<int32_t> wp(buf_.window_positions.end() - keep_old, buf_.window_positions.end());
+    wp.insert(wp.end(), obs.window_positions.end() - take, obs.window_positions.end());
+    buf_.window_positions.swap(wp);
+  }
+  std::unique_ptr<Press> inner_;
+  int interval_, size_;
+  Observation buf_;
+  int steps_ = 0;
+};
+
+PressRegistrar reg([] {
+  PressInfo i;
+  i.name = "decoding";
+  i.summary = "wrapper: during decode, every `interval` tokens, compress to `size` entries per KV head "
+              "(or, size=0, to the inner press's ratio of all tokens seen)";
+  i.source = "kvpress DecodingPress";
+  i.params = {{"interval", "64"}, {"size", "0"}};
+  i.kind = PressKind::Wrapper;
+  i.default_inner = "knorm";
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+    int iv = param_int(p, "decoding", "interval"), sz = param_int(p, "decoding", "size");
+    if (iv < 1) throw Error(fmt::format("press decoding: interval={} must be >= 1", iv));
+    if (sz < 0) throw Error(fmt::format("press decoding: size={} must be >= 0", sz));
+    return std::make_unique<DecodingPress>(std::move(inner), iv, sz);
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim

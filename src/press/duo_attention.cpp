@@ -1,0 +1,279 @@
+// DuoAttention: calibration of retrieval/streaming heads on passkey prompts, and the press that
+// keeps every entry in retrieval heads and only sinks + recent entries in streaming heads.
+// Xiao et al., "DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming
+// Heads", arXiv 2410.10819.
+#include "press/duo_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "kernels/attention.h"
+#include "kernels/threads.h"
+#include "kvslim/gguf.h"
+#include "kvslim/press.h"
+#include "kvslim/session.h"
+#include "press/kvzip.h"
+
+namespace kvslim {
+
+void DuoLabels::save(const std::string& path) const {
+  GGUFWriter w;
+  w.set("general.architecture", GGUFValue::str("duo_attention"));
+  w.set("duo.base_model", GGUFValue::str(base_model));
+  w.set("duo.sink", GGUFValue::u32(sink));
+  w.set("duo.recent", GGUFValue::u32(recent));
+  const int L = static_cast<int>(score.size()), H = L ? static_cast<int>(score[0].size()) : 0;
+  w.set("duo.n_layer", GGUFValue::u32(L));
+  w.set("duo.n_head_kv", GGUFValue::u32(H));
+  std::vector<float> flat;
+  for (const auto& row : score) flat.insert(flat.end(), row.begin(), row.end());
+  w.add_tensor_f32("duo.head_scores", GGMLType::F32, {H, L}, flat);
+  w.write(path);
+}
+
+DuoLabels DuoLabels::load(const std::string& path) {
+  auto f = GGUFFile::open(path);
+  DuoLabels d;
+  d.base_model = f->has("duo.base_model") ? f->get_string("duo.base_model") : "";
+  d.sink = static_cast<int>(f->get_int("duo.sink"));
+  d.recent = static_cast<int>(f->get_int("duo.recent"));
+  const int64_t L = f->get_int("duo.n_layer"), H = f->get_int("duo.n_head_kv");
+  if (L < 1 || H < 1 || d.sink < 0 || d.recent < 0)
+    throw Error(fmt::format("{}: bad labels shape (duo.n_layer {}, duo.n_head_kv {}, duo.sink {}, duo.recent {})", path,
+                            L, H, d.sink, d.recent));
+  const TensorInfo& t = f->tensor("duo.head_scores");
+  if (t.nelements() != L * H)
+    throw Error(fmt::format("{}: duo.head_scores has {} values, expected {} x {}", path, t.nelements(), L, H));
+  std::vector<float> flat = f->tensor_f32(t);
+  d.score.assign(L, std::vector<float>(H));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < H; ++h) d.score[l][h] = flat[l * H + h];
+  return d;
+}
+
+void DuoLabels::check(const HParams& hp, const std::string& what) const {
+  if (static_cast<int>(score.size()) != hp.n_layer || (hp.n_layer > 0 && static_cast<int>(score[0].size()) != hp.n_head_kv))
+    throw Error(fmt::format("{}: labels for {} layers x {} KV heads do not fit the model ({} x {})", what, score.size(),
+                            score.empty() ? 0 : score[0].size(), hp.n_layer, hp.n_head_kv));
+}
+
+std::vector<std::vector<uint8_t>> DuoLabels::streaming(double head_ratio) const {
+  if (!(head_ratio >= 0.0 && head_ratio <= 1.0))
+    throw Error(fmt::format("duo_attention: head_ratio {} is outside [0, 1]", head_ratio));
+  std::vector<std::pair<int, int>> heads;
+  for (size_t l = 0; l < score.size(); ++l)
+    for (size_t h = 0; h < score[l].size(); ++h) heads.emplace_back(static_cast<int>(l), static_cast<int>(h));
+  std::stable_sort(heads.begin(), heads.end(),
+                   [&](auto a, auto b) { return score[a.first][a.second] < score[b.first][b.second]; });
+  const size_t n = static_cast<size_t>(std::llround(head_ratio * heads.size()));
+  std::vector<std::vector<uint8_t>> m(score.size());
+  for (size_t l = 0; l < score.size(); ++l) m[l].assign(score[l].size(), 0);
+  for (size_t i = 0; i < n && i < heads.size(); ++i) m[heads[i].first][heads[i].second] = 1;
+  return m;
+}
+
+std::string duo_passkey_prompt(const Model& model, int approx_tokens, double depth, int key) {
+  const Tokenizer& tok = model.tokenizer();
+  const std::string filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  const std::string needle = fmt::format("The pass key is {}. Remember it. {} is the pass key. ", key, key);
+  const std::string question = "What is the pass key? The pass key is";
+  const double per_unit = std::max<size_t>(1, tok.encode(filler, false, false).size());
+  const double fixed = tok.encode(needle + question, false, false).size();
+  const int units = std::max(1, static_cast<int>(std::lround((approx_tokens - fixed) / per_unit)));
+  const int at = std::clamp(static_cast<int>(std::floor(depth * units)), 0, units);
+  std::string s;
+  for (int i = 0; i < units; ++i) {
+    if (i == at) s += needle;
+    s += filler;
+  }
+  if (at == units) s += needle;
+  return s + question;
+}
+
+DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std::function<void(int, int)>& progress) {
+  const HParams& hp = model.hparams();
+  const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim;
+  if (cal.samples < 1 || cal.sink < 0 || cal.recent < 1 || cal.window < 1)
+    throw Error(fmt::format("duo calibration: samples {} >= 1, sink {} >= 0, recent {} >= 1 and window {} >= 1 needed",
+                            cal.samples, cal.sink, cal.recent, cal.window));
+  std::vector<std::vector<float>> gram(L);
+  for (int l = 0; l < L; ++l) gram[l] = value_output_gram(model, l);
+  std::vector<double> dev(static_cast<size_t>(L) * hp.n_head, 0.0), ref(dev.size(), 0.0);
+  std::mt19937_64 rng(cal.seed);
+  const Tokenizer& tok = model.tokenizer();
+  for (int s = 0; s < cal.samples; ++s) {
+    const double depth = (s + 0.5) / cal.samples;
+    const int key = std::uniform_int_distribution<int>(10000, 99999)(rng);
+    std::vector<Token> toks = tok.encode(duo_passkey_prompt(model, cal.length, depth, key), tok.add_bos_default(), false);
+    const int n = static_cast<int>(toks.size());
+    if (n <= cal.sink + cal.recent + cal.window)
+      throw Error(fmt::format("duo calibration: prompts of {} tokens are not longer than sink {} + recent {} + window "
+                              "{}; raise --length",
+                              n, cal.sink, cal.recent, cal.window));
+    SessionOptions so;
+    so.n_ctx = n;
+    Session sess(model, so);
+    ObservationRequest req;
+    req.window = cal.window;
+    Observation obs;
+    sess.forward(toks, false, &req, &obs, n - cal.window);
+    const int W = obs.n_window();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
+      std::vector<float> full(static_cast<size_t>(W) * hd), stream(hd), diff(hd);
+      std::vector<int32_t> vis(W), idx;
+      for (int64_t w = b; w < e; ++w) {
+        const int l = static_cast<int>(w / H), h = static_cast<int>(w % H);
+        const Segment& seg = sess.cache().seg(l, h);
+        // Nothing was evicted, so entry j holds position j.
+        for (int i = 0; i < W; ++i) vis[i] = obs.window_positions[i] + 1;
+        for (int g = 0; g < G; ++g) {
+          const int qh = h * G + g;
+          const float* q = obs.queries[l].data() + static_cast<size_t>(qh) * W * hd;
+          const float* M = gram[l].data() + static_cast<size_t>(qh) * hd * hd;
+          attend_segment(seg, q, W, vis.data(), scale, full.data(), hd);
+          for (int i = 0; i < W; ++i) {
+            idx.clear();
+            const int32_t v = vis[i];
+            for (int32_t j = 0; j < std::min<int32_t>(cal.sink, v); ++j) idx.push_back(j);
+            for (int32_t j = std::max<int32_t>(cal.sink, v - cal.recent); j < v; ++j) idx.push_back(j);
+            attend_segment_subset(seg, idx.data(), static_cast<int>(idx.size()), q + static_cast<size_t>(i) * hd, 1,
+                                  &vis[i], scale, stream.data(), hd);
+            for (int c = 0; c < hd; ++c) diff[c] = full[static_cast<size_t>(i) * hd + c] - stream[c];
+            dev[static_cast<size_t>(l) * hp.n_head + qh] += gram_norm(M, diff.data(), hd);
+            ref[static_cast<size_t>(l) * hp.n_head + qh] += gram_norm(M, full.data() + static_cast<size_t>(i) * hd, hd);
+          }
+        }
+      }
+    });
+    if (progress) progress(s + 1, cal.samples);
+  }
+  DuoLabels out;
+  out.sink = cal.sink;
+  out.recent = cal.recent;
+  out.score.assign(L, std::vector<float>(H, 0.0f));
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < G; ++g) {
+        const size_t i = static_cast<size_t>(l) * hp.n_head + h * G + g;
+        const float r = ref[i] > 0 ? static_cast<float>(dev[i] / ref[i]) : 0.0f;
+        out.score[l][h] = std::max(out.score[l][h], r);
+      }
+  return out;
+}
+
+namespace {
+
+/// Streaming heads keep their first `sink` entries and the entries of the `recent` newest
+/// positions, in prefill and after every decode step; retrieval heads keep everything.
+class DuoAttentionPress : public Press {
+ public:
+  DuoAttentionPress(std::shared_ptr<const DuoLabels> labels, std::string path, double head_ratio, int sink, int recent)
+      : labels_(std::move(labels)), path_(std::move(path)), head_ratio_(head_ratio), sink_(sink), recent_(recent) {}
+  std::string describe() const override {
+    return fmt::format("duo_attention:labels={},head_ratio={},sink={},recent={}", path_, head_ratio_, sink_, recent_);
+  }
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
+    trim(cache, model);
+  }
+  void after_decode(KVCache& cache, const Model& model, const Observation& obs) override { trim(cache, model); }
+  std::string report() const override {
+    if (streaming_.empty()) return {};
+    size_t n = 0, all = 0;
+    for (const auto& row : streaming_)
+      for (auto x : row) n += x, ++all;
+    return fmt::format("duo_attention: {} of {} (layer, KV head) pairs streaming (sinks {} + recent {}), {} evicted",
+                       n, all, sink_, recent_, evicted_);
+  }
+  void reset() override { evicted_ = 0; }
+  /// Streaming heads chosen for the current model (empty before the first compression).
+  const std::vector<std::vector<uint8_t>>& streaming() const { return streaming_; }
+
+ private:
+  void prepare(const Model& model) {
+    if (prepared_ == &model) return;
+    if (!labels_) {
+      // No labels file: calibrate once, with the defaults shortened to what the model can hold.
+      std::lock_guard<std::mutex> lock(calibration_mutex());
+      auto& cached = calibrated()[&model];
+      if (!cached) {
+        DuoCalibration cal;
+        cal.samples = 4;
+        cal.length = std::min(cal.length, std::max(1, model.hparams().n_ctx_train - 8));
+        cached = std::make_shared<const DuoLabels>(duo_calibrate(model, cal));
+      }
+      labels_ = cached;
+    }
+    labels_->check(model.hparams(), path_.empty() ? "duo_attention" : path_);
+    streaming_ = labels_->streaming(head_ratio_);
+    if (sink_ == 0 && recent_ == 0) {
+      sink_ = labels_->sink;
+      recent_ = labels_->recent;
+    }
+    prepared_ = &model;
+  }
+  void trim(KVCache& cache, const Model& model) {
+    prepare(model);
+    for (int l = 0; l < cache.n_layer(); ++l)
+      for (int h = 0; h < cache.n_head_kv(); ++h) {
+        if (!streaming_[l][h]) continue;
+        Segment& s = cache.seg(l, h);
+        if (s.size() == 0) continue;
+        const int32_t first_recent = s.positions().back() + 1 - recent_;
+        std::vector<int32_t> keep;
+        for (size_t i = 0; i < s.size(); ++i)
+          if (i < static_cast<size_t>(sink_) || s.positions()[i] >= first_recent) keep.push_back(static_cast<int32_t>(i));
+        evicted_ += s.size() - keep.size();
+        if (keep.size() < s.size()) s.retain(keep);
+      }
+  }
+  static std::mutex& calibration_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<const Model*, std::shared_ptr<const DuoLabels>>& calibrated() {
+    static std::map<const Model*, std::shared_ptr<const DuoLabels>> c;
+    return c;
+  }
+
+  std::shared_ptr<const DuoLabels> labels_;
+  std::string path_;
+  double head_ratio_;
+  int sink_, recent_;
+  const Model* prepared_ = nullptr;
+  std::vector<std::vector<uint8_t>> streaming_;
+  size_t evicted_ = 0;
+};
+
+PressRegistrar reg([] {
+  PressInfo i;
+  i.name = "duo_attention";
+  i.summary = "retrieval heads keep every entry, streaming heads keep sinks + recent (labels from `kvslim "
+              "duo-calibrate`, or calibrated on first use)";
+  i.source = "Xiao et al. 2024, DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
+             "Heads, arXiv 2410.10819";
+  i.params = {{"labels", ""}, {"head_ratio", "0.5"}, {"sink", "0"}, {"recent", "0"}};
+  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+    std::string path = param_str(p, "duo_attention", "labels");
+    double r = param_double(p, "duo_attention", "head_ratio");
+    int sink = param_int(p, "duo_attention", "sink"), recent = param_int(p, "duo_attention", "recent");
+    if (!(r >= 0.0 && r <= 1.0)) throw Error(fmt::format("press duo_attention: head_ratio={} must be in [0, 1]", r));
+    if (sink < 0 || recent < 0)
+      throw Error(fmt::format("press duo_attention: sink={} and recent={} must be >= 0", sink, recent));
+    if ((sink == 0) != (recent == 0) && recent == 0)
+      throw Error("press duo_attention: give recent (> 0) with sink, or neither to use the labels' values");
+    std::shared_ptr<const DuoLabels> labels;
+    if (!path.empty()) labels = std::make_shared<const DuoLabels>(DuoLabels::load(path));
+    return std::make_unique<DuoAttentionPress>(labels, path, r, sink, recent);
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim

@@ -1,0 +1,90 @@
+// H2O (Heavy-Hitter Oracle): an entry's score is the attention it has accumulated from every query
+// so far (summed over the queries, averaged over the GQA group), over the whole prefill (all
+// chunks) and, during decode, over every generated token. The newest `recent` entries are
+// protected (the paper's recent window). During decode, with a ratio > 0, every segment is held at
+// the size it had when decoding started: each step evicts the lowest-scored entries beyond it, as
+// the paper's fixed KV budget. Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative
+// Inference of Large Language Models", arXiv 2306.14048. Question tokens appended without an
+// observation start with no accumulated attention.
+#include <fmt/format.h>
+
+#include "kvslim/press.h"
+#include "press/attention_acc.h"
+
+namespace kvslim {
+namespace {
+
+class H2OPress : public ScorerPress {
+ public:
+  H2OPress(double ratio, int recent) : ScorerPress(ratio), recent_(recent) {}
+  std::string describe_scorer() const override { return fmt::format("h2o:ratio={},recent={}", ratio_, recent_); }
+  ObservationRequest scorer_request() const override {
+    ObservationRequest r;
+    r.attention_mass = true;
+    return r;
+  }
+  ObservationRequest decode_request() const override {
+    return ratio_ > 0 || policy_->decode_interval() > 0 ? request() : ObservationRequest{};
+  }
+  void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
+    acc_.observe(cache, obs, model.hparams().n_group());
+  }
+  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
+    score_layer(view.cache(), view.layer(), view.hp().n_group(), out);
+  }
+  void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
+    if (policy_->decode_interval() > 0) return ScorerPress::after_decode(cache, model, obs);
+    if (ratio_ <= 0) return;
+    observe(cache, model, obs);
+    const int L = cache.n_layer(), H = cache.n_head_kv();
+    if (budget_.empty()) {
+      budget_.assign(L, std::vector<size_t>(H));
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h) budget_[l][h] = cache.seg(l, h).size() > 0 ? cache.seg(l, h).size() - 1 : 0;
+    }
+    for (int l = 0; l < L; ++l) {
+      std::vector<std::vector<float>> sc(H);
+      score_layer(cache, l, model.hparams().n_group(), sc);
+      for (int h = 0; h < H; ++h) {
+        Segment& s = cache.seg(l, h);
+        if (s.size() > budget_[l][h]) s.retain(select_top(sc[h], static_cast<int>(budget_[l][h])));
+      }
+    }
+  }
+  void reset() override {
+    ScorerPress::reset();
+    acc_.reset();
+    budget_.clear();
+  }
+  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
+    acc_.remap(l, h, o, n);
+  }
+
+ private:
+  void score_layer(const KVCache& cache, int l, int G, std::vector<std::vector<float>>& out) const {
+    std::vector<double> mass, count;
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      const Segment& s = cache.seg(l, h);
+      acc_.lookup(s, l, h, mass, count);
+      const size_t n = s.size();
+      out[h].resize(n);
+      for (size_t j = 0; j < n; ++j)
+        out[h][j] = j + recent_ >= n ? kProtected : static_cast<float>(mass[j] / G);
+    }
+  }
+  int recent_;
+  AttentionAccumulator acc_;
+  std::vector<std::vector<size_t>> budget_;
+};
+
+PressRegistrar reg({"h2o", "accumulated attention over all queries (prefill and decode), plus a recent window",
+                    "Zhang et al. 2023, H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large "
+                    "Language Models, arXiv 2306.14048",
+                    {{"ratio", "0"}, {"recent", "16"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                      int r = param_int(p, "h2o", "recent");
+                      if (r < 0) throw Error(fmt::format("press h2o: recent={} must be >= 0", r));
+                      return std::make_unique<H2OPress>(param_double(p, "h2o", "ratio"), r);
+                    }});
+
+}  // namespace
+}  // namespace kvslim

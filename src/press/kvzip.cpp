@@ -1,0 +1,330 @@
+// KVzip: scores from context reconstruction (replay), one global top-k over all layers and heads.
+// Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", arXiv 2505.23416.
+#include "press/kvzip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/threads.h"
+
+namespace kvslim {
+
+std::vector<float> value_output_gram(const Model& model, int layer) {
+  const HParams& hp = model.hparams();
+  const WeightView& wo = *model.layer(layer).wo;
+  const int hd = hp.head_dim, nh = hp.n_head;
+  const int64_t cols = wo.cols, rows = wo.rows;
+  if (cols != static_cast<int64_t>(nh) * hd)
+    throw Error(fmt::format("layer {}: attn_output has {} columns, expected n_head x head_dim = {}", layer, cols, nh * hd));
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(wo.type, wo.row(r), w.data() + r * cols, cols);
+  std::vector<float> m(static_cast<size_t>(nh) * hd * hd);
+  for (int g = 0; g < nh; ++g)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hd, hd, static_cast<int>(rows), 1.0f, w.data() + g * hd,
+                static_cast<int>(cols), w.data() + g * hd, static_cast<int>(cols), 0.0f,
+                m.data() + static_cast<size_t>(g) * hd * hd, hd);
+  return m;
+}
+
+float gram_norm(const float* M, const float* v, int hd) {
+  double s = 0;
+  for (int a = 0; a < hd; ++a) {
+    double row = 0;
+    for (int b = 0; b < hd; ++b) row += double(M[a * hd + b]) * v[b];
+    s += row * v[a];
+  }
+  return static_cast<float>(std::sqrt(std::max(s, 0.0)));
+}
+
+void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, size_t ctx_end, size_t replay_begin,
+                         const float* q, int G, int n_q, const int32_t* replay_visible, const float* inv_hnorm,
+                         const float* wov, float* score) {
+  const int hd = seg.head_dim();
+  int32_t max_vis = 0;
+  for (int r = 0; r < n_q; ++r) max_vis = std::max(max_vis, replay_visible[r]);
+  if (n_sink > ctx_begin || ctx_begin > ctx_end || ctx_end > seg.size() || replay_begin + max_vis > seg.size())
+    throw Error(fmt::format("kvzip: ranges sink {} chunk [{}, {}) replay [{}, {}) do not fit a segment of {} entries",
+                            n_sink, ctx_begin, ctx_end, replay_begin, replay_begin + max_vis, seg.size()));
+  const size_t nc = ctx_end - ctx_begin;
+  if (nc == 0 || n_q == 0) return;
+  // Keys the scoring softmax covers, gathered once: sinks, chunk, replay.
+  const size_t m = n_sink + nc + static_cast<size_t>(max_vis);
+  std::vector<float> k(m * hd);
+  if (n_sink) seg.keys(0, n_sink, k.data());
+  seg.keys(ctx_begin, ctx_end, k.data() + n_sink * hd);
+  if (max_vis) seg.keys(replay_begin, replay_begin + max_vis, k.data() + (n_sink + nc) * hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> logit(m);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < n_q; ++r) {
+      const float* qr = q + (static_cast<size_t>(g) * n_q + r) * hd;
+      const size_t mr = n_sink + nc + static_cast<size_t>(replay_visible[r]);
+      float mx = -INFINITY;
+      for (size_t j = 0; j < mr; ++j) {
+        logit[j] = dot_f32(qr, k.data() + j * hd, hd) * scale;
+        mx = std::max(mx, logit[j]);
+      }
+      double sum = 0;
+      for (size_t j = 0; j < mr; ++j) sum += std::exp(double(logit[j]) - mx);
+      const double inv = (inv_hnorm ? inv_hnorm[r] : 1.0) / sum;
+      for (size_t j = 0; j < nc; ++j) {
+        double p = std::exp(double(logit[n_sink + j]) - mx) * inv;
+        if (wov) p *= wov[static_cast<size_t>(g) * nc + j];
+        score[j] = std::max(score[j], static_cast<float>(p));
+      }
+    }
+}
+
+namespace {
+
+/// Tokens that `text` adds after other text (so an SPM vocabulary's space prefix is not added).
+std::vector<Token> continuation_tokens(const Tokenizer& tok, const std::string& text) {
+  std::vector<Token> base = tok.encode("x", false, false), full = tok.encode("x" + text, false, false);
+  if (full.size() > base.size() && std::equal(base.begin(), base.end(), full.begin()))
+    return std::vector<Token>(full.begin() + base.size(), full.end());
+  return tok.encode(text, false, false);
+}
+
+size_t lower_index(const Segment& s, int32_t pos) {
+  return std::lower_bound(s.positions().begin(), s.positions().end(), pos) - s.positions().begin();
+}
+
+}  // namespace
+
+Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, int32_t first_pos,
+                           const KVzipOptions& opt) {
+  const Model& model = session.model();
+  const HParams& hp = model.hparams();
+  const Tokenizer& tok = model.tokenizer();
+  const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim;
+  KVCache& cache = session.cache();
+  const int32_t P = session.next_position();
+  const int N = static_cast<int>(tokens.size());
+  if (first_pos < 0 || first_pos + N > P)
+    throw Error(fmt::format("kvzip: context positions [{}, {}) are not in the session (next position {})", first_pos,
+                            first_pos + N, P));
+  if (opt.chunk < 1 || opt.batch < 1 || opt.n_sink < 0 || opt.prev_tokens < 0)
+    throw Error(fmt::format("kvzip: chunk {} and batch {} must be >= 1, n_sink {} and prev_tokens {} >= 0", opt.chunk,
+                            opt.batch, opt.n_sink, opt.prev_tokens));
+  Scores out(L, std::vector<std::vector<float>>(H));
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) out[l][h].assign(cache.seg(l, h).size(), std::numeric_limits<float>::quiet_NaN());
+  if (N == 0) return out;
+
+  const std::vector<Token> first_instr = tok.encode("\n\nRepeat the previous context exactly.", false, false);
+  const std::vector<Token> later_instr =
+      tok.encode("\n\nRepeat the part of the previous context exactly, starting with", false, false);
+  const std::vector<Token> newline = continuation_tokens(tok, "\n");
+  auto replayable = [&](int i) { return !(i == 0 && tokens[0] == tok.bos()); };
+
+  // The replay goes after the context; shorten chunks so that it fits in the context size.
+  const int overhead = static_cast<int>(std::max(first_instr.size(), later_instr.size() + opt.prev_tokens) + newline.size());
+  const int room = session.n_ctx() - P - overhead;
+  const int chunk = std::min(opt.chunk, room);
+  if (chunk < 16)
+    throw Error(fmt::format("kvzip: the replay needs at least {} positions after the {} already used, but the context "
+                            "size -c is {}; raise -c",
+                            overhead + 16, P, session.n_ctx()));
+
+  std::vector<std::vector<float>> gram;
+  if (opt.plus) {
+    gram.resize(L);
+    for (int l = 0; l < L; ++l) gram[l] = value_output_gram(model, l);
+  }
+
+  for (int c0 = 0; c0 < N; c0 += chunk) {
+    const int c1 = std::min(N, c0 + chunk);
+    std::vector<Token> replay = c0 == 0 ? first_instr : later_instr;
+    if (c0 > 0)
+      for (int i = std::max(0, c0 - opt.prev_tokens); i < c0; ++i)
+        if (replayable(i)) replay.push_back(tokens[i]);
+    replay.insert(replay.end(), newline.begin(), newline.end());
+    for (int i = c0; i < c1; ++i)
+      if (replayable(i)) replay.push_back(tokens[i]);
+    const int R = static_cast<int>(replay.size());
+
+    // Chunk ranges per segment; the replay's entries will follow every existing entry.
+    struct Range {
+      size_t sink, begin, end, replay;
+    };
+    std::vector<Range> rg(static_cast<size_t>(L) * H);
+    std::vector<std::vector<float>> wov(rg.size()), best(rg.size());
+    parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
+      std::vector<float> v(hd);
+      for (int64_t w = b; w < e; ++w) {
+        const int l = static_cast<int>(w / H), h = static_cast<int>(w % H);
+        const Segment& s = cache.seg(l, h);
+        Range r;
+        r.begin = lower_index(s, first_pos + c0);
+        r.end = lower_index(s, first_pos + c1);
+        r.sink = std::min<size_t>(opt.n_sink, r.begin);
+        r.replay = s.size();
+        rg[w] = r;
+        best[w].assign(r.end - r.begin, 0.0f);
+        if (!opt.plus) continue;
+        const size_t nc = r.end - r.begin;
+        wov[w].resize(static_cast<size_t>(G) * nc);
+        for (size_t j = 0; j < nc; ++j) {
+          s.value(r.begin + j, v.data());
+          for (int g = 0; g < G; ++g)
+            wov[w][g * nc + j] = gram_norm(gram[l].data() + static_cast<size_t>(h * G + g) * hd * hd, v.data(), hd);
+        }
+      }
+    });
+
+    for (int off = 0; off < R; off += opt.batch) {
+      const int bl = std::min(opt.batch, R - off);
+      const int32_t p0 = P + off;
+      std::vector<std::vector<float>> inv_norm(L, std::vector<float>(bl, 1.0f));
+      ObservationRequest req;
+      req.window = bl;
+      if (opt.plus)
+        req.on_attention_input = [&](int l, const float* xn, int n, int, const int32_t* pos) {
+          for (int t = 0; t < n; ++t) {
+            int row = pos[t] - p0;
+            if (row < 0 || row >= bl) continue;
+            double ss = 0;
+            for (int i = 0; i < hp.n_embd; ++i) ss += double(xn[static_cast<size_t>(t) * hp.n_embd + i]) * xn[static_cast<size_t>(t) * hp.n_embd + i];
+            inv_norm[l][row] = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
+          }
+        };
+      Observation obs;
+      session.forward(std::vector<Token>(replay.begin() + off, replay.begin() + off + bl), false, &req, &obs, p0);
+      if (obs.n_window() != bl) throw Error("kvzip: the forward pass did not record the replay queries");
+      std::vector<int32_t> vis(bl);
+      for (int r = 0; r < bl; ++r) vis[r] = off + r + 1;
+      parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
+        for (int64_t w = b; w < e; ++w) {
+          const int l = static_cast<int>(w / H), h = static_cast<int>(w % H);
+          const Range& r = rg[w];
+          const float* q = obs.queries[l].data() + static_cast<size_t>(h) * G * bl * hd;
+          kvzip_score_segment(cache.seg(l, h), r.sink, r.begin, r.end, r.replay, q, G, bl, vis.data(),
+                              opt.plus ? inv_norm[l].data() : nullptr, opt.plus ? wov[w].data() : nullptr,
+                              best[w].data());
+        }
+      });
+    }
+    session.rewind(P);
+    for (int64_t w = 0; w < static_cast<int64_t>(L) * H; ++w) {
+      const Range& r = rg[w];
+      auto& o = out[w / H][w % H];
+      std::copy(best[w].begin(), best[w].end(), o.begin() + r.begin);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+/// KVzip's scorer; by default under the `global` policy (one top-k over all layers and heads).
+class KVzipPress : public ScorerPress {
+ public:
+  KVzipPress(double ratio, KVzipOptions opt)
+      : ScorerPress(ratio, PressRegistry::instance().find("global")->make_policy({})), opt_(opt) {}
+  std::string describe_scorer() const override {
+    return fmt::format("kvzip:ratio={},chunk={},n_sink={},plus={}", ratio_, opt_.chunk, opt_.n_sink, opt_.plus ? 1 : 0);
+  }
+  ObservationRequest scorer_request() const override {
+    ObservationRequest r;
+    r.tokens = true;
+    return r;
+  }
+  void reset() override {
+    ScorerPress::reset();
+    stored_.clear();
+  }
+  /// Replays the step's tokens and stores their entries' scores by position.
+  void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
+    if (ratio_ <= 0.0 || obs.tokens.empty()) return;  // ratio 0 leaves the cache bit-identical: no replay
+    if (!obs.session || &obs.session->cache() != &cache)
+      throw Error("press kvzip: needs the observation of the session that owns the cache (it replays the context)");
+    const int L = cache.n_layer(), H = cache.n_head_kv();
+    Scores fresh = kvzip_replay_scores(*obs.session, obs.tokens, obs.token_positions.front(), opt_);
+    if (stored_.size() != static_cast<size_t>(L)) stored_.assign(L, std::vector<Stored>(H));
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const Segment& s = cache.seg(l, h);
+        Stored& st = stored_[l][h];
+        for (size_t i = 0; i < s.size(); ++i)
+          if (!std::isnan(fresh[l][h][i])) st[s.positions()[i]] = fresh[l][h][i];
+      }
+  }
+  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
+    const int l = view.layer();
+    for (int h = 0; h < view.hp().n_head_kv; ++h) {
+      const Segment& s = view.seg(h);
+      out[h].resize(s.size());
+      for (size_t i = 0; i < s.size(); ++i) {
+        // Sinks are kept; entries no replay scored (e.g. a question) are never evicted.
+        float v = kProtected;
+        if (i >= static_cast<size_t>(opt_.n_sink) && l < static_cast<int>(stored_.size())) {
+          auto it = stored_[l][h].find(s.positions()[i]);
+          if (it != stored_[l][h].end()) v = it->second;
+        }
+        out[h][i] = v;
+      }
+    }
+  }
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
+    ScorerPress::apply(cache, model, obs, target);
+    // Forget the scores of evicted entries; later chunks compete with the kept ones.
+    for (size_t l = 0; l < stored_.size(); ++l)
+      for (size_t h = 0; h < stored_[l].size(); ++h) {
+        const auto& pos = cache.seg(static_cast<int>(l), static_cast<int>(h)).positions();
+        Stored kept;
+        for (int32_t p : pos) {
+          auto it = stored_[l][h].find(p);
+          if (it != stored_[l][h].end()) kept.emplace_hint(kept.end(), *it);
+        }
+        stored_[l][h].swap(kept);
+      }
+  }
+  void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
+                       const std::vector<int32_t>& new_pos) override {
+    if (layer >= static_cast<int>(stored_.size())) return;
+    Stored& st = stored_[layer][kv_head];
+    Stored moved;
+    for (size_t i = 0; i < old_pos.size() && i < new_pos.size(); ++i) {
+      auto it = st.find(old_pos[i]);
+      if (it != st.end()) moved[new_pos[i]] = it->second;
+    }
+    st.swap(moved);
+  }
+
+ private:
+  using Stored = std::map<int32_t, float>;  // position -> score
+  KVzipOptions opt_;
+  std::vector<std::vector<Stored>> stored_;
+};
+
+PressRegistrar reg([] {
+  PressInfo i;
+  i.name = "kvzip";
+  i.summary = "context-reconstruction (replay) scores, KVzip+ normalised; default policy global (one top-k over "
+              "all layers and heads)";
+  i.source = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction, arXiv "
+             "2505.23416 (KVzip+: arXiv 2601.07891)";
+  i.params = {{"ratio", "0"}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "1"}};
+  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+    KVzipOptions o;
+    o.chunk = param_int(p, "kvzip", "chunk");
+    o.n_sink = param_int(p, "kvzip", "n_sink");
+    int plus = param_int(p, "kvzip", "plus");
+    if (o.chunk < 16) throw Error(fmt::format("press kvzip: chunk={} must be >= 16", o.chunk));
+    if (o.n_sink < 0) throw Error(fmt::format("press kvzip: n_sink={} must be >= 0", o.n_sink));
+    if (plus != 0 && plus != 1) throw Error(fmt::format("press kvzip: plus={} must be 0 or 1", plus));
+    o.plus = plus == 1;
+    return std::make_unique<KVzipPress>(param_double(p, "kvzip", "ratio"), o);
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim

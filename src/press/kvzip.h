@@ -1,0 +1,54 @@
+#pragma once
+// KVzip: query-agnostic scores from context reconstruction. After the context is prefilled the
+// model is asked to repeat it ("replay"); every cached entry scores the largest attention it
+// receives from the replay queries. Kim et al., "KVzip: Query-Agnostic KV Cache Compression with
+// Context Reconstruction", arXiv 2505.23416. KVzip+ normalisation from Jegou et al., "KVzap: Fast,
+// Adaptive, and Faithful KV Cache Pruning", arXiv 2601.07891.
+#include <cstdint>
+#include <vector>
+
+#include "kvslim/press.h"
+#include "kvslim/session.h"
+
+namespace kvslim {
+
+/// Options of KVzip's replay.
+struct KVzipOptions {
+  int chunk = 2048;       ///< context tokens replayed per chunk (the paper's m)
+  int n_sink = 4;         ///< first entries of a segment: in every later chunk's softmax, and kept
+  bool plus = true;       ///< KVzip+ normalisation: x ||W_o v_j|| / ||h_query||
+  int batch = 256;        ///< replay tokens per forward call (bounds the recorded queries)
+  int prev_tokens = 8;    ///< tokens of the previous chunk quoted by a later chunk's instruction
+};
+
+/// Per query head g of layer `layer`: M_g = W_g^T W_g where W_g is W_o restricted to the head's
+/// head_dim input columns, so ||W_g v|| = sqrt(v^T M_g v). Returns [n_head][head_dim][head_dim].
+std::vector<float> value_output_gram(const Model& model, int layer);
+/// sqrt(v^T M v) for a head_dim x head_dim matrix M (float64 accumulation).
+float gram_norm(const float* M, const float* v, int head_dim);
+
+/// KVzip's scoring of one (layer, KV head) for a batch of replay queries; a pure function.
+/// For query row r (of each of the G query heads of the GQA group) the softmax covers the entries
+/// [0, n_sink) (sinks, disjoint from the chunk: n_sink <= ctx_begin), [ctx_begin, ctx_end) (the
+/// chunk being reconstructed) and [replay_begin, replay_begin + replay_visible[r]) (the replay's
+/// own entries, causally), with logits q.k / sqrt(head_dim). For each chunk entry j,
+/// score[j - ctx_begin] = max(score, max over g, r of p_{g,r}(j) * wov[g][j - ctx_begin] * inv_hnorm[r]).
+/// q: [G][n_q][head_dim] (RoPE applied). inv_hnorm: [n_q] or nullptr (1). wov: [G][ctx_end -
+/// ctx_begin] or nullptr (1). Throws kvslim::Error for ranges outside the segment.
+void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, size_t ctx_end, size_t replay_begin,
+                         const float* q, int G, int n_q, const int32_t* replay_visible, const float* inv_hnorm,
+                         const float* wov, float* score);
+
+/// Runs KVzip's replay on `session`, whose cache holds the context entries at positions
+/// first_pos .. first_pos + tokens.size() - 1 (their tokens are `tokens`; a leading BOS is scored
+/// but not replayed). The context is replayed in chunks: an instruction ("Repeat the previous
+/// context exactly.", or for later chunks "Repeat the part of the previous context exactly,
+/// starting with" + the previous chunk's last tokens), a newline, then the chunk's tokens. After
+/// each chunk the replay's entries are discarded and the position counter restored. Returns
+/// scores[layer][kv head][entry] aligned with the segments: the (KVzip+) score of entries in the
+/// range, NaN elsewhere. Chunks are shortened when the context size would be exceeded; throws
+/// kvslim::Error when not even 16 replay tokens fit.
+Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, int32_t first_pos,
+                           const KVzipOptions& opt);
+
+}  // namespace kvslim

@@ -1,0 +1,29 @@
+#pragma once
+// Wrapper presses built by the spec parser (internal to src/press).
+#include <memory>
+#include <vector>
+
+#include "kvslim/press.h"
+
+namespace kvslim {
+
+/// "a+b+...": see composed.cpp.
+class ComposedPress : public Press {
+ public:
+  explicit ComposedPress(std::vector<std::unique_ptr<Press>> presses);
+  std::string describe() const override;
+  ObservationRequest request() const override;
+  ObservationRequest decode_request() const override;
+  void observe(const KVCache& cache, const Model& model, const Observation& obs) override;
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
+  void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
+  void reset() override;
+  double ratio() const override;
+  size_t kept_after(const Target& t) const override;
+  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override;
+
+ private:
+  std::vector<std::unique_ptr<Press>> p_;
+};
+
+}  // namespace kvslim

@@ -1,0 +1,298 @@
+// Tests of the matmul kernels (src/kernels/matmul.cpp, quant_dot*.cpp): every weight type against
+// a float64 product of ggml's dequantized weights, every SIMD level against the scalar reference
+// bit for bit, and independence from the thread count and the number of tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/quant_dot.h"
+#include "kernels/threads.h"
+#include "kvslim/error.h"
+#include "kvslim/quant.h"
+
+using namespace kvslim;
+
+namespace {
+
+const GGMLType kQuantTypes[] = {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1,
+                                GGMLType::Q2_K, GGMLType::Q3_K, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K};
+const GGMLType kFloatTypes[] = {GGMLType::F32, GGMLType::F16, GGMLType::BF16};
+
+bool is_k(GGMLType t) {
+  return t == GGMLType::Q2_K || t == GGMLType::Q3_K || t == GGMLType::Q4_K || t == GGMLType::Q5_K ||
+         t == GGMLType::Q6_K;
+}
+
+/// A random weight matrix stored in type t, with its ggml dequantization.
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [rows][cols]
+  WeightView view;
+};
+
+Matrix make_matrix(GGMLType t, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (auto& v : w) v = nd(rng);
+  for (int i = 0; i < 5; ++i) w[rng() % w.size()] *= 20.0f;  // outliers, as in real checkpoints
+  Matrix m;
+  const size_t rb = row_bytes(t, cols);
+  m.bytes.resize(rb * rows);
+  m.deq.resize(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(t, w.data() + r * cols, m.bytes.data() + r * rb, cols);
+    dequantize_row(t, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
+  }
+  m.view = WeightView{t, m.bytes.data(), cols, rows, rb};
+  return m;
+}
+
+std::vector<float> make_acts(int64_t n, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = nd(rng);
+  for (int i = 0; i < 3; ++i) x[rng() % x.size()] = 15.0f;  // an activation outlier
+  return x;
+}
+
+std::vector<qdot::Level> levels() {
+  std::vector<qdot::Level> out{qdot::Level::Scalar};
+  if (static_cast<int>(qdot::detected_level()) >= 1) out.push_back(qdot::Level::AVX2);
+  if (static_cast<int>(qdot::detected_level()) >= 2) out.push_back(qdot::Level::AVX512);
+  return out;
+}
+
+std::vector<float> run_q(qdot::Level lv, const Matrix& m, const std::vector<float>& x, int64_t n) {
+  qdot::Acts a;
+  qdot::quantize_acts(x.data(), n, m.view.cols, qdot::format_of(m.view.type), a);
+  std::vector<float> y(static_cast<size_t>(n * m.view.rows), -1.0f);
+  qdot::dot_rows_q(lv, m.view, 0, m.view.rows, a, y.data(), m.view.rows);
+  return y;
+}
+
+std::vector<float> run_f(qdot::Level lv, const Matrix& m, const std::vector<float>& x, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(n * m.view.rows), -1.0f);
+  qdot::dot_rows_f(lv, m.view, 0, m.view.rows, x.data(), n, y.data(), m.view.rows);
+  return y;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Restores the SIMD level and thread count a test changed.
+struct Restore {
+  qdot::Level lv = qdot::level();
+  int threads = num_threads();
+  ~Restore() {
+    qdot::set_level(lv);
+    set_num_threads(threads);
+  }
+};
+
+}  // namespace
+
+// Activation quantization, hand-derived: with max |x| = 127 the scale is exactly 1, so the
+// quantized values are x rounded to nearest, ties to even.
+TEST(Kernels, ActivationQuantizationRoundsToNearestEven) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;
+  x[1] = 2.5f;
+  x[2] = 3.5f;
+  x[3] = -2.5f;
+  x[4] = -0.4f;
+  x[5] = 0.6f;
+  qdot::Acts a;
+  qdot::quantize_acts(x.data(), 1, 32, qdot::format_of(GGMLType::Q4_0), a);
+  EXPECT_EQ(a.xd[0], 1.0f);
+  const int want[] = {127, 2, 4, -2, 0, 1};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(a.q[i], want[i]) << i;
+  EXPECT_EQ(a.ic[0], -8 * (127 + 2 + 4 - 2 + 0 + 1));  // q4_0 offset 8
+  EXPECT_EQ(a.xs[0], 132.0f);
+}
+
+TEST(Kernels, AllZeroActivationsGiveZeros) {
+  Matrix m = make_matrix(GGMLType::Q4_K, 5, 256, 1);
+  std::vector<float> x(256, 0.0f);
+  for (qdot::Level lv : levels())
+    for (float v : run_q(lv, m, x, 1)) EXPECT_EQ(v, 0.0f);
+}
+
+// The integer decomposition (u, o, ws, wb) of every type reproduces ggml's dequantization.
+TEST(Kernels, UnpackMatchesDequantization) {
+  for (GGMLType t : kQuantTypes) {
+    Matrix m = make_matrix(t, 2, 512, 7);
+    const qdot::Format f = qdot::format_of(t);
+    std::vector<uint8_t> u(512);
+    std::vector<float> ws(512 / f.group), wb(ws.size());
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t k0 = 0; k0 < 512; k0 += 256) {
+        qdot::unpack_row(t, m.view.row(r), k0, k0 + 256, u.data(), ws.data(), wb.data(), 1);
+        for (int j = 0; j < 256; ++j) {
+          const int g = j / f.group;
+          const double v = double(ws[g]) * (int(u[j]) - f.offset) + wb[g];
+          const double want = m.deq[r * 512 + k0 + j];
+          ASSERT_NEAR(v, want, 1e-6 * std::fabs(want) + 1e-9) << type_name(t) << " row " << r << " col " << k0 + j;
+        }
+      }
+  }
+}
+
+// Against float64 products of the dequantized weights. Weights are exact in the integer form, so
+// the error comes from the activations: each x_j is replaced by xd * xq_j with
+// |x_j - xd * xq_j| <= xd / 2 (xd = max|x| / 127 of its block of 32), giving at most
+// sum_j |w_j| * xd_j / 2; float rounding of the per-group terms adds a relative few 1e-7 of
+// sum_j |w_j| (|x_j| + xd_j) (about 2 roundings per group, 16 to 352 groups here).
+TEST(Kernels, QuantizedDotsWithinActivationQuantizationBound) {
+  for (GGMLType t : kQuantTypes) {
+    const int64_t cols = is_k(t) ? 768 : 352, rows = 37, n = 3;
+    Matrix m = make_matrix(t, rows, cols, 11);
+    std::vector<float> x = make_acts(n, cols, 12);
+    std::vector<float> y = run_q(qdot::level(), m, x, n);
+    double worst_ratio = 0;
+    for (int64_t tk = 0; tk < n; ++tk)
+      for (int64_t r = 0; r < rows; ++r) {
+        double ref = 0, bound = 0, slack = 0;
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          double amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double(x[tk * cols + b * 32 + j])));
+          const double xd = amax / 127;
+          for (int j = 0; j < 32; ++j) {
+            const double w = m.deq[r * cols + b * 32 + j], xv = x[tk * cols + b * 32 + j];
+            ref += w * xv;
+            bound += std::fabs(w) * xd / 2;
+            slack += std::fabs(w) * (std::fabs(xv) + xd);
+          }
+        }
+        const double err = std::fabs(y[tk * rows + r] - ref);
+        const double limit = bound * (1 + 1e-5) + slack * 2e-5;
+        ASSERT_LE(err, limit) << type_name(t) << " token " << tk << " row " << r << " ref " << ref;
+        worst_ratio = std::max(worst_ratio, err / limit);
+      }
+    EXPECT_GT(worst_ratio, 0.0) << type_name(t);  // the path really quantizes
+  }
+}
+
+// f32 / f16 / bf16 weights: 64 fma lanes over cols/64 terms each, then a 6-level pairwise sum:
+// relative error below (cols/64 + 7) * 2^-24 of sum |w x|.
+TEST(Kernels, FloatDotsWithinRoundingBound) {
+  for (GGMLType t : kFloatTypes) {
+    const int64_t cols = 172, rows = 19, n = 2;  // 172: a tail after the 64-wide main loop
+    Matrix m = make_matrix(t, rows, cols, 3);
+    std::vector<float> x = make_acts(n, cols, 4);
+    for (qdot::Level lv : levels()) {
+      std::vector<float> y = run_f(lv, m, x, n);
+      for (int64_t tk = 0; tk < n; ++tk)
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            ref += double(m.deq[r * cols + c]) * x[tk * cols + c];
+            mag += std::fabs(double(m.deq[r * cols + c]) * x[tk * cols + c]);
+          }
+          EXPECT_LE(std::fabs(y[tk * rows + r] - ref), (cols / 64.0 + 7) * 0x1p-24 * mag) << type_name(t);
+        }
+    }
+  }
+}
+
+// Every SIMD level reproduces the scalar reference bit for bit, for decode (1-3 tokens) and the
+// tiled prefill product (more), with row counts that leave partial tiles and column counts that
+// leave a partial 256-column chunk.
+TEST(Kernels, SimdLevelsAreBitIdentical) {
+  const std::vector<qdot::Level> lvs = levels();
+  if (lvs.size() == 1) GTEST_SKIP() << "no SIMD level on this CPU";
+  for (GGMLType t : kQuantTypes) {
+    const int64_t cols = is_k(t) ? 512 : 352, rows = 27;
+    Matrix m = make_matrix(t, rows, cols, 21);
+    for (int64_t n : {1, 2, 3, 5, 9, 13}) {
+      std::vector<float> x = make_acts(n, cols, 22 + static_cast<uint32_t>(n));
+      std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+      for (qdot::Level lv : lvs)
+        EXPECT_TRUE(same_bits(ref, run_q(lv, m, x, n))) << type_name(t) << " " << qdot::level_name(lv) << " n " << n;
+    }
+  }
+  for (GGMLType t : kFloatTypes) {
+    Matrix m = make_matrix(t, 21, 200, 5);
+    std::vector<float> x = make_acts(2, 200, 6);
+    std::vector<float> ref = run_f(qdot::Level::Scalar, m, x, 2);
+    for (qdot::Level lv : lvs) EXPECT_TRUE(same_bits(ref, run_f(lv, m, x, 2))) << type_name(t) << qdot::level_name(lv);
+  }
+}
+
+// A token's result does not depend on the batch it is computed in (decode and prefill agree).
+TEST(Kernels, QuantizedResultIndependentOfBatch) {
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_K, GGMLType::Q6_K}) {
+    const int64_t cols = 512, rows = 40, n = 11;
+    Matrix m = make_matrix(t, rows, cols, 31);
+    std::vector<float> x = make_acts(n, cols, 32);
+    for (qdot::Level lv : levels()) {
+      std::vector<float> batch = run_q(lv, m, x, n);
+      for (int64_t tk = 0; tk < n; ++tk) {
+        std::vector<float> one(x.begin() + tk * cols, x.begin() + (tk + 1) * cols);
+        std::vector<float> y = run_q(lv, m, one, 1);
+        EXPECT_TRUE(same_bits(y, std::vector<float>(batch.begin() + tk * rows, batch.begin() + (tk + 1) * rows)))
+            << type_name(t) << " token " << tk;
+      }
+    }
+  }
+}
+
+// matmul gives bit-identical outputs with 1, 2 and 3 threads, on the fast and exact paths.
+TEST(Kernels, MatmulIndependentOfThreadCount) {
+  Restore restore;
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::F16,
+                     GGMLType::F32}) {
+    const int64_t cols = 512, rows = 100;
+    Matrix m = make_matrix(t, rows, cols, 41);
+    for (int64_t n : {1, 7}) {
+      std::vector<float> x = make_acts(n, cols, 42);
+      for (bool exact : {false, true}) {
+        std::vector<float> ref;
+        for (int th : {1, 2, 3}) {
+          set_num_threads(th);
+          std::vector<float> y(static_cast<size_t>(n * rows));
+          matmul(m.view, x.data(), n, y.data(), exact);
+          if (th == 1) ref = y;
+          else EXPECT_TRUE(same_bits(ref, y)) << type_name(t) << " n " << n << " exact " << exact << " threads " << th;
+        }
+      }
+    }
+  }
+}
+
+// The exact path is plain f32 arithmetic on ggml's dequantized weights.
+TEST(Kernels, ExactPathMatchesDequantizedProduct) {
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q8_0, GGMLType::F16}) {
+    const int64_t cols = 256, rows = 9;
+    Matrix m = make_matrix(t, rows, cols, 51);
+    for (int64_t n : {1, 6}) {
+      std::vector<float> x = make_acts(n, cols, 52);
+      std::vector<float> y(static_cast<size_t>(n * rows));
+      matmul(m.view, x.data(), n, y.data(), true);
+      for (int64_t tk = 0; tk < n; ++tk)
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            ref += double(m.deq[r * cols + c]) * x[tk * cols + c];
+            mag += std::fabs(double(m.deq[r * cols + c]) * x[tk * cols + c]);
+          }
+          EXPECT_LE(std::fabs(y[tk * rows + r] - ref), cols * 0x1p-24 * mag) << type_name(t);
+        }
+    }
+  }
+}
+
+TEST(Kernels, SetLevelRejectsUnsupported) {
+  Restore restore;
+  EXPECT_NO_THROW(qdot::set_level(qdot::Level::Scalar));
+  if (qdot::detected_level() != qdot::Level::AVX512) {
+    EXPECT_THROW(qdot::set_level(qdot::Level::AVX512), Error);
+  }
+}

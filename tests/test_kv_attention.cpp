@@ -1,0 +1,242 @@
+// Attention read block by block from every kind of segment (row codecs, KIVI groups + residual
+// window, Hadamard-rotated keys, two precision tiers, subsets) against a float64 softmax over the
+// segment's own decoded keys and values; and end to end, the bundled model's next-token
+// distributions with each cache type against the f32 cache.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kvslim/kv_cache.h"
+#include "kvslim/model.h"
+#include "kvslim/session.h"
+
+using namespace kvslim;
+
+namespace {
+
+std::vector<float> sample(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
+struct Config {
+  const char* name;
+  KVCodec k, v;
+  KVQuantOptions q;
+  bool tiers = false;
+};
+
+std::vector<Config> configs() {
+  std::vector<Config> c;
+  c.push_back({"f32", KVCodec::F32, KVCodec::F32, {}});
+  c.push_back({"f16", KVCodec::F16, KVCodec::F16, {}});
+  c.push_back({"bf16/q8_0", KVCodec::BF16, KVCodec::Q8_0, {}});
+  c.push_back({"q8_0/q4_0", KVCodec::Q8_0, KVCodec::Q4_0, {}});
+  c.push_back({"q4_0", KVCodec::Q4_0, KVCodec::Q4_0, {}});
+  KVQuantOptions k2;
+  k2.kivi_bits = 2;
+  k2.kivi_group = 16;
+  k2.kivi_residual = 24;
+  c.push_back({"kivi2", KVCodec::F16, KVCodec::F16, k2});
+  KVQuantOptions k4 = k2;
+  k4.kivi_bits = 4;
+  k4.kivi_group = 8;  // groups shorter than a key tile
+  c.push_back({"kivi4", KVCodec::F32, KVCodec::BF16, k4});
+  KVQuantOptions kh = k4;
+  kh.hadamard = true;
+  c.push_back({"kivi4+hadamard", KVCodec::F16, KVCodec::F16, kh});
+  KVQuantOptions h;
+  h.hadamard = true;
+  c.push_back({"q4_0+hadamard", KVCodec::Q4_0, KVCodec::Q8_0, h});
+  c.push_back({"tiers f16 | q8_0/q4_0", KVCodec::F16, KVCodec::F16, {}, true});
+  return c;
+}
+
+// out[r] = sum_j softmax_j(scale * q_r . k_j) v_j over the visible (and selected) entries, in
+// float64 from the segment's decoded keys and values.
+void reference(const Segment& s, const float* q, int rows, const int32_t* vis, const std::vector<bool>& sel,
+               float scale, std::vector<double>& out, std::vector<double>& probs) {
+  const int hd = s.head_dim();
+  const size_t n = s.size();
+  std::vector<float> k(n * hd), v(n * hd);
+  s.keys(0, n, k.data());
+  s.values(0, n, v.data());
+  out.assign(static_cast<size_t>(rows) * hd, 0.0);
+  probs.assign(static_cast<size_t>(rows) * n, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<double> sc(n, -INFINITY);
+    double mx = -INFINITY;
+    for (size_t j = 0; j < n; ++j) {
+      if (static_cast<int32_t>(j) >= vis[r] || !sel[j]) continue;
+      double d = 0;
+      for (int c = 0; c < hd; ++c) d += double(q[r * hd + c]) * k[j * hd + c];
+      sc[j] = d * scale;
+      mx = std::max(mx, sc[j]);
+    }
+    double sum = 0;
+    for (size_t j = 0; j < n; ++j)
+      if (sc[j] > -INFINITY) sum += std::exp(sc[j] - mx);
+    for (size_t j = 0; j < n; ++j) {
+      if (sc[j] == -INFINITY) continue;
+      const double p = std::exp(sc[j] - mx) / sum;
+      probs[r * n + j] = p;
+      for (int c = 0; c < hd; ++c) out[r * hd + c] += p * v[j * hd + c];
+    }
+  }
+}
+
+Segment build(const Config& cfg, int hd, int n, uint32_t seed) {
+  Segment s(hd, cfg.k, cfg.v, cfg.q);
+  auto k = sample(static_cast<size_t>(n) * hd, seed), v = sample(static_cast<size_t>(n) * hd, seed + 1);
+  for (int i = 0; i < n; ++i) k[i * hd + 1] *= 8.0f;  // an outlier channel
+  for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+  if (cfg.tiers) {
+    std::vector<float> score(n);
+    for (int i = 0; i < n; ++i) score[i] = static_cast<float>((i * 53) % n);
+    apply_precision_tiers(s, score, n / 3, n / 2, KVCodec::Q8_0, KVCodec::Q4_0);
+    // Entries appended after the split go to the high tier, after every low-tier one.
+    for (int i = 0; i < 20; ++i) s.append(&k[i * hd], &v[i * hd], n + i);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
+  for (int hd : {64, 8}) {
+    for (const Config& cfg : configs()) {
+      Segment s = build(cfg, hd, 150, 3);
+      const size_t n = s.size();
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      // A decode group (every entry visible) and prefill rows with causal prefixes.
+      for (int rows : {8, 24}) {
+        auto q = sample(static_cast<size_t>(rows) * hd, 9 + rows);
+        std::vector<int32_t> vis(rows);
+        for (int r = 0; r < rows; ++r)
+          vis[r] = rows == 8 ? static_cast<int32_t>(n) : static_cast<int32_t>(n) - 3 * (rows - r) + 1;
+        std::vector<float> out(static_cast<size_t>(rows) * hd), probs(static_cast<size_t>(rows) * n), mass(n, 0.0f);
+        attend_segment(s, q.data(), rows, vis.data(), scale, out.data(), hd, mass.data(), probs.data());
+        std::vector<double> ro, rp;
+        reference(s, q.data(), rows, vis.data(), std::vector<bool>(n, true), scale, ro, rp);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " hd " << hd << " rows " << rows << " at " << i;
+        for (size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], rp[i], 1e-6) << cfg.name;
+        for (size_t j = 0; j < n; ++j) {
+          double m = 0;
+          for (int r = 0; r < rows; ++r) m += rp[r * n + j];
+          ASSERT_NEAR(mass[j], m, 1e-5) << cfg.name << " entry " << j;
+        }
+        // Decode-time selection: a sparse subset, skipping whole blocks.
+        std::vector<int32_t> idx;
+        std::vector<bool> sel(n, false);
+        for (size_t j = 0; j < n; ++j)
+          if ((j / 16) % 3 != 1 && (j * 7) % 5 != 0) {
+            idx.push_back(static_cast<int32_t>(j));
+            sel[j] = true;
+          }
+        attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), q.data(), rows, vis.data(), scale,
+                              out.data(), hd);
+        reference(s, q.data(), rows, vis.data(), sel, scale, ro, rp);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " subset, hd " << hd << " rows " << rows;
+      }
+      // Nothing visible: zeros.
+      std::vector<float> q1 = sample(hd, 1), o1(hd, 7.0f);
+      int32_t none = 0;
+      attend_segment(s, q1.data(), 1, &none, scale, o1.data(), hd);
+      for (float x : o1) EXPECT_EQ(x, 0.0f);
+    }
+  }
+}
+
+TEST(KVAttention, HadamardRotationPreservesAttention) {
+  const int hd = 96;  // not a power of two: three Hadamard blocks of 32
+  Config plain{"f32", KVCodec::F32, KVCodec::F32, {}};
+  Config rot = plain;
+  rot.q.hadamard = true;
+  Segment a = build(plain, hd, 70, 5), b = build(rot, hd, 70, 5);
+  auto q = sample(8 * hd, 6);
+  std::vector<int32_t> vis(8, 70);
+  std::vector<float> oa(8 * hd), ob(8 * hd);
+  attend_segment(a, q.data(), 8, vis.data(), 0.1f, oa.data(), hd);
+  attend_segment(b, q.data(), 8, vis.data(), 0.1f, ob.data(), hd);
+  for (size_t i = 0; i < oa.size(); ++i) ASSERT_NEAR(oa[i], ob[i], 1e-5);
+}
+
+namespace {
+
+// Mean KL(f32 cache || cache under test) and top-1 agreement of the next-token distributions over
+// a teacher-forced text on the bundled model.
+void fidelity(SessionOptions o, double& kl, double& top1) {
+  static const auto model = Model::load(std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf");
+  const std::string text =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she "
+      "saw a big, red ball. She wanted to play with it, so she asked her mom if she could have it. Her mom said yes "
+      "and Lily was very happy. She played with the ball all day long and had lots of fun.";
+  std::vector<Token> toks = model->tokenizer().encode(text, true, false);
+  SessionOptions ref = o;
+  ref.key_codec = ref.value_codec = KVCodec::F32;
+  ref.kv_quant = {};
+  Session a(*model, ref), b(*model, o);
+  const auto la = a.forward(toks, true), lb = b.forward(toks, true);
+  const int nv = model->hparams().n_vocab, n = static_cast<int>(toks.size());
+  kl = top1 = 0;
+  for (int t = 0; t < n; ++t) {
+    const float* x = &la[static_cast<size_t>(t) * nv];
+    const float* y = &lb[static_cast<size_t>(t) * nv];
+    double mx = -INFINITY, my = -INFINITY, sx = 0, sy = 0;
+    int ax = 0, ay = 0;
+    for (int i = 0; i < nv; ++i) {
+      if (x[i] > mx) mx = x[i], ax = i;
+      if (y[i] > my) my = y[i], ay = i;
+    }
+    for (int i = 0; i < nv; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
+    double d = 0;
+    for (int i = 0; i < nv; ++i) {
+      const double lp = x[i] - mx - std::log(sx), lq = y[i] - my - std::log(sy);
+      d += std::exp(lp) * (lp - lq);
+    }
+    kl += d / n;
+    top1 += (ax == ay) / double(n);
+  }
+}
+
+}  // namespace
+
+TEST(KVAttention, BundledModelFidelityOrdersWithPrecision) {
+  // A 94-token story with R = 16 and G = 16 so that most entries are KIVI-quantized. Fewer bits
+  // must cost more fidelity; f16 and q8_0 must be nearly lossless.
+  struct Case {
+    KVCodec k, v;
+    int bits;
+  };
+  const Case cases[] = {{KVCodec::F16, KVCodec::F16, 0}, {KVCodec::Q8_0, KVCodec::Q8_0, 0},
+                        {KVCodec::Q4_0, KVCodec::Q4_0, 0}, {KVCodec::F16, KVCodec::F16, 4},
+                        {KVCodec::F16, KVCodec::F16, 2}};
+  double kl[5], top1[5];
+  for (int i = 0; i < 5; ++i) {
+    SessionOptions o;
+    o.key_codec = cases[i].k;
+    o.value_codec = cases[i].v;
+    o.kv_quant.kivi_bits = cases[i].bits;
+    o.kv_quant.kivi_group = 16;
+    o.kv_quant.kivi_residual = 16;
+    o.n_ctx = 512;
+    fidelity(o, kl[i], top1[i]);
+    EXPECT_GE(kl[i], 0.0);
+  }
+  EXPECT_LT(kl[0], 1e-4);  // f16
+  EXPECT_GT(top1[0], 0.98);
+  EXPECT_LT(kl[1], 1e-2);  // q8_0
+  EXPECT_GT(top1[1], 0.9);
+  EXPECT_LT(kl[0], kl[1]);
+  EXPECT_LT(kl[1], kl[2]);  // q8_0 < q4_0
+  EXPECT_LT(kl[3], kl[4]);  // kivi4 < kivi2
+  EXPECT_LT(kl[4], 2.0);    // 2 bits still far from noise (KL of unrelated distributions is several nats)
+}

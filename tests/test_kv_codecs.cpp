@@ -1,0 +1,475 @@
+// KV cache codecs against float64: round-trip error bounds derived by hand from each format's
+// definition, bit-exactness with ggml's q8_0/q4_0/f16/bf16 (kvslim::quantize_row, itself checked
+// against ggml's output), KIVI's group layout, the residual window under appends and retains,
+// precision tiers, re-rotation of quantized keys, and byte accounting.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvslim/kv_cache.h"
+#include "kvslim/quant.h"
+
+using namespace kvslim;
+
+namespace {
+
+const double kHalfUlp16 = std::ldexp(1.0, -11);  // half an f16 ulp, relative
+const double kUlp16 = std::ldexp(1.0, -10);
+
+// Normal values with occasional large outliers, as real keys have.
+std::vector<float> sample(size_t n, uint32_t seed, double outlier_p = 0.03, double outlier = 25.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng) * (u(rng) < outlier_p ? static_cast<float>(outlier) : 1.0f);
+  return x;
+}
+
+int gcd32(int hd) { return std::gcd(32, hd); }
+
+// Largest absolute error allowed for element i of row x (head_dim hd) in codec c.
+double row_bound(KVCodec c, const float* x, int hd, int i) {
+  const double v = std::fabs(double(x[i]));
+  switch (c) {
+    case KVCodec::F32: return 0.0;
+    case KVCodec::F16: return v * kHalfUlp16 + std::ldexp(1.0, -25);
+    case KVCodec::BF16: return v * std::ldexp(1.0, -8);
+    case KVCodec::Q8_0:
+    case KVCodec::Q4_0: {
+      const int qb = gcd32(hd), b0 = i / qb * qb;
+      double amax = 0;
+      for (int j = b0; j < b0 + qb; ++j) amax = std::max(amax, std::fabs(double(x[j])));
+      // q8_0: d = amax/127, codes round(x/d) in [-127, 127]: |err| <= d/2, plus 127 codes times
+      // the f16 rounding of d. q4_0: d = amax/8, codes trunc(x/d + 8.5) clamped to 15: |err| <= d
+      // (the clamp of the extreme value), plus 8 codes times the rounding of d.
+      if (c == KVCodec::Q8_0) return amax / 127 * (0.5 + 127 * kHalfUlp16) + 1e-7 * amax;
+      return amax / 8 * (1.0 + 8 * kHalfUlp16) + 1e-7 * amax;
+    }
+  }
+  return 0.0;
+}
+
+GGMLType ggml_type(KVCodec c) {
+  switch (c) {
+    case KVCodec::F32: return GGMLType::F32;
+    case KVCodec::F16: return GGMLType::F16;
+    case KVCodec::BF16: return GGMLType::BF16;
+    case KVCodec::Q8_0: return GGMLType::Q8_0;
+    case KVCodec::Q4_0: return GGMLType::Q4_0;
+  }
+  return GGMLType::F32;
+}
+
+// KIVI's bound for a group with values in [mn, mx] at `bits`: the f16 zero point is rounded down
+// (at most one f16 ulp below mn), the step (mx - zero) / (2^b - 1) rounded up (one ulp), and a
+// value lands within step / 2 of its level.
+double kivi_bound(double mn, double mx, int bits) {
+  const double qmax = (1 << bits) - 1;
+  const double mag = std::max(std::fabs(mn), std::fabs(mx));
+  const double zero_slack = kUlp16 * std::fabs(mn) + std::ldexp(1.0, -24);
+  return 0.5 * (mx - mn + zero_slack) / qmax * (1.0 + 4 * kUlp16) + zero_slack + 1e-6 * mag;
+}
+
+const KVCodec kAll[] = {KVCodec::F32, KVCodec::F16, KVCodec::BF16, KVCodec::Q8_0, KVCodec::Q4_0};
+
+}  // namespace
+
+TEST(KVCodec, NamesFollowLlamaCpp) {
+  for (KVCodec c : kAll) EXPECT_EQ(parse_codec(codec_name(c)), c);
+  EXPECT_THROW(parse_codec("q4_1"), Error);
+  EXPECT_THROW(parse_codec("int8"), Error);
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q8_0, 128), 4u * 34);  // ggml block_q8_0: 34 bytes per 32
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q4_0, 128), 4u * 18);  // block_q4_0: 18 bytes per 32
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q8_0, 8), 10u);        // head_dim 8: one block of 8
+  EXPECT_EQ(codec_row_bytes(KVCodec::BF16, 64), 128u);
+}
+
+TEST(KVCodec, RoundTripWithinBoundAgainstFloat64) {
+  for (int hd : {8, 64, 96}) {
+    for (KVCodec c : kAll) {
+      Segment s(hd, c, c);
+      const int n = 41;  // crosses key tiles, leaves a partial one
+      auto k = sample(static_cast<size_t>(n) * hd, 1 + hd), v = sample(static_cast<size_t>(n) * hd, 2 + hd);
+      for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+      std::vector<float> got(hd), all_k(static_cast<size_t>(n) * hd), all_v(all_k.size());
+      s.keys(0, n, all_k.data());
+      s.values(0, n, all_v.data());
+      for (int i = 0; i < n; ++i) {
+        s.key(i, got.data());
+        for (int d = 0; d < hd; ++d) {
+          ASSERT_LE(std::fabs(double(got[d]) - k[i * hd + d]), row_bound(c, &k[i * hd], hd, d))
+              << codec_name(c) << " hd " << hd << " key " << i << " dim " << d;
+          ASSERT_EQ(got[d], all_k[i * hd + d]);
+        }
+        s.value(i, got.data());
+        for (int d = 0; d < hd; ++d) {
+          ASSERT_LE(std::fabs(double(got[d]) - v[i * hd + d]), row_bound(c, &v[i * hd], hd, d))
+              << codec_name(c) << " hd " << hd << " value " << i << " dim " << d;
+          ASSERT_EQ(got[d], all_v[i * hd + d]);
+        }
+      }
+    }
+  }
+}
+
+TEST(KVCodec, BitExactWithGgmlWhereHeadDimHoldsWholeBlocks) {
+  const int hd = 128, n = 20;
+  for (KVCodec c : kAll) {
+    Segment s(hd, c, c);
+    auto k = sample(static_cast<size_t>(n) * hd, 7), v = sample(static_cast<size_t>(n) * hd, 8);
+    for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+    const GGMLType t = ggml_type(c);
+    std::vector<uint8_t> q(row_bytes(t, hd));
+    std::vector<float> want(hd), got(hd);
+    for (int i = 0; i < n; ++i) {
+      quantize_row(t, &k[i * hd], q.data(), hd);
+      dequantize_row(t, q.data(), want.data(), hd);
+      s.key(i, got.data());
+      for (int d = 0; d < hd; ++d) ASSERT_EQ(got[d], want[d]) << codec_name(c) << " key " << i << " dim " << d;
+      quantize_row(t, &v[i * hd], q.data(), hd);
+      dequantize_row(t, q.data(), want.data(), hd);
+      s.value(i, got.data());
+      for (int d = 0; d < hd; ++d) ASSERT_EQ(got[d], want[d]) << codec_name(c) << " value " << i << " dim " << d;
+    }
+  }
+}
+
+TEST(KVCodec, KiviGroupLayout) {
+  // Keys per channel over groups of G tokens, values per token over groups of G channels, the
+  // newest R entries in full precision. An outlier channel in the keys and outlier tokens in the
+  // values make the bound fail for any other layout.
+  const int hd = 64, G = 32, R = 128, n = 300;
+  for (int bits : {2, 4}) {
+    KVQuantOptions q;
+    q.kivi_bits = bits;
+    q.kivi_group = G;
+    q.kivi_residual = R;
+    Segment s(hd, KVCodec::F32, KVCodec::F32, q);
+    auto k = sample(static_cast<size_t>(n) * hd, 11, 0.0), v = sample(static_cast<size_t>(n) * hd, 12, 0.0);
+    for (int i = 0; i < n; ++i) k[i * hd + 5] = 40.0f + 10.0f * k[i * hd + 5];  // outlier channel
+    for (int i = 0; i < n; i += 7)
+      for (int d = 0; d < hd; ++d) v[i * hd + d] *= 30.0f;  // outlier tokens
+    for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+
+    const int grouped = (n - R) / G * G;  // expired entries leave the window G at a time
+    const KVStore& st = s.store(0);
+    EXPECT_EQ(st.group_entries(), static_cast<size_t>(grouped));
+    EXPECT_EQ(st.group_sizes(), std::vector<int>(grouped / G, G));
+    EXPECT_EQ(st.row_entries(), static_cast<size_t>(n - grouped));
+
+    std::vector<float> got(hd);
+    for (int i = 0; i < n; ++i) {
+      s.key(i, got.data());
+      for (int c = 0; c < hd; ++c) {
+        double bound = 0.0;
+        if (i < grouped) {
+          const int g0 = i / G * G;
+          double mn = 1e30, mx = -1e30;
+          for (int t = g0; t < g0 + G; ++t) mn = std::min(mn, double(k[t * hd + c])), mx = std::max(mx, double(k[t * hd + c]));
+          bound = kivi_bound(mn, mx, bits);
+        }
+        ASSERT_LE(std::fabs(double(got[c]) - k[i * hd + c]), bound) << "bits " << bits << " key " << i << " ch " << c;
+      }
+      s.value(i, got.data());
+      for (int c = 0; c < hd; ++c) {
+        double bound = 0.0;
+        if (i < grouped) {
+          const int c0 = c / G * G;
+          double mn = 1e30, mx = -1e30;
+          for (int d = c0; d < c0 + G; ++d) mn = std::min(mn, double(v[i * hd + d])), mx = std::max(mx, double(v[i * hd + d]));
+          bound = kivi_bound(mn, mx, bits);
+        }
+        ASSERT_LE(std::fabs(double(got[c]) - v[i * hd + c]), bound) << "bits " << bits << " value " << i << " ch " << c;
+      }
+    }
+  }
+}
+
+TEST(KVCodec, KiviResidualWindowStaysFullPrecisionThroughAppendsAndRetains) {
+  const int hd = 16, G = 8, R = 16;
+  struct Entry {
+    std::vector<float> k, v;
+    uint64_t serial;
+    int32_t pos;
+  };
+  for (int bits : {2, 4}) {
+    KVQuantOptions q;
+    q.kivi_bits = bits;
+    q.kivi_group = G;
+    q.kivi_residual = R;
+    Segment s(hd, KVCodec::F32, KVCodec::F32, q);
+    std::vector<Entry> model;
+    std::mt19937 rng(100 + bits);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    uint64_t appended = 0;
+    for (int step = 0; step < 300; ++step) {
+      if (u(rng) < 0.75) {
+        const int m = 1 + static_cast<int>(u(rng) * 6);
+        for (int j = 0; j < m; ++j) {
+          Entry e{sample(hd, rng()), sample(hd, rng()), appended, static_cast<int32_t>(appended)};
+          s.append(e.k.data(), e.v.data(), e.pos);
+          model.push_back(std::move(e));
+          ++appended;
+        }
+      } else {
+        std::vector<int32_t> keep;
+        std::vector<Entry> kept;
+        for (size_t i = 0; i < model.size(); ++i)
+          if (u(rng) < 0.7) {
+            keep.push_back(static_cast<int32_t>(i));
+            kept.push_back(model[i]);
+          }
+        s.retain(keep);
+        model.swap(kept);
+      }
+      ASSERT_EQ(s.size(), model.size());
+      const KVStore& st = s.store(0);
+      const size_t grouped = st.group_entries();
+      const std::vector<int> sizes = st.group_sizes();
+      ASSERT_EQ(std::accumulate(sizes.begin(), sizes.end(), size_t{0}), grouped);
+      for (int gs : sizes) ASSERT_LE(gs, G);
+      std::vector<float> got(hd);
+      for (size_t i = 0; i < model.size(); ++i) {
+        ASSERT_EQ(s.positions()[i], model[i].pos);
+        const bool in_window = model[i].serial + R >= appended;
+        if (in_window) ASSERT_GE(i, grouped) << "an entry of the newest R appends was quantized (step " << step << ")";
+        if (i >= grouped) {  // the full-precision part: exactly what was appended
+          s.key(i, got.data());
+          ASSERT_EQ(got, model[i].k) << "step " << step << " entry " << i;
+          s.value(i, got.data());
+          ASSERT_EQ(got, model[i].v) << "step " << step << " entry " << i;
+        }
+      }
+      // Entries wait in full precision only until G of them have left the window.
+      size_t expired_rows = 0;
+      for (size_t i = grouped; i < model.size(); ++i) expired_rows += model[i].serial + R < appended;
+      ASSERT_LT(expired_rows, static_cast<size_t>(G));
+    }
+  }
+}
+
+TEST(KVCodec, ReRotationOfQuantizedKeysMatchesReRotationOfFloatKeys) {
+  // Key re-rotation (KeyRerotation, SinkCache): RoPE by a position delta applied to stored keys.
+  // Quantized keys are decoded, rotated and re-encoded; the result must stay within the first
+  // quantization error (rotated) plus the second one of the float64 rotation of the original.
+  const int hd = 64, n = 64;
+  struct Cfg {
+    KVCodec c;
+    int bits;
+  };
+  const Cfg cfgs[] = {{KVCodec::F16, 0}, {KVCodec::BF16, 0}, {KVCodec::Q8_0, 0}, {KVCodec::Q4_0, 0},
+                      {KVCodec::F32, 2}, {KVCodec::F32, 4}};
+  for (const Cfg& cfg : cfgs) {
+    KVQuantOptions q;
+    q.kivi_bits = cfg.bits;
+    q.kivi_group = 32;
+    q.kivi_residual = 0;  // every entry quantized
+    Segment s(hd, cfg.c, cfg.c, q);
+    auto k = sample(static_cast<size_t>(n) * hd, 21);
+    std::vector<float> v(k.size(), 0.5f);
+    for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], 1000 + i);
+    std::mt19937 rng(5);
+    std::vector<double> delta(n);
+    for (double& d : delta) d = std::uniform_int_distribution<int>(-900, 0)(rng);
+    auto rope64 = [&](const double* x, double dp, double* y) {
+      for (int i = 0; i < hd / 2; ++i) {
+        const double th = dp * std::pow(10000.0, -2.0 * i / hd);
+        y[2 * i] = x[2 * i] * std::cos(th) - x[2 * i + 1] * std::sin(th);
+        y[2 * i + 1] = x[2 * i] * std::sin(th) + x[2 * i + 1] * std::cos(th);
+      }
+    };
+    // What a re-rotation press does: decode, rotate, set_keys.
+    std::vector<float> dec(static_cast<size_t>(n) * hd), rot(dec.size());
+    s.keys(0, n, dec.data());
+    std::vector<double> a(hd), b(hd);
+    for (int i = 0; i < n; ++i) {
+      for (int d = 0; d < hd; ++d) a[d] = dec[i * hd + d];
+      rope64(a.data(), delta[i], b.data());
+      for (int d = 0; d < hd; ++d) rot[i * hd + d] = static_cast<float>(b[d]);
+    }
+    s.set_keys(0, n, rot.data());
+
+    // Per-element bounds of the first (original keys) and second (rotated decoded keys) encoding.
+    auto bounds = [&](const std::vector<float>& x) {
+      std::vector<double> bd(x.size());
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c < hd; ++c) {
+          if (!cfg.bits) {
+            bd[i * hd + c] = row_bound(cfg.c, &x[i * hd], hd, c);
+          } else {
+            const int g0 = i / 32 * 32;
+            double mn = 1e30, mx = -1e30;
+            for (int t = g0; t < g0 + 32; ++t) mn = std::min(mn, double(x[t * hd + c])), mx = std::max(mx, double(x[t * hd + c]));
+            bd[i * hd + c] = kivi_bound(mn, mx, cfg.bits);
+          }
+        }
+      return bd;
+    };
+    const auto b1 = bounds(k), b2 = bounds(rot);
+    std::vector<float> got(hd);
+    double worst = 0, worst_bound = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int d = 0; d < hd; ++d) a[d] = k[i * hd + d];
+      rope64(a.data(), delta[i], b.data());  // the float re-rotation
+      s.key(i, got.data());
+      for (int c = 0; c < hd; ++c) {
+        const int p = c ^ 1;  // RoPE mixes channel pairs
+        const double bound = std::hypot(b1[i * hd + c], b1[i * hd + p]) + b2[i * hd + c] + 1e-5 * std::fabs(b[c]);
+        const double err = std::fabs(double(got[c]) - b[c]);
+        ASSERT_LE(err, bound) << codec_name(cfg.c) << " kivi" << cfg.bits << " key " << i << " ch " << c;
+        worst = std::max(worst, err);
+        worst_bound = std::max(worst_bound, bound);
+      }
+    }
+    EXPECT_GT(worst_bound, 0.0);
+  }
+}
+
+TEST(KVCodec, HadamardRotationIsUndoneOnRead) {
+  // Keys are stored rotated; key() returns the key as appended (exact up to float rounding with
+  // f32 storage), and q4_0 after rotation stays within the bound of the rotated row in L2.
+  for (int hd : {64, 96, 8}) {
+    KVQuantOptions q;
+    q.hadamard = true;
+    Segment f(hd, KVCodec::F32, KVCodec::F32, q), q4(hd, KVCodec::Q4_0, KVCodec::F32, q);
+    auto k = sample(static_cast<size_t>(10) * hd, 31);
+    for (int i = 0; i < 10; ++i) {
+      f.append(&k[i * hd], &k[i * hd], i);
+      q4.append(&k[i * hd], &k[i * hd], i);
+    }
+    const int hb = hd & -hd;  // block of the block-diagonal rotation
+    std::vector<float> got(hd);
+    for (int i = 0; i < 10; ++i) {
+      f.key(i, got.data());
+      for (int d = 0; d < hd; ++d) ASSERT_NEAR(got[d], k[i * hd + d], 1e-5 * (1 + std::fabs(k[i * hd + d])));
+      // Float64 Hadamard of the key (Sylvester matrix, entries (-1)^popcount(i&j) / sqrt(hb)).
+      std::vector<float> hk(hd);
+      for (int b0 = 0; b0 < hd; b0 += hb)
+        for (int r = 0; r < hb; ++r) {
+          double acc = 0;
+          for (int c = 0; c < hb; ++c) acc += (__builtin_popcount(r & c) & 1 ? -1.0 : 1.0) * k[i * hd + b0 + c];
+          hk[b0 + r] = static_cast<float>(acc / std::sqrt(double(hb)));
+        }
+      double b2 = 0, e2 = 0;
+      for (int d = 0; d < hd; ++d) b2 += std::pow(row_bound(KVCodec::Q4_0, hk.data(), hd, d) + 1e-6, 2);
+      q4.key(i, got.data());
+      for (int d = 0; d < hd; ++d) e2 += std::pow(double(got[d]) - k[i * hd + d], 2);
+      ASSERT_LE(std::sqrt(e2), std::sqrt(b2)) << "hd " << hd << " key " << i;
+    }
+  }
+}
+
+TEST(KVCodec, PrecisionTiersSplitByScore) {
+  const int hd = 64, n = 100;
+  Segment s(hd, KVCodec::F16, KVCodec::F16);
+  auto k = sample(static_cast<size_t>(n) * hd, 41), v = sample(static_cast<size_t>(n) * hd, 42);
+  for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+  std::vector<float> score(n);
+  for (int i = 0; i < n; ++i) score[i] = static_cast<float>((i * 37) % n);  // a permutation of 0..99
+  for (int i : {3, 4}) score[i] = 3.0e38f;                                 // protected, low raw rank
+  apply_precision_tiers(s, score, 30, 40, KVCodec::Q8_0, KVCodec::Q4_0);
+  // Expected by hand: protected entries and the 28 best others are high; the next 40 are low.
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return score[a] > score[b]; });
+  std::vector<int> tier(n, 2);
+  for (int r = 0; r < 70; ++r) tier[order[r]] = r < 30 ? 0 : 1;
+  std::vector<int> kept_ids;
+  for (int i = 0; i < n; ++i)
+    if (tier[i] < 2) kept_ids.push_back(i);
+  ASSERT_EQ(s.size(), 70u);
+  EXPECT_EQ(s.low_tier_size(), 40u);
+  std::vector<float> got(hd);
+  for (size_t j = 0; j < kept_ids.size(); ++j) {
+    const int i = kept_ids[j];
+    EXPECT_EQ(s.positions()[j], i);
+    EXPECT_EQ(s.is_low(j), tier[i] == 1) << "entry " << i;
+    // Low-tier entries were f16 first, then re-encoded from the decoded f16 values.
+    const KVCodec kc = tier[i] ? KVCodec::Q8_0 : KVCodec::F32, vc = tier[i] ? KVCodec::Q4_0 : KVCodec::F32;
+    std::vector<float> k16(hd), v16(hd);
+    for (int d = 0; d < hd; ++d) {
+      k16[d] = fp16_to_fp32(fp32_to_fp16(k[i * hd + d]));
+      v16[d] = fp16_to_fp32(fp32_to_fp16(v[i * hd + d]));
+    }
+    s.key(j, got.data());
+    for (int d = 0; d < hd; ++d)
+      ASSERT_LE(std::fabs(double(got[d]) - k[i * hd + d]),
+                row_bound(kc, k16.data(), hd, d) + row_bound(KVCodec::F16, &k[i * hd], hd, d))
+          << "entry " << i;
+    s.value(j, got.data());
+    for (int d = 0; d < hd; ++d)
+      ASSERT_LE(std::fabs(double(got[d]) - v[i * hd + d]),
+                row_bound(vc, v16.data(), hd, d) + row_bound(KVCodec::F16, &v[i * hd], hd, d))
+          << "entry " << i;
+  }
+  // Bytes: 30 f16 entries, 40 entries of q8_0 keys (68 B) and q4_0 values (36 B), positions, and
+  // 5 bytes of tier bookkeeping per entry.
+  EXPECT_EQ(s.bytes(), 30u * 256 + 40u * (68 + 36) + 70u * 4 + 70u * 5);
+  EXPECT_EQ(s.kv_bytes(), 30u * 256 + 40u * (68 + 36));
+  // New entries go to the high tier; retain keeps every entry's tier.
+  s.append(&k[0], &v[0], 500);
+  EXPECT_FALSE(s.is_low(70));
+  std::vector<int32_t> keep;
+  for (int j = 0; j < 71; j += 2) keep.push_back(j);
+  std::vector<bool> was_low;
+  for (int32_t j : keep) was_low.push_back(s.is_low(j));
+  s.retain(keep);
+  for (size_t j = 0; j < keep.size(); ++j) EXPECT_EQ(s.is_low(j), was_low[j]);
+  // KIVI caches cannot be split by tier.
+  KVQuantOptions kq;
+  kq.kivi_bits = 4;
+  Segment kv(hd, KVCodec::F16, KVCodec::F16, kq);
+  kv.append(&k[0], &v[0], 0);
+  EXPECT_THROW(kv.retain_tiered({0}, {1}, KVCodec::Q8_0, KVCodec::Q4_0), Error);
+}
+
+TEST(KVCodec, BytesIncludeScalesAndZeroPoints) {
+  const int hd = 64, n = 200;
+  auto k = sample(static_cast<size_t>(n) * hd, 51);
+  // Row codecs: key + value row bytes and a 4-byte position per entry.
+  const std::pair<KVCodec, size_t> rows[] = {
+      {KVCodec::F32, 256}, {KVCodec::F16, 128}, {KVCodec::BF16, 128}, {KVCodec::Q8_0, 2 * 34}, {KVCodec::Q4_0, 2 * 18}};
+  for (auto [c, rb] : rows) {
+    Segment s(hd, c, c);
+    for (int i = 0; i < n; ++i) s.append(&k[i * hd], &k[i * hd], i);
+    EXPECT_EQ(s.bytes(), n * (2 * rb + 4)) << codec_name(c);
+  }
+  // KIVI 2-bit, G = 32, R = 128, f16 residual: 64 expired entries form 2 groups; a group of 32
+  // tokens holds per channel an f16 zero point and step (64 x 4 B) and 32 x 2 bits of codes
+  // (64 x 8 B), and per token 2 value groups x 4 B plus 64 x 2 bits (16 B).
+  KVQuantOptions q;
+  q.kivi_bits = 2;
+  Segment s(hd, KVCodec::F16, KVCodec::F16, q);
+  for (int i = 0; i < n; ++i) s.append(&k[i * hd], &k[i * hd], i);
+  const size_t group = 64 * 4 + 64 * 8 + 32 * (2 * 4 + 16);
+  EXPECT_EQ(s.store(0).group_entries(), 64u);
+  EXPECT_EQ(s.kv_bytes(), 2 * group + 136u * 256);
+  EXPECT_EQ(s.bytes(), 2 * group + 136u * (256 + 4) + 200u * 4);  // + serials of the window, positions
+  EXPECT_EQ(group * 8 / (32 * 2 * 64), 3u);                        // 2-bit codes + 1 bit of scales
+  // The memory ratio's reference: a full f16 cache with positions.
+  KVCache cache(2, 3, hd);
+  EXPECT_EQ(cache.full_f16_bytes(10), 10u * 2 * 3 * (256 + 4));
+}
+
+TEST(KVCodec, IncompatibleConfigurationsAreRejected) {
+  KVQuantOptions q;
+  q.kivi_bits = 3;
+  EXPECT_THROW(validate_cache_config(KVCodec::F16, KVCodec::F16, q), Error);
+  q.kivi_bits = 2;
+  EXPECT_THROW(validate_cache_config(KVCodec::Q8_0, KVCodec::F16, q), Error);
+  EXPECT_THROW(validate_cache_config(KVCodec::F16, KVCodec::Q4_0, q), Error);
+  EXPECT_NO_THROW(validate_cache_config(KVCodec::BF16, KVCodec::F32, q));
+  q.kivi_group = 0;
+  EXPECT_THROW(validate_cache_config(KVCodec::F16, KVCodec::F16, q), Error);
+  q.kivi_group = 48;  // values: groups of 48 channels do not divide head_dim 64
+  EXPECT_THROW(validate_cache_config(KVCodec::F16, KVCodec::F16, q, 64), Error);
+  EXPECT_THROW(KVCache(1, 1, 64, KVCodec::F16, KVCodec::F16, q), Error);
+  q.kivi_group = 32;
+  q.kivi_residual = -1;
+  EXPECT_THROW(validate_cache_config(KVCodec::F16, KVCodec::F16, q), Error);
+}

@@ -1,0 +1,196 @@
+// Budget policies on hand-made scores whose keep-counts are derived by hand.
+#include <numeric>
+
+#include "test_press_util.h"
+
+using namespace press_test;
+
+namespace {
+
+/// A cache of `sizes[l][h]` f32 entries (head_dim 2) at positions 0..size-1.
+KVCache sized_cache(const std::vector<std::vector<int>>& sizes) {
+  KVCache c(static_cast<int>(sizes.size()), static_cast<int>(sizes[0].size()), 2, KVCodec::F32, KVCodec::F32);
+  float kv[2] = {1, 1};
+  for (size_t l = 0; l < sizes.size(); ++l)
+    for (size_t h = 0; h < sizes[l].size(); ++h)
+      for (int i = 0; i < sizes[l][h]; ++i) c.seg(l, h).append(kv, kv, i);
+  return c;
+}
+
+/// Scores 1, 2, ..., n times `scale` in every segment.
+Scores ramp(const KVCache& c, const std::vector<std::vector<double>>& scale) {
+  Scores s(c.n_layer(), std::vector<std::vector<float>>(c.n_head_kv()));
+  for (int l = 0; l < c.n_layer(); ++l)
+    for (int h = 0; h < c.n_head_kv(); ++h)
+      for (size_t i = 0; i < c.seg(l, h).size(); ++i) s[l][h].push_back(static_cast<float>((i + 1) * scale[l][h]));
+  return s;
+}
+
+KeepCounts run_policy(const std::string& spec, const Scores& s, const KVCache& c, Target t,
+                      std::vector<double> stat = {}) {
+  auto p = scorer(spec, t.ratio);
+  Scores sc = s;
+  p->policy().prepare(sc, c, t);
+  if (stat.empty()) stat.assign(c.n_layer(), 0.0);
+  return p->policy().keep_counts(BudgetInput{sc, c, t, stat});
+}
+
+TEST(PressPolicy, UniformKeepsFloorOfRatio) {
+  KVCache c = sized_cache({{10, 10}, {10, 10}});
+  KeepCounts k = run_policy("uniform(knorm)", ramp(c, {{1, 1}, {1, 1}}), c, {0.55, 10});
+  for (auto& l : k)
+    for (int v : l) EXPECT_EQ(v, 4);  // floor(10 * 0.45)
+  // never below 1
+  k = run_policy("knorm", ramp(c, {{1, 1}, {1, 1}}), c, {0.99, 10});
+  EXPECT_EQ(k[0][0], 1);
+  EXPECT_EQ(uniform_keep(10, 0.0), 10);
+  EXPECT_EQ(uniform_keep(7, 0.5), 3);
+  EXPECT_EQ(uniform_keep(0, 0.5), 0);
+  EXPECT_EQ(uniform_keep(100, 0.7), 30);  // 100 * 0.3 = 29.999999999999996 in binary
+}
+
+// One layer, two heads of 10; head 0's scores are all above head 1's. Uniform budget 5 per head,
+// floor alpha * 5 = 1: head 1 keeps its floor, head 0 takes the other 9 of the layer's 10.
+TEST(PressPolicy, AdaKVSharesTheLayerBudgetWithAFloor) {
+  KVCache c = sized_cache({{10, 10}});
+  Scores s = ramp(c, {{1, 0.01}});
+  KeepCounts k = run_policy("adakv(knorm):alpha=0.2", s, c, {0.5, 10});
+  EXPECT_EQ(k[0][0], 9);
+  EXPECT_EQ(k[0][1], 1);
+  // alpha = 1: each head keeps the uniform budget.
+  k = run_policy("adakv(knorm):alpha=1", s, c, {0.5, 10});
+  EXPECT_EQ(k[0][0], 5);
+  EXPECT_EQ(k[0][1], 5);
+  // Head 1 has 3 protected entries: they count against the layer's total.
+  s[0][1][0] = s[0][1][1] = s[0][1][2] = kProtected;
+  k = run_policy("adakv(knorm):alpha=0.2", s, c, {0.5, 10});
+  EXPECT_EQ(k[0][1], 3);
+  EXPECT_EQ(k[0][0], 7);
+  // The counts select exactly the top entries of the concatenation: interleaved scores.
+  Scores t(1, std::vector<std::vector<float>>(2));
+  t[0][0] = {9, 7, 5, 3, 1, 0, 0, 0, 0, 0};
+  t[0][1] = {8, 6, 4, 2, 0, 0, 0, 0, 0, 0};
+  // Budget 5 per head, 10 in all: the 9 non-zero scores, then one of the tied zeros, which goes
+  // to the earlier head.
+  k = run_policy("adakv(knorm):alpha=0", t, c, {0.5, 10});
+  EXPECT_EQ(k[0][0], 6);
+  EXPECT_EQ(k[0][1], 4);
+  k = run_policy("adakv(knorm):alpha=0", t, c, {0.7, 10});  // budget 3 per head, 6 in all: 9 8 7 6 5 4
+  EXPECT_EQ(k[0][0], 3);
+  EXPECT_EQ(k[0][1], 3);
+  k = run_policy("adakv(knorm):alpha=0", t, c, {0.75, 10});  // budget floor(2.5) = 2, 4 in all: 9 8 7 6
+  EXPECT_EQ(k[0][0], 2);
+  EXPECT_EQ(k[0][1], 2);
+}
+
+// 5 layers of one head, n = 100, ratio 0.5, beta 20: avg 50, min 2.5, max 97.5; budgets
+// 97.5, 73.75, 50, 26.25, 2.5 (sum 250) -> floors 97 73 50 26 2 (248) + largest remainders (.75,
+// then the first .5) -> 98 74 50 26 2.
+TEST(PressPolicy, PyramidKVIsLinearInDepth) {
+  KVCache c = sized_cache({{100}, {100}, {100}, {100}, {100}});
+  Scores s = ramp(c, {{1}, {1}, {1}, {1}, {1}});
+  KeepCounts k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.5, 100});
+  EXPECT_EQ(k, (KeepCounts{{98}, {74}, {50}, {26}, {2}}));
+  // ratio 0.2: avg 80, min 4, max 156 > 100 -> max 100, min 60: 100 90 80 70 60.
+  k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.2, 100});
+  EXPECT_EQ(k, (KeepCounts{{100}, {90}, {80}, {70}, {60}}));
+  // A protected floor in the last layer (10 entries) takes from the others in proportion.
+  for (int i = 0; i < 10; ++i) s[4][0][i] = kProtected;
+  k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.5, 100});
+  EXPECT_EQ(k[4][0], 10);
+  int total = 0;
+  for (auto& l : k) total += l[0];
+  EXPECT_EQ(total, 250);
+  EXPECT_GT(k[0][0], k[1][0]);
+  EXPECT_GT(k[1][0], k[2][0]);
+}
+
+// 4 layers, n = 100, ratio 0.5: B_avg 50, reserve 0.2 -> B_bound 10; LMBA 1, 1, 2, 4 ->
+// u = 1/8, 1/8, 1/4, 1/2 -> 10 + 40 * 4 * u = 30, 30, 50, 90.
+TEST(PressPolicy, ZigZagKVFollowsLMBAWithAReserve) {
+  KVCache c = sized_cache({{100}, {100}, {100}, {100}});
+  Scores s = ramp(c, {{1}, {1}, {1}, {1}});
+  KeepCounts k = run_policy("zigzagkv(knorm):reserve=0.2", s, c, {0.5, 100}, {1, 1, 2, 4});
+  EXPECT_EQ(k, (KeepCounts{{30}, {30}, {50}, {90}}));
+  // LMBA 0, 0, 0, 8 -> 10, 10, 10, 170 capped at 100: the 70 left over go to the others in
+  // proportion to their budgets (equal): 10 + 70/3 each -> 33.33 -> 34 33 33 100.
+  k = run_policy("zigzagkv(knorm):reserve=0.2", s, c, {0.5, 100}, {0, 0, 0, 8});
+  EXPECT_EQ(k, (KeepCounts{{34}, {33}, {33}, {100}}));
+}
+
+TEST(PressPolicy, ZigZagKVComputesMBAFromWindowAttention) {
+  // LMBA = mean over query heads of the fewest entries holding 90% of the window's attention,
+  // re-computed in float64.
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  KVCache c = random_cache(m, 40, 21);
+  std::vector<int32_t> wp;
+  for (int i = 32; i < 40; ++i) wp.push_back(i);
+  Observation obs = random_window(m, wp, 22);
+  auto p = scorer("zigzagkv(knorm):window=8,mass=0.9", 0.5);
+  std::vector<double> stat;
+  p->score_all(c, m, obs, Target{0.5, 40}, &stat);
+  for (int l = 0; l < hp.n_layer; ++l) {
+    double sum = 0;
+    for (int qh = 0; qh < hp.n_head; ++qh) {
+      std::vector<double> mass(40, 0.0);
+      for (int i = 0; i < 8; ++i) {
+        auto pr = softmax_row(window_query(obs, hp, l, qh, i), wp[i], c.seg(l, qh / hp.n_group()));
+        for (int j = 0; j < 40; ++j) mass[j] += pr[j];
+      }
+      std::sort(mass.begin(), mass.end(), std::greater<double>());
+      double acc = 0;
+      int k = 0;
+      while (acc < 0.9 * 8 - 1e-9) acc += mass[k++];
+      sum += k;
+    }
+    EXPECT_NEAR(stat[l], sum / hp.n_head, 1e-9) << "layer " << l;
+  }
+}
+
+// Two layers of two heads; layer 1's scores dominate: the global top-k over all 4 x 10 entries at
+// ratio 0.5 keeps 20, all in layer 1.
+TEST(PressPolicy, GlobalTopKAcrossLayersAndHeads) {
+  KVCache c = sized_cache({{10, 10}, {10, 10}});
+  Scores s = ramp(c, {{0.01, 0.01}, {1, 1}});
+  KeepCounts k = run_policy("global(knorm)", s, c, {0.5, 10});
+  EXPECT_EQ(k, (KeepCounts{{0, 0}, {10, 10}}));
+  s[0][0][3] = kProtected;
+  k = run_policy("global(knorm)", s, c, {0.5, 10});
+  EXPECT_EQ(k, (KeepCounts{{1, 0}, {10, 9}}));
+  // A segment with no entries left stays empty: select_top keeps only what the count says.
+  EXPECT_TRUE(select_top(s[0][1], 0).empty());
+}
+
+// Threshold: window of 3 newest tokens, tau 0.5. Scores 0.9 0.1 0.6 0.2 0.7 0.3 0.1 0.1 0.1 0.1
+// at positions 0..9 -> entries 0, 2, 4 pass, 7 8 9 are in the window: 6 kept.
+TEST(PressPolicy, ThresholdKeepsScoresAboveTauAndTheSlidingWindow) {
+  KVCache c = sized_cache({{10}});
+  Scores s(1, std::vector<std::vector<float>>(1));
+  s[0][0] = {0.9f, 0.1f, 0.6f, 0.2f, 0.7f, 0.3f, 0.1f, 0.1f, 0.1f, 0.1f};
+  auto p = scorer("threshold(knorm):tau=0.5,window=3", 0.0);
+  Scores sc = s;
+  p->policy().prepare(sc, c, {0, 10});
+  KeepCounts k = p->policy().keep_counts(BudgetInput{sc, c, {0, 10}, {0.0}});
+  EXPECT_EQ(k[0][0], 6);
+  EXPECT_EQ(select_top(sc[0][0], k[0][0]), (std::vector<int32_t>{0, 2, 4, 7, 8, 9}));
+}
+
+TEST(PressPolicy, PerLayerRatios) {
+  KVCache c = sized_cache({{10, 10}, {10, 10}});
+  KeepCounts k = run_policy("per_layer(knorm,ratios=0.2/0.7)", ramp(c, {{1, 1}, {1, 1}}), c, {0.0, 10});
+  EXPECT_EQ(k, (KeepCounts{{8, 8}, {3, 3}}));
+  EXPECT_THROW(run_policy("per_layer(knorm,ratios=0.2)", ramp(c, {{1, 1}, {1, 1}}), c, {0.0, 10}), Error);
+  EXPECT_DOUBLE_EQ(make_press("per_layer(knorm,ratios=0.2/0.6)", 0.0)->ratio(), 0.4);
+}
+
+TEST(PressPolicy, ApportionMeetsTheTotalWithinBounds) {
+  KVCache c = sized_cache({{12}, {12}, {12}});
+  Scores s = ramp(c, {{1}, {1}, {1}});
+  KeepCounts k = run_policy("zigzagkv(knorm):reserve=0", s, c, {0.6667, 12}, {1, 2, 3});
+  // uniform budget floor(12 * 0.3333) = 3 per layer, 9 in all; LMBA 1:2:3 -> 1.5 3 4.5 ->
+  // floors 1 3 4 + largest remainders (.5 .5: the first) -> 2 3 4.
+  EXPECT_EQ(k, (KeepCounts{{2}, {3}, {4}}));
+}
+
+}  // namespace
