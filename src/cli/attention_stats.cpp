@@ -1,5 +1,6 @@
 // `kvslim attention-stats`: ZigZagKV's MBA per head and LMBA / LMBO per layer for a prompt, as a
 // table and a gnuplot plot.
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -22,6 +23,55 @@ struct StatsArgs {
   int threads = 2;
   int ctx = 0;
 };
+
+std::string gp_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// LMBA and LMBO per layer, as % of the prompt, drawn by gnuplot (script kept next to the plot).
+bool plot_budgets(const AttentionStats& st, const std::vector<int>& lmbo, const std::string& path,
+                  const std::string& format, std::string* why) {
+  const std::string gp = find_gnuplot();
+  if (gp.empty()) {
+    *why = "gnuplot is not on PATH (Debian package gnuplot-nox)";
+    return false;
+  }
+  const int L = static_cast<int>(st.lmba.size());
+  std::string s = format == "png" ? "set terminal pngcairo size 800,500 noenhanced font \"sans,10\"\n"
+                                  : "set terminal svg size 800,500 dynamic noenhanced font \"sans,12\"\n";
+  s += fmt::format("set output {}\n", gp_quote(path));
+  s += fmt::format("set title {}\n",
+                   gp_quote(fmt::format("ZigZagKV minimum budgets per layer ({} tokens, window {}, mass {}, similarity "
+                                        "given)",
+                                        st.context_tokens, st.window, st.tau)));
+  s += "set xlabel \"layer\"\nset ylabel \"% of prompt tokens\"\nset key outside right\nset grid\n";
+  s += fmt::format("set xrange [-0.5:{}]\nset xtics 1\nset yrange [0:*]\n", L - 0.5);
+  s += "$d << EOD\n";
+  for (int l = 0; l < L; ++l)
+    s += fmt::format("{} {} {}\n", l, 100.0 * st.lmba[l] / st.context_tokens, 100.0 * lmbo[l] / st.context_tokens);
+  s += "EOD\nplot $d using 1:2 with linespoints lw 2 pt 7 title \"LMBA\", $d using 1:3 with linespoints lw 2 dt 2 pt 5 "
+       "title \"LMBO\"\n";
+  const std::string script = path + ".gp";
+  {
+    std::ofstream f(script, std::ios::binary);
+    if (!f) {
+      *why = fmt::format("{}: cannot write the gnuplot script", script);
+      return false;
+    }
+    f << s;
+  }
+  const std::string cmd = fmt::format("'{}' '{}' 2>&1", gp, script);
+  if (std::system(cmd.c_str()) != 0) {
+    *why = fmt::format("gnuplot failed on {}", script);
+    return false;
+  }
+  return true;
+}
 
 int run(const StatsArgs& a) {
   if (a.prompt.empty() == a.prompt_file.empty()) throw Error("give exactly one of -p TEXT or -f FILE");
@@ -62,16 +112,9 @@ int run(const StatsArgs& a) {
                lb.lmbo[l], 100.0 * lb.lmbo[l] / n_tok, heads);
   }
   if (!a.plot.empty()) {
-    PlotSeries lmba{"LMBA", {}}, lmbo{"LMBO", {}};
-    for (int l = 0; l < hp.n_layer; ++l) {
-      lmba.points.emplace_back(l, 100.0 * st.lmba[l] / n_tok);
-      lmbo.points.emplace_back(l, 100.0 * lb.lmbo[l] / n_tok);
-    }
     std::string why;
-    if (!plot_lines({lmba, lmbo}, fmt::format("Minimum budgets per layer ({} tokens)", n_tok), "layer",
-                    "% of prompt tokens", a.plot, format, &why))
-      throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
-    fmt::print("\nplot        {}\n", a.plot);
+    if (!plot_budgets(st, lb.lmbo, a.plot, format, &why)) throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
+    fmt::print("\nplot        {} (gnuplot script {}.gp)\n", a.plot, a.plot);
   }
   return 0;
 }
