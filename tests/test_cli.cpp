@@ -156,8 +156,11 @@ TEST(CliErrors, MissingTensor) {
 }
 
 TEST(CliErrors, PromptLongerThanContext) {
-  expect_clean_failure(gen(kModel, "-c 8 -p 'Once upon a time there was a little girl named Lily who loved the park'"),
-                       {"error:", "exceeds the context size", "-c 8"});
+  const std::string args = gen(kModel, "-c 8 -p 'Once upon a time there was a little girl named Lily who loved the park'");
+  expect_clean_failure(args, {"error:", "exceeds the context size", "-c 8"});
+  // Regression: the rejected prompt used to be echoed to stdout before the error.
+  Result r = run_cli(args);
+  EXPECT_EQ(r.out.find("little girl"), std::string::npos) << r.out;
 }
 
 TEST(CliErrors, CompressionRatioOutOfRange) {

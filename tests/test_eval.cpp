@@ -304,8 +304,6 @@ TEST(EvalTasks, TaskTextFromJson) {
   EXPECT_THROW(TaskText::from_json_text(R"({"value_digits": 0})", "inline"), Error);
   EXPECT_THROW(TaskText::from_json_text("{not json", "inline"), Error);
   EXPECT_THROW(TaskText::from_json_file("/nonexistent/task.json"), Error);
-  // The shipped task text of the retrieval model parses.
-  EXPECT_NO_THROW(TaskText::from_json_file(std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.task.json"));
 }
 
 TEST(EvalSweep, ExpandRuns) {

@@ -23,7 +23,7 @@ namespace {
 
 const std::string kStories = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 const std::string kRetrieval = std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.gguf";
-const std::string kRetrievalText = std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.task.json";
+const std::string kRetrievalText = std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.tasks.json";
 
 const Model& stories() {
   static std::unique_ptr<Model> m = Model::load(kStories);
@@ -181,7 +181,7 @@ TEST(EvalE2E, TaskRunChecksTheCacheAndTheNeedle) {
 
 // The acceptance check: on a model that can retrieve, the full cache answers and a press
 // that evicts the needle's entries scores lower. Needs models/retrieval.gguf (built by
-// tools/retrieval_model/make_retrieval_model.py) and its task text models/retrieval.task.json.
+// tools/retrieval_model/make_retrieval_model.py) and its task text models/retrieval.tasks.json (see models/RETRIEVAL.md).
 TEST(EvalE2E, RetrievalModelSweepFullCacheRetrievesAndEvictionLosesTheNeedle) {
   struct stat st;
   if (stat(kRetrieval.c_str(), &st) != 0) GTEST_SKIP() << kRetrieval << " does not exist yet";

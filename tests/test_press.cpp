@@ -309,6 +309,48 @@ TEST(PressRerotation, KeysMoveToContiguousPositionsExactly) {
   EXPECT_EQ(cache_next_position(s->cache()), 100);
 }
 
+// Layer-0 keys depend only on the token, so a token's key at position p' can be computed by the
+// model itself: the re-rotated keys must equal them. Checked on random-weight models with the
+// neox layout and q/k biases (qwen2.5 shape) and with Llama 3 rope_freqs (llama-3.2 shape).
+TEST(PressRerotation, MatchesTheModelsOwnRoPE) {
+  const std::string dir = ::testing::TempDir();
+  for (const std::string shape : {"qwen2.5-0.5b", "llama-3.2-1b"}) {
+    const std::string path = dir + "/press_rerot_" + shape + ".gguf";
+    std::string cmd = std::string(KVSLIM_CLI) + " synth --shape " + shape + " --type q4_0 --vocab-from " +
+                      KVSLIM_SOURCE_DIR + "/models/stories260K.gguf -o " + path + " --layers 1 -q > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto model = Model::load(path);
+    const HParams& hp = model->hparams();
+    SessionOptions so;
+    so.key_codec = so.value_codec = KVCodec::F32;
+    so.n_ctx = 128;
+    std::vector<Token> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back(1 + (i * 37) % (hp.n_vocab - 1));
+    Session a(*model, so);
+    auto p = make_press("key_rerotation(streaming_llm:n_sink=4)", 0.5);
+    prefill_and_compress(a, *p, toks, 0);
+    // Kept: sinks 0..3 (now at 20..23) and positions 24..39 (unchanged).
+    std::vector<Token> shifted(20, toks[5]);
+    shifted.insert(shifted.end(), toks.begin(), toks.begin() + 4);
+    Session b(*model, so);
+    b.forward(shifted);
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      const Segment &sa = a.cache().seg(0, h), &sb = b.cache().seg(0, h);
+      ASSERT_EQ(sa.size(), 20u);
+      std::vector<float> ka(hp.head_dim), kb(hp.head_dim);
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(sa.positions()[i], 20 + i);
+        sa.key(i, ka.data());
+        sb.key(20 + i, kb.data());
+        float mx = 0;
+        for (float x : kb) mx = std::max(mx, std::fabs(x));
+        for (int d = 0; d < hp.head_dim; ++d) EXPECT_NEAR(ka[d], kb[d], 2e-5f * mx + 1e-6f) << shape << " h" << h;
+      }
+    }
+    std::remove(path.c_str());
+  }
+}
+
 TEST(PressSpec, ParsesCompositionsPoliciesAndWrappers) {
   EXPECT_EQ(make_press("snapkv", 0.5)->describe(), "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg");
   EXPECT_EQ(make_press("adakv(snapkv:window=32,alpha=0.3)", 0.5)->describe(),

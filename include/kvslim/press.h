@@ -236,9 +236,9 @@ struct PressInfo {
   std::vector<std::pair<std::string, std::string>> params;  ///< name, default value
   std::function<std::unique_ptr<Press>(const PressParams&)> make;
   PressKind kind = PressKind::Scorer;
-  std::function<std::unique_ptr<BudgetPolicy>(const PressParams&)> make_policy;
-  std::function<std::unique_ptr<Press>(const PressParams&, std::unique_ptr<Press> inner)> make_wrapper;
-  std::string default_inner;  ///< Policy / Wrapper written without parentheses wrap this spec
+  std::function<std::unique_ptr<BudgetPolicy>(const PressParams&)> make_policy = {};
+  std::function<std::unique_ptr<Press>(const PressParams&, std::unique_ptr<Press> inner)> make_wrapper = {};
+  std::string default_inner = {};  ///< Policy / Wrapper written without parentheses wrap this spec
 };
 
 /// All presses, by name.

@@ -34,7 +34,7 @@ std::string gp_quote(const std::string& s) {
 }
 
 /// LMBA and LMBO per layer, as % of the prompt, drawn by gnuplot (script kept next to the plot).
-bool plot_budgets(const AttentionStats& st, const std::vector<int>& lmbo, const std::string& path,
+bool plot_budgets(const AttentionStats& st, const std::vector<int>& lmbo, double similarity, const std::string& path,
                   const std::string& format, std::string* why) {
   const std::string gp = find_gnuplot();
   if (gp.empty()) {
@@ -46,9 +46,9 @@ bool plot_budgets(const AttentionStats& st, const std::vector<int>& lmbo, const 
                                   : "set terminal svg size 800,500 dynamic noenhanced font \"sans,12\"\n";
   s += fmt::format("set output {}\n", gp_quote(path));
   s += fmt::format("set title {}\n",
-                   gp_quote(fmt::format("ZigZagKV minimum budgets per layer ({} tokens, window {}, mass {}, similarity "
-                                        "given)",
-                                        st.context_tokens, st.window, st.tau)));
+                   gp_quote(fmt::format("ZigZagKV minimum budgets per layer ({} tokens, window {}, LMBA mass {}, LMBO "
+                                        "cosine {})",
+                                        st.context_tokens, st.window, st.tau, similarity)));
   s += "set xlabel \"layer\"\nset ylabel \"% of prompt tokens\"\nset key outside right\nset grid\n";
   s += fmt::format("set xrange [-0.5:{}]\nset xtics 1\nset yrange [0:*]\n", L - 0.5);
   s += "$d << EOD\n";
@@ -113,7 +113,7 @@ int run(const StatsArgs& a) {
   }
   if (!a.plot.empty()) {
     std::string why;
-    if (!plot_budgets(st, lb.lmbo, a.plot, format, &why)) throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
+    if (!plot_budgets(st, lb.lmbo, lb.similarity, a.plot, format, &why)) throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
     fmt::print("\nplot        {} (gnuplot script {}.gp)\n", a.plot, a.plot);
   }
   return 0;

@@ -64,13 +64,19 @@ int run(const GenerateArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
-  fmt::print("{}", opt.context);
-  if (!opt.question.empty()) fmt::print("{}", opt.question);
-  std::fflush(stdout);
-  GenerateResult r = generate(*model, *press, opt, [](const std::string& s) {
+  // The prompt is echoed only once generation starts, so a rejected prompt prints just the error.
+  bool echoed = false;
+  auto echo_prompt = [&] {
+    if (echoed) return;
+    echoed = true;
+    fmt::print("{}{}", opt.context, opt.question);
+  };
+  GenerateResult r = generate(*model, *press, opt, [&](const std::string& s) {
+    echo_prompt();
     fmt::print("{}", s);
     std::fflush(stdout);
   });
+  echo_prompt();
   const GenerateStats& st = r.stats;
   const HParams& hp = model->hparams();
   fmt::print("\n\n--- kvslim ---\n");

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/simd.h"
 #include "kvslim/quant.h"
 
 namespace kvslim::kv {
@@ -44,10 +45,9 @@ F16Fn pick_f16() {
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void bf16_to_f32_n(
     const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = static_cast<uint32_t>(s[i]) << 16;
-    std::memcpy(d + i, &u, 4);
-  }
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) simd::store(d + i, simd::from_bf16(s + i));
+  for (; i < n; ++i) d[i] = bf16_to_fp32(s[i]);
 }
 
 uint16_t encode16(KVCodec c, float x) { return c == KVCodec::F16 ? fp32_to_fp16(x) : fp32_to_bf16(x); }

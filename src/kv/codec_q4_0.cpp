@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/simd.h"
 #include "kvslim/quant.h"
 
 namespace kvslim::kv {
@@ -63,14 +64,9 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   const uint8_t* c = nibbles(tile, nb);
   for (int b = 0; b < nb; ++b) {
     f16_to_f32_n(scales(tile) + b * kKVTile, s, kKVTile);
-    for (int d = b * qb; d < (b + 1) * qb; ++d) {
-      const uint8_t* row = c + d * kHalf;
-      float* o = kt + d * kKVTile;
-      for (int m = 0; m < kHalf; ++m) {
-        o[2 * m] = ((row[m] & 0xF) - 8) * s[2 * m];
-        o[2 * m + 1] = ((row[m] >> 4) - 8) * s[2 * m + 1];
-      }
-    }
+    const simd::v16 sv = simd::load(s);
+    for (int d = b * qb; d < (b + 1) * qb; ++d)
+      simd::store(kt + d * kKVTile, (simd::from_u8(simd::nibbles_interleaved(c + d * kHalf)) - 8.0f) * sv);
   }
 }
 
@@ -98,9 +94,18 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     uint16_t h;
     std::memcpy(&h, src, 2);
     const float d = fp16_to_fp32(h);
-    for (int j = 0; j < qb / 2; ++j) {
-      out[j] = ((src[2 + j] & 0xF) - 8) * d;
-      out[j + qb / 2] = ((src[2 + j] >> 4) - 8) * d;
+    if (qb % 32 == 0) {
+      for (int j = 0; j < qb / 2; j += 16) {
+        simd::u8x16 lo, hi;
+        simd::nibbles_split(src + 2 + j, lo, hi);
+        simd::store(out + j, (simd::from_u8(lo) - 8.0f) * d);
+        simd::store(out + qb / 2 + j, (simd::from_u8(hi) - 8.0f) * d);
+      }
+    } else {
+      for (int j = 0; j < qb / 2; ++j) {
+        out[j] = ((src[2 + j] & 0xF) - 8) * d;
+        out[j + qb / 2] = ((src[2 + j] >> 4) - 8) * d;
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/simd.h"
 #include "kvslim/quant.h"
 
 namespace kvslim::kv {
@@ -52,8 +53,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   const int8_t* c = codes(tile, nb);
   for (int b = 0; b < nb; ++b) {
     f16_to_f32_n(scales(tile) + b * kKVTile, s, kKVTile);
-    for (int d = b * qb; d < (b + 1) * qb; ++d)
-      for (int j = 0; j < kKVTile; ++j) kt[d * kKVTile + j] = c[d * kKVTile + j] * s[j];
+    const simd::v16 sv = simd::load(s);
+    for (int d = b * qb; d < (b + 1) * qb; ++d) simd::store(kt + d * kKVTile, simd::from_i8(c + d * kKVTile) * sv);
   }
 }
 
@@ -80,7 +81,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     std::memcpy(&h, src, 2);
     const float d = fp16_to_fp32(h);
     const auto* q = reinterpret_cast<const int8_t*>(src + 2);
-    for (int j = 0; j < qb; ++j) out[j] = q[j] * d;
+    if (qb % 16 == 0) {
+      for (int j = 0; j < qb; j += 16) simd::store(out + j, simd::from_i8(q + j) * d);
+    } else {
+      for (int j = 0; j < qb; ++j) out[j] = q[j] * d;
+    }
   }
 }
 

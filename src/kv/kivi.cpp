@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/simd.h"
 #include "kvslim/quant.h"
 
 namespace kvslim::kv {
@@ -113,9 +114,19 @@ void encode_value(const float* v, int hd, int gv, int bits, uint8_t* rec) {
   }
 }
 
-void decode_value(const uint8_t* rec, int hd, int gv, int bits, float* out) {
+inline __attribute__((always_inline)) void decode_value(const uint8_t* rec, int hd, int gv, int bits, float* out) {
   const auto* par = reinterpret_cast<const uint16_t*>(rec);
   const uint8_t* codes = rec + (hd / gv) * 4;
+  if (gv % 16 == 0) {
+    for (int g = 0; g < hd / gv; ++g) {
+      const float z = fp16_to_fp32(par[2 * g]), s = fp16_to_fp32(par[2 * g + 1]);
+      for (int c = g * gv; c < (g + 1) * gv; c += 16) {
+        const simd::u8x16 q = bits == 4 ? simd::nibbles_interleaved(codes + c / 2) : simd::crumbs(codes + c / 4);
+        simd::store(out + c, simd::from_u8(q) * s + z);
+      }
+    }
+    return;
+  }
   for (int g = 0; g < hd / gv; ++g) {
     const float z = fp16_to_fp32(par[2 * g]), s = fp16_to_fp32(par[2 * g + 1]);
     for (int c = g * gv; c < (g + 1) * gv; ++c) out[c] = get_code(codes, c, bits) * s + z;
@@ -257,22 +268,19 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     f16_to_f32_n(step + c0, s, cn);
     for (int c = 0; c < cn; ++c) {
       uint8_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      std::memcpy(buf, codes + (c0 + c) * cs + first, len);
-      float* o = kt + (c0 + c) * kKVTile;
-      if (bits_ == 4) {
-        for (int m = 0; m < 8; ++m) {
-          o[2 * m] = (buf[m] & 0xF) * s[c] + z[c];
-          o[2 * m + 1] = (buf[m] >> 4) * s[c] + z[c];
-        }
-      } else {
-        for (int m = 0; m < 4; ++m)
-          for (int k = 0; k < 4; ++k) o[4 * m + k] = ((buf[m] >> (2 * k)) & 3) * s[c] + z[c];
+      const uint8_t* src = codes + (c0 + c) * cs + first;
+      if (len < static_cast<size_t>(2 * bits_)) {  // a partial block at the end of the group
+        std::memcpy(buf, src, len);
+        src = buf;
       }
+      const simd::u8x16 q = bits_ == 4 ? simd::nibbles_interleaved(src) : simd::crumbs(src);
+      simd::store(kt + (c0 + c) * kKVTile, simd::from_u8(q) * s[c] + z[c]);
     }
   }
 }
 
-void KVStore::group_block_values(size_t g, int t0, int nb, float* out) const {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void KVStore::group_block_values(
+    size_t g, int t0, int nb, float* out) const {
   const uint8_t* grp = g_.data() + gofs_[g];
   const size_t vrec = static_cast<size_t>(hd_ / gv_) * 4 + static_cast<size_t>(hd_) * bits_ / 8;
   const uint8_t* rec = grp + static_cast<size_t>(hd_) * 4 + hd_ * code_stride(gn_[g], bits_) + t0 * vrec;

@@ -61,25 +61,35 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
   seg.keys(ctx_begin, ctx_end, k.data() + n_sink * hd);
   if (max_vis) seg.keys(replay_begin, replay_begin + max_vis, k.data() + (n_sink + nc) * hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> logit(m);
-  for (int g = 0; g < G; ++g)
-    for (int r = 0; r < n_q; ++r) {
-      const float* qr = q + (static_cast<size_t>(g) * n_q + r) * hd;
+  // Logits of a block of query rows at once (rows = g * n_q + r), then a softmax per row.
+  const int block = 64, rows_all = G * n_q;
+  std::vector<float> logit(static_cast<size_t>(block) * m);
+  for (int b0 = 0; b0 < rows_all; b0 += block) {
+    const int nb = std::min(block, rows_all - b0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, static_cast<int>(m), hd, scale, q + static_cast<size_t>(b0) * hd,
+                hd, k.data(), hd, 0.0f, logit.data(), static_cast<int>(m));
+    for (int i = 0; i < nb; ++i) {
+      const int g = (b0 + i) / n_q, r = (b0 + i) % n_q;
+      float* lg = logit.data() + static_cast<size_t>(i) * m;
       const size_t mr = n_sink + nc + static_cast<size_t>(replay_visible[r]);
       float mx = -INFINITY;
-      for (size_t j = 0; j < mr; ++j) {
-        logit[j] = dot_f32(qr, k.data() + j * hd, hd) * scale;
-        mx = std::max(mx, logit[j]);
-      }
+      for (size_t j = 0; j < mr; ++j) mx = std::max(mx, lg[j]);
+      // exp underflows to 0 below -87 anyway; skipping it avoids libm's slow underflow path.
       double sum = 0;
-      for (size_t j = 0; j < mr; ++j) sum += std::exp(double(logit[j]) - mx);
-      const double inv = (inv_hnorm ? inv_hnorm[r] : 1.0) / sum;
+      for (size_t j = 0; j < mr; ++j) {
+        const float z = lg[j] - mx;
+        lg[j] = z < -87.0f ? 0.0f : std::exp(z);
+        sum += lg[j];
+      }
+      const float inv = static_cast<float>((inv_hnorm ? inv_hnorm[r] : 1.0) / sum);
+      const float* w = wov ? wov + static_cast<size_t>(g) * nc : nullptr;
       for (size_t j = 0; j < nc; ++j) {
-        double p = std::exp(double(logit[n_sink + j]) - mx) * inv;
-        if (wov) p *= wov[static_cast<size_t>(g) * nc + j];
-        score[j] = std::max(score[j], static_cast<float>(p));
+        float p = lg[n_sink + j] * inv;
+        if (w) p *= w[j];
+        score[j] = std::max(score[j], p);
       }
     }
+  }
 }
 
 namespace {
@@ -157,7 +167,6 @@ Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, i
     std::vector<Range> rg(static_cast<size_t>(L) * H);
     std::vector<std::vector<float>> wov(rg.size()), best(rg.size());
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
-      std::vector<float> v(hd);
       for (int64_t w = b; w < e; ++w) {
         const int l = static_cast<int>(w / H), h = static_cast<int>(w % H);
         const Segment& s = cache.seg(l, h);
@@ -171,10 +180,18 @@ Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, i
         if (!opt.plus) continue;
         const size_t nc = r.end - r.begin;
         wov[w].resize(static_cast<size_t>(G) * nc);
-        for (size_t j = 0; j < nc; ++j) {
-          s.value(r.begin + j, v.data());
-          for (int g = 0; g < G; ++g)
-            wov[w][g * nc + j] = gram_norm(gram[l].data() + static_cast<size_t>(h * G + g) * hd * hd, v.data(), hd);
+        if (nc == 0) continue;
+        // |W_o,g v|^2 = v^T M_g v for all chunk values at once: (V M_g) . V row by row.
+        std::vector<float> vals(nc * hd), vm(nc * hd);
+        s.values(r.begin, r.end, vals.data());
+        for (int g = 0; g < G; ++g) {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nc), hd, hd, 1.0f, vals.data(), hd,
+                      gram[l].data() + static_cast<size_t>(h * G + g) * hd * hd, hd, 0.0f, vm.data(), hd);
+          for (size_t j = 0; j < nc; ++j) {
+            double acc = 0;
+            for (int c = 0; c < hd; ++c) acc += double(vm[j * hd + c]) * vals[j * hd + c];
+            wov[w][g * nc + j] = static_cast<float>(std::sqrt(std::max(acc, 0.0)));
+          }
         }
       }
     });

@@ -1,0 +1,271 @@
+// `kvslim bench`: prefill and decode speed, peak memory and KV bytes per press and context depth,
+// printed as a table in the style of llama.cpp's llama-bench (and optionally as JSON).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cache_options.h"
+#include "cli/commands.h"
+#include "kernels/quant_dot.h"
+#include "kernels/threads.h"
+#include "kvslim/generate.h"
+
+namespace kvslim::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  int n_prompt = 512;
+  std::vector<int> depths{0};
+  int n_gen = 32;
+  int threads = 0;
+  int reps = 1;
+  int batch = 512;
+  int chunk_size = 0;
+  std::vector<std::string> presses{"none"};
+  double ratio = 0.5;
+  std::string json;
+  uint64_t seed = 42;
+  std::string cache_type_k = "f16", cache_type_v = "f16";
+  KVQuantOptions kv_quant;
+};
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Peak resident set (VmHWM) in bytes, from /proc/self/status, else getrusage.
+size_t peak_rss() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;
+}
+
+/// Resets VmHWM to the current resident set (Linux >= 4.0), so each test reports its own peak.
+/// Returns false where the kernel does not allow it; peaks are then cumulative.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+std::vector<Token> random_tokens(int n, int n_vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> d(0, n_vocab - 1);
+  std::vector<Token> t(static_cast<size_t>(n));
+  for (auto& v : t) v = d(rng);
+  return t;
+}
+
+struct Result {
+  std::string press;
+  std::string test;  // "pp512", "tg32 @ d4096"
+  int n_prompt = 0, n_gen = 0, depth = 0;
+  std::vector<double> tps;  // one per repetition
+  size_t kv_bytes = 0, peak_rss = 0;
+  double press_seconds = 0;
+  double mean() const {
+    double s = 0;
+    for (double v : tps) s += v;
+    return tps.empty() ? 0 : s / tps.size();
+  }
+  double stddev() const {
+    if (tps.size() < 2) return 0;
+    double m = mean(), s = 0;
+    for (double v : tps) s += (v - m) * (v - m);
+    return std::sqrt(s / (tps.size() - 1));
+  }
+};
+
+std::string human_params(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f} M", n / 1e6);
+  return fmt::format("{:.2f} K", n / 1e3);
+}
+
+std::string human_size(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.2f} KiB", b / 1024.0);
+}
+
+int run(BenchArgs a) {
+  if (a.n_prompt < 0 || a.n_gen < 0) throw Error("bench: -p and --gen must be >= 0");
+  if (a.reps < 1) throw Error(fmt::format("bench: -r {} must be >= 1", a.reps));
+  for (int d : a.depths)
+    if (d < 0) throw Error(fmt::format("bench: --depth {} must be >= 0", d));
+  check_ratio(a.ratio, "--compression-ratio");
+  for (const std::string& spec : a.presses) make_press(spec, a.ratio);  // reject bad specs before loading
+  if (a.threads <= 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
+  set_num_threads(a.threads);
+  auto model = Model::load(a.model);
+  const HParams& hp = model->hparams();
+
+  size_t n_params = 0, size_bytes = 0;
+  for (const TensorInfo& t : model->file().tensors()) {
+    n_params += static_cast<size_t>(t.nelements());
+    size_bytes += t.nbytes;
+  }
+  const std::string model_name = fmt::format("{} {} {}", hp.arch, human_params(double(n_params)), model->weight_type());
+
+  int max_depth = 0;
+  for (int d : a.depths) max_depth = std::max(max_depth, d);
+  SessionOptions so;
+  so.n_ctx = std::max(a.n_prompt, max_depth + a.n_gen * a.reps + 1);
+  so.batch = a.batch;
+  so.key_codec = parse_codec(a.cache_type_k);
+  so.value_codec = parse_codec(a.cache_type_v);
+  so.kv_quant = a.kv_quant;
+  std::mt19937_64 rng(a.seed);
+
+  {  // warm-up: touch every weight once so page faults of the mapping are not timed
+    Session s(*model, so);
+    s.forward({0});
+  }
+
+  std::vector<Result> results;
+  const bool per_test_peak = reset_peak_rss();
+  for (const std::string& spec : a.presses) {
+    std::unique_ptr<Press> press = make_press(spec, a.ratio);
+    const std::string pname = press->describe();
+    if (a.n_prompt > 0) {
+      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, 0, 0, 0};
+      reset_peak_rss();
+      for (int rep = 0; rep < a.reps; ++rep) {
+        Session s(*model, so);
+        std::vector<Token> prompt = random_tokens(a.n_prompt, hp.n_vocab, rng);
+        double press_s = 0;
+        auto t0 = Clock::now();
+        prefill_and_compress(s, *press, prompt, a.chunk_size, nullptr, &press_s);
+        r.tps.push_back(a.n_prompt / since(t0));
+        r.press_seconds += press_s / a.reps;
+        r.kv_bytes = s.cache().bytes();
+      }
+      r.peak_rss = peak_rss();
+      results.push_back(r);
+    }
+    if (a.n_gen > 0)
+      for (int depth : a.depths) {
+        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, 0, 0, 0};
+        reset_peak_rss();
+        Session s(*model, so);
+        if (depth > 0) {
+          double press_s = 0;
+          prefill_and_compress(s, *press, random_tokens(depth, hp.n_vocab, rng), a.chunk_size, nullptr, &press_s);
+          r.press_seconds = press_s;
+        } else {
+          press->reset();
+        }
+        r.kv_bytes = s.cache().bytes();
+        // Repetitions continue the same context: depth drifts by n_gen per repetition.
+        const ObservationRequest dreq = press->decode_request();
+        for (int rep = 0; rep < a.reps; ++rep) {
+          std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
+          auto t0 = Clock::now();
+          for (Token t : toks) {
+            Observation dobs;
+            s.forward({t}, false, &dreq, &dobs, s.next_position());
+            press->after_decode(s.cache(), *model, dobs);
+          }
+          r.tps.push_back(a.n_gen / since(t0));
+        }
+        r.peak_rss = peak_rss();
+        results.push_back(r);
+      }
+  }
+
+  // The table, llama-bench style.
+  const std::string simd = qdot::level_name(qdot::level());
+  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<28} | {:>14} | {:>16} | {:>10} | {:>12} |\n", "model",
+             "size", "params", "type", "threads", "press", "test", "t/s", "KV MiB",
+             per_test_peak ? "peak RSS MiB" : "max RSS MiB");
+  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<28} | {:->14} | {:->16} | {:->10} | {:->12} |\n", "",
+             "", "", "", "", "", "", "", "", "");
+  for (const Result& r : results)
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<28} | {:>14} | {:>16} | {:>10.2f} | {:>12.1f} |\n",
+               model_name, human_size(double(size_bytes)), human_params(double(n_params)), model->weight_type(),
+               a.threads, r.press.substr(0, 28), r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
+               r.kv_bytes / (1024.0 * 1024.0), r.peak_rss / (1024.0 * 1024.0));
+  fmt::print("\nsimd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
+             describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
+             per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
+
+  if (!a.json.empty()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Result& r : results)
+      out.push_back({{"model", a.model},
+                     {"model_name", model_name},
+                     {"model_type", model->weight_type()},
+                     {"size_bytes", size_bytes},
+                     {"n_params", n_params},
+                     {"threads", a.threads},
+                     {"simd", simd},
+                     {"batch", a.batch},
+                     {"press", r.press},
+                     {"compression_ratio", a.ratio},
+                     {"cache", describe_cache_config(so.key_codec, so.value_codec, so.kv_quant)},
+                     {"test", r.test},
+                     {"n_prompt", r.n_prompt},
+                     {"n_gen", r.n_gen},
+                     {"depth", r.depth},
+                     {"samples_ts", r.tps},
+                     {"avg_ts", r.mean()},
+                     {"stddev_ts", r.stddev()},
+                     {"press_seconds", r.press_seconds},
+                     {"kv_bytes", r.kv_bytes},
+                     {"peak_rss_bytes", r.peak_rss},
+                     {"peak_rss_per_test", per_test_peak}});
+    std::ofstream f(a.json);
+    if (!f) throw Error(fmt::format("{}: cannot open the JSON output file", a.json));
+    f << out.dump(2) << "\n";
+    if (!f) throw Error(fmt::format("{}: write failed", a.json));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, Action& action) {
+  auto a = std::make_shared<BenchArgs>();
+  auto* sub = app.add_subcommand("bench", "measure prefill and decode speed, memory and KV bytes (llama-bench style)");
+  sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+  sub->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens of the prefill test (0 = skip)")->capture_default_str();
+  sub->add_option("--depth", a->depths, "context depths of the decode tests (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("-n,--gen", a->n_gen, "decoded tokens per decode test (0 = skip)")->capture_default_str();
+  sub->add_option("-t,--threads", a->threads, "threads (0 = all cores)")->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  sub->add_option("-r,--repetitions", a->reps, "repetitions of each test")->capture_default_str();
+  sub->add_option("-b,--batch", a->batch, "tokens per forward batch during prefill")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--chunk-size", a->chunk_size, "compress after every chunk of this many tokens (0 = once)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--press", a->presses, "press spec, repeatable (see `kvslim presses`)")->capture_default_str();
+  sub->add_option("--compression-ratio", a->ratio, "fraction of context entries each press removes, in [0, 1)")
+      ->capture_default_str();
+  sub->add_option("--json", a->json, "also write the results as JSON to this file");
+  sub->add_option("-s,--seed", a->seed, "seed of the random token ids")->capture_default_str();
+  add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
+  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+}
+
+}  // namespace kvslim::cli
