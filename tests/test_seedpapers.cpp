@@ -650,3 +650,37 @@ TEST(SeedCLI, KVzapTrainReportsCorrelationRatioAndCost) {
   std::remove(corpus.c_str());
   std::remove(out_path.c_str());
 }
+
+TEST(SeedRegistry, SpecsParseBackAndBadParametersAreNamed) {
+  DuoLabels labels;
+  labels.score.assign(model().hparams().n_layer, std::vector<float>(model().hparams().n_head_kv, 0.5f));
+  const std::string duo = temp_path("duo_rt.gguf");
+  labels.save(duo);
+  KVzapSurrogate s;
+  s.n_layer = 1;
+  s.input_dim = 2;
+  s.output_dim = 1;
+  s.w1 = {{0.0f, 0.0f}};
+  s.b1 = {{0.0f}};
+  const std::string zap = temp_path("zap_rt.gguf");
+  s.save(zap, "x");
+  for (const std::string spec : {std::string("kvzip:chunk=512,n_sink=2"), "kvzap:surrogate=" + zap + ",threshold=-3",
+                                 "duo_attention:labels=" + duo + ",head_ratio=0.25", std::string("clusterkv:budget=64")}) {
+    auto p = make_press(spec, 0.5);
+    auto q = make_press(p->describe(), 0.0);
+    EXPECT_EQ(p->describe(), q->describe()) << spec;
+  }
+  for (const char* bad : {"kvzip:chunk=4", "kvzip:plus=2", "clusterkv:iters=0", "clusterkv:budget=-1",
+                          "duo_attention:head_ratio=1.5", "kvzap:window=-1"}) {
+    try {
+      make_press(bad, 0.0);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      std::string what = e.what(), key = std::string(bad).substr(std::string(bad).find(':') + 1);
+      key = key.substr(0, key.find('='));
+      EXPECT_NE(what.find(key), std::string::npos) << what;
+    }
+  }
+  std::remove(duo.c_str());
+  std::remove(zap.c_str());
+}

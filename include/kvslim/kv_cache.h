@@ -148,6 +148,8 @@ class KVStore {
   std::vector<int> gn_;
   std::vector<size_t> gstart_{0};
   size_t n_group_ = 0;
+  size_t gbytes_ = 0;  // payload bytes of g_ (it also holds kPad bytes of slack)
+  static constexpr size_t kPad = 32;
   // KIVI residual window: append serial of every row-part entry (only with KIVI).
   std::vector<uint32_t> serial_;
   uint64_t appended_ = 0;

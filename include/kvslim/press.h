@@ -69,14 +69,22 @@ class LayerView {
   /// GQA group over the segment's entries (causal: a query sees entries at positions <= its own):
   /// [group][n_window][n_entries]. Computed once per (layer, KV head) and shared.
   const std::vector<float>& window_attention(int kv_head) const;
+  /// The same attention summed over the last `rows` window queries (clamped to n_window()):
+  /// [group][n_entries]. Cheaper than window_attention (no [n_window][n_entries] matrix); cached.
+  const std::vector<float>& window_mass(int kv_head, int rows) const;
 
  private:
+  /// Keys of segment h decoded and transposed, [head_dim][n_entries]; cached.
+  const std::vector<float>& keys_t(int kv_head) const;
+  /// Probabilities of window query i of group head g over segment h into row[0, vis); returns vis.
+  size_t attention_row(int kv_head, int g, int i, float* row) const;
   const Model& model_;
   const KVCache& cache_;
   const Observation& obs_;
   int layer_;
   Target target_;
-  mutable std::map<int, std::vector<float>> attn_;
+  mutable std::map<int, std::vector<float>> attn_, kt_;
+  mutable std::map<std::pair<int, int>, std::vector<float>> mass_;
 };
 
 /// floor(n * (1 - ratio)), at least 1 (when n > 0) and at most n.

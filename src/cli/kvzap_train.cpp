@@ -3,6 +3,8 @@
 // layer, saves one of them, and measures the achieved ratio and the surrogate's cost.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <random>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -33,6 +35,8 @@ struct TrainArgs {
   double threshold = -4.0;
   int window = 128;
   bool bench = true;
+  bool bench_only = false;
+  int bench_tokens = 256;
   uint64_t seed = 42;
   int threads = 2;
 };
@@ -48,8 +52,77 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+/// Seconds of a forward pass over `n` tokens and of the surrogate over the same tokens' attention
+/// inputs in every layer (best of `reps`).
+std::pair<double, double> time_surrogate(const Model& model, const KVzapSurrogate& sur, int n, int reps) {
+  const HParams& hp = model.hparams();
+  std::vector<Token> toks(n);
+  for (int i = 0; i < n; ++i) toks[i] = (i * 7919 + 13) % hp.n_vocab;
+  std::vector<float> x(static_cast<size_t>(n) * hp.n_embd), y(static_cast<size_t>(n) * hp.n_head_kv);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * i));
+  double fwd = 1e30, cost = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    SessionOptions so;
+    so.n_ctx = n;
+    Session s(model, so);
+    auto t = Clock::now();
+    s.forward(toks);
+    fwd = std::min(fwd, since(t));
+    t = Clock::now();
+    for (int l = 0; l < hp.n_layer; ++l) sur.predict(l, x.data(), n, y.data());
+    cost = std::min(cost, since(t));
+  }
+  return {fwd, cost};
+}
+
+void print_cost(const char* kind, const Model& model, const KVzapSurrogate& sur, int n) {
+  auto [fwd, cost] = time_surrogate(model, sur, n, 3);
+  fmt::print("cost         {} surrogate on {} tokens x {} layers: {:.3f} ms vs forward pass {:.3f} ms ({:.2f}%)\n", kind,
+             n, model.hparams().n_layer, 1e3 * cost, 1e3 * fwd, 100.0 * cost / fwd);
+}
+
+/// Random surrogates of the model's shape: only their cost is measured.
+int bench_only(const TrainArgs& a, const Model& model) {
+  const HParams& hp = model.hparams();
+  std::mt19937 rng(a.seed);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  auto rnd = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  KVzapSurrogate lin, mlp;
+  lin.kind = KVzapSurrogate::Kind::Linear;
+  mlp.kind = KVzapSurrogate::Kind::MLP;
+  for (KVzapSurrogate* s : {&lin, &mlp}) {
+    s->n_layer = hp.n_layer;
+    s->input_dim = hp.n_embd;
+    s->output_dim = hp.n_head_kv;
+  }
+  mlp.hidden_dim = a.mlp.hidden;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    lin.w1.push_back(rnd(static_cast<size_t>(hp.n_head_kv) * hp.n_embd));
+    lin.b1.push_back(rnd(hp.n_head_kv));
+    mlp.w1.push_back(rnd(static_cast<size_t>(a.mlp.hidden) * hp.n_embd));
+    mlp.b1.push_back(rnd(a.mlp.hidden));
+    mlp.w2.push_back(rnd(static_cast<size_t>(hp.n_head_kv) * a.mlp.hidden));
+    mlp.b2.push_back(rnd(hp.n_head_kv));
+  }
+  fmt::print("model        {} ({} layers, n_embd {}, {} KV heads, {})\n", a.model, hp.n_layer, hp.n_embd, hp.n_head_kv,
+             model.weight_type());
+  print_cost("linear", model, lin, a.bench_tokens);
+  print_cost("mlp", model, mlp, a.bench_tokens);
+  return 0;
+}
+
 int run(const TrainArgs& a) {
+  if (a.bench_only) {
+    set_num_threads(a.threads);
+    auto model = Model::load(a.model);
+    return bench_only(a, *model);
+  }
   if (a.corpus.empty()) throw Error("give at least one --corpus FILE");
+  if (a.out.empty()) throw Error("give --out SURROGATE.gguf");
   if (a.type != "mlp" && a.type != "linear") throw Error(fmt::format("--type '{}' must be mlp or linear", a.type));
   if (!(a.test_fraction > 0 && a.test_fraction < 1))
     throw Error(fmt::format("--test-fraction {} must be in (0, 1)", a.test_fraction));
@@ -153,26 +226,7 @@ int run(const TrainArgs& a) {
              "({} of {} entries kept)\n",
              a.threshold, a.window, 1.0 - double(kept) / total, kept, total);
 
-  if (a.bench) {
-    // Cost of the surrogate as a share of the forward pass that produces its inputs.
-    const std::vector<Token>& doc = docs.front();
-    const int n = static_cast<int>(doc.size());
-    double fwd = 1e30, sur = 1e30;
-    std::vector<float> x(static_cast<size_t>(n) * d, 0.5f), y(static_cast<size_t>(n) * H);
-    for (int rep = 0; rep < 5; ++rep) {
-      SessionOptions so;
-      so.n_ctx = n;
-      Session s(*model, so);
-      auto t = Clock::now();
-      s.forward(doc);
-      fwd = std::min(fwd, since(t));
-      t = Clock::now();
-      for (int l = 0; l < L; ++l) chosen.predict(l, x.data(), n, y.data());
-      sur = std::min(sur, since(t));
-    }
-    fmt::print("cost         {} surrogate on {} tokens x {} layers: {:.3f} ms vs forward pass {:.3f} ms ({:.2f}%)\n",
-               chosen.kind_name(), n, L, 1e3 * sur, 1e3 * fwd, 100.0 * sur / fwd);
-  }
+  if (a.bench) print_cost(chosen.kind_name(), *model, chosen, static_cast<int>(docs.front().size()));
   return 0;
 }
 
@@ -183,8 +237,8 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("kvzap-train",
                                  "train a KVzap surrogate of KVzip+ scores from text files (ridge and MLP) and save it");
   sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
-  sub->add_option("--corpus", a->corpus, "text files to learn from")->required()->expected(1, -1);
-  sub->add_option("-o,--out", a->out, "surrogate file to write (GGUF)")->required();
+  sub->add_option("--corpus", a->corpus, "text files to learn from")->expected(1, -1);
+  sub->add_option("-o,--out", a->out, "surrogate file to write (GGUF)");
   sub->add_option("--type", a->type, "surrogate to save: mlp or linear (both are fitted and reported)")
       ->capture_default_str();
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per training document")->capture_default_str()
@@ -205,6 +259,10 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   sub->add_option("--window", a->window, "sliding window for that check")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--bench,!--no-bench", a->bench, "time the surrogate against a forward pass")->capture_default_str();
+  sub->add_flag("--bench-only", a->bench_only,
+                "only time random surrogates of the model's shape (linear and MLP) against a forward pass");
+  sub->add_option("--bench-tokens", a->bench_tokens, "tokens of the --bench-only forward pass")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   sub->add_option("-s,--seed", a->seed, "random seed (token sampling, MLP)")->capture_default_str();
   sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
   sub->callback([a, &action] { action = [a] { return run(*a); }; });

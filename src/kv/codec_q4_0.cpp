@@ -66,7 +66,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     f16_to_f32_n(scales(tile) + b * kKVTile, s, kKVTile);
     const simd::v16 sv = simd::load(s);
     for (int d = b * qb; d < (b + 1) * qb; ++d)
-      simd::store(kt + d * kKVTile, (simd::from_u8(simd::nibbles_interleaved(c + d * kHalf)) - 8.0f) * sv);
+      simd::store(kt + d * kKVTile, (simd::nib_lanes<0>(simd::load32(c + d * kHalf)) - 8.0f) * sv);
   }
 }
 
@@ -96,10 +96,10 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     const float d = fp16_to_fp32(h);
     if (qb % 32 == 0) {
       for (int j = 0; j < qb / 2; j += 16) {
-        simd::u8x16 lo, hi;
-        simd::nibbles_split(src + 2 + j, lo, hi);
-        simd::store(out + j, (simd::from_u8(lo) - 8.0f) * d);
-        simd::store(out + qb / 2 + j, (simd::from_u8(hi) - 8.0f) * d);
+        simd::v16 lo, hi;
+        simd::nib_split(simd::load32(src + 2 + j), lo, hi);
+        simd::store(out + j, (lo - 8.0f) * d);
+        simd::store(out + qb / 2 + j, (hi - 8.0f) * d);
       }
     } else {
       for (int j = 0; j < qb / 2; ++j) {

@@ -54,7 +54,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int b = 0; b < nb; ++b) {
     f16_to_f32_n(scales(tile) + b * kKVTile, s, kKVTile);
     const simd::v16 sv = simd::load(s);
-    for (int d = b * qb; d < (b + 1) * qb; ++d) simd::store(kt + d * kKVTile, simd::from_i8(c + d * kKVTile) * sv);
+    for (int d = b * qb; d < (b + 1) * qb; d += 2) {  // qb is even: two channels per 32-byte load
+      const simd::u32x8 w = simd::load32(c + d * kKVTile);
+      simd::store(kt + d * kKVTile, simd::i8_lanes<0>(w) * sv);
+      simd::store(kt + (d + 1) * kKVTile, simd::i8_lanes<1>(w) * sv);
+    }
   }
 }
 
@@ -82,7 +86,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     const float d = fp16_to_fp32(h);
     const auto* q = reinterpret_cast<const int8_t*>(src + 2);
     if (qb % 16 == 0) {
-      for (int j = 0; j < qb; j += 16) simd::store(out + j, simd::from_i8(q + j) * d);
+      for (int j = 0; j < qb; j += 32) {
+        const simd::u32x8 w = simd::load32(q + j);
+        simd::store(out + j, simd::i8_lanes<0>(w) * d);
+        if (j + 16 < qb) simd::store(out + j + 16, simd::i8_lanes<1>(w) * d);
+      }
     } else {
       for (int j = 0; j < qb; ++j) out[j] = q[j] * d;
     }

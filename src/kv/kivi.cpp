@@ -121,8 +121,8 @@ inline __attribute__((always_inline)) void decode_value(const uint8_t* rec, int 
     for (int g = 0; g < hd / gv; ++g) {
       const float z = fp16_to_fp32(par[2 * g]), s = fp16_to_fp32(par[2 * g + 1]);
       for (int c = g * gv; c < (g + 1) * gv; c += 16) {
-        const simd::u8x16 q = bits == 4 ? simd::nibbles_interleaved(codes + c / 2) : simd::crumbs(codes + c / 4);
-        simd::store(out + c, simd::from_u8(q) * s + z);
+        const simd::v16 q = bits == 4 ? simd::nib_lanes<0>(simd::load32(codes + c / 2)) : simd::crumbs(codes + c / 4);
+        simd::store(out + c, q * s + z);
       }
     }
     return;
@@ -174,9 +174,12 @@ void KVStore::flush_groups() {
     std::vector<float> k(static_cast<size_t>(G_) * hd_), v(k.size());
     for (int t = 0; t < G_; ++t) row_key(t, k.data() + static_cast<size_t>(t) * hd_);
     rows_decode(vc_, hd_, v_.data(), v.data(), G_);
-    gofs_.push_back(g_.size());
+    g_.resize(gbytes_);  // drop the slack, append, restore it
+    gofs_.push_back(gbytes_);
     gn_.push_back(G_);
     quantize_group(k.data(), v.data(), G_, g_);
+    gbytes_ = g_.size();
+    g_.resize(gbytes_ + kPad);
     n_group_ += G_;
     gstart_.push_back(n_group_);
     for (size_t r = G_; r < n_row_; ++r) row_move(r - G_, r);
@@ -231,6 +234,8 @@ void KVStore::retain_groups(const std::vector<int32_t>& idx, size_t& used) {
   used = j;
   size_t total = 0;
   for (int m : nn) total += m;
+  gbytes_ = ng.size();
+  if (gbytes_) ng.resize(gbytes_ + kPad);
   g_.swap(ng);
   gofs_.swap(nofs);
   gn_.swap(nn);
@@ -260,21 +265,17 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   const uint8_t* codes = grp + static_cast<size_t>(hd_) * 4;
   const size_t cs = code_stride(gn_[g], bits_);
   // t0 is a multiple of kKVTile, so the block's codes start on a byte boundary.
-  const size_t first = static_cast<size_t>(t0) * bits_ / 8, len = code_stride(nb, bits_);
+  const size_t first = static_cast<size_t>(t0) * bits_ / 8;
   float z[64], s[64];
   for (int c0 = 0; c0 < hd_; c0 += 64) {
     const int cn = std::min(64, hd_ - c0);
     f16_to_f32_n(zero + c0, z, cn);
     f16_to_f32_n(step + c0, s, cn);
     for (int c = 0; c < cn; ++c) {
-      uint8_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      // Lanes past a partial block read neighbouring bytes (or the store's slack): unspecified.
       const uint8_t* src = codes + (c0 + c) * cs + first;
-      if (len < static_cast<size_t>(2 * bits_)) {  // a partial block at the end of the group
-        std::memcpy(buf, src, len);
-        src = buf;
-      }
-      const simd::u8x16 q = bits_ == 4 ? simd::nibbles_interleaved(src) : simd::crumbs(src);
-      simd::store(kt + (c0 + c) * kKVTile, simd::from_u8(q) * s[c] + z[c]);
+      const simd::v16 q = bits_ == 4 ? simd::nib_lanes<0>(simd::load32(src)) : simd::crumbs(src);
+      simd::store(kt + (c0 + c) * kKVTile, q * s[c] + z[c]);
     }
   }
 }

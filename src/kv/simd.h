@@ -13,10 +13,6 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef uint8_t u8x8 __attribute__((vector_size(8)));
-typedef uint8_t u8x4 __attribute__((vector_size(4)));
 
 #define KV_SIMD_INLINE inline __attribute__((always_inline))
 
@@ -27,14 +23,50 @@ KV_SIMD_INLINE v16 load(const float* p) {
 }
 KV_SIMD_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
-/// 16 int8 codes as floats.
-KV_SIMD_INLINE v16 from_i8(const int8_t* p) {
-  i8x16 c;
-  std::memcpy(&c, p, sizeof c);
-  return __builtin_convertvector(c, v16);
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+typedef uint32_t u32x2 __attribute__((vector_size(8)));
+
+// The unpacking below works on 32-bit lanes (replicate a word, shift each lane by its own
+// amount, mask, convert): GCC turns that into vpermd / vpsrlvd / vcvtdq2ps, where byte-wise
+// widening through __builtin_convertvector is scalarized by GCC 12.
+
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+/// 32 bytes as 8 words. Callers guarantee 32 readable bytes (the KV stores keep 32 bytes of
+/// slack after their payload for this).
+KV_SIMD_INLINE u32x8 load32(const void* p) {
+  u32x8 w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
 }
-/// 16 uint8 values as floats.
-KV_SIMD_INLINE v16 from_u8(u8x16 c) { return __builtin_convertvector(c, v16); }
+
+/// Bytes 16K..16K+15 of W as int8 codes, as floats.
+template <int K>
+KV_SIMD_INLINE v16 i8_lanes(u32x8 W) {
+  const u32x16 r = __builtin_shufflevector(W, W, 4 * K, 4 * K, 4 * K, 4 * K, 4 * K + 1, 4 * K + 1, 4 * K + 1, 4 * K + 1,
+                                           4 * K + 2, 4 * K + 2, 4 * K + 2, 4 * K + 2, 4 * K + 3, 4 * K + 3, 4 * K + 3,
+                                           4 * K + 3);
+  const u32x16 sh = {24, 16, 8, 0, 24, 16, 8, 0, 24, 16, 8, 0, 24, 16, 8, 0};
+  return __builtin_convertvector(reinterpret_cast<i32x16>(r << sh) >> 24, v16);
+}
+
+/// Bytes 8K..8K+7 of W as 16 nibbles: lane 2m = low nibble of byte m, lane 2m+1 = its high one.
+template <int K>
+KV_SIMD_INLINE v16 nib_lanes(u32x8 W) {
+  const u32x16 r = __builtin_shufflevector(W, W, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K + 1,
+                                           2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1);
+  const u32x16 sh = {0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28};
+  return __builtin_convertvector(reinterpret_cast<i32x16>((r >> sh) & 15), v16);
+}
+
+/// Bytes 0..15 of W: their low nibbles (lo) and high nibbles (hi) in byte order (ggml's q4_0
+/// puts value j in the low nibble of byte j and value j + 16 in its high nibble).
+KV_SIMD_INLINE void nib_split(u32x8 W, v16& lo, v16& hi) {
+  const u32x16 r = __builtin_shufflevector(W, W, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const u32x16 sh = {0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24};
+  lo = __builtin_convertvector(reinterpret_cast<i32x16>((r >> sh) & 15), v16);
+  hi = __builtin_convertvector(reinterpret_cast<i32x16>((r >> (sh + 4)) & 15), v16);
+}
 
 /// 16 bf16 values as floats.
 KV_SIMD_INLINE v16 from_bf16(const uint16_t* p) {
@@ -46,27 +78,12 @@ KV_SIMD_INLINE v16 from_bf16(const uint16_t* p) {
   return f;
 }
 
-/// 8 bytes -> 16 nibbles, lane 2m = low nibble of byte m, lane 2m+1 = its high nibble.
-KV_SIMD_INLINE u8x16 nibbles_interleaved(const uint8_t* p) {
-  u8x8 b;
-  std::memcpy(&b, p, sizeof b);
-  const u8x8 lo = b & 15, hi = b >> 4;
-  return __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-}
-/// 16 bytes -> 32 nibbles as ggml's q4_0 orders them: lanes 0..15 = low nibbles, 16..31 = high.
-KV_SIMD_INLINE void nibbles_split(const uint8_t* p, u8x16& lo, u8x16& hi) {
-  u8x16 b;
-  std::memcpy(&b, p, sizeof b);
-  lo = b & 15;
-  hi = b >> 4;
-}
-/// 4 bytes -> 16 two-bit codes, lane 4m+k = bits 2k..2k+1 of byte m.
-KV_SIMD_INLINE u8x16 crumbs(const uint8_t* p) {
-  u8x4 b;
-  std::memcpy(&b, p, sizeof b);
-  const u8x16 r = __builtin_shufflevector(b, b, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const u8x16 sh = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
-  return (r >> sh) & 3;
+/// 4 bytes -> 16 two-bit codes as floats, lane j = bits 2j..2j+1 of the little-endian word.
+KV_SIMD_INLINE v16 crumbs(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  const u32x16 sh = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  return __builtin_convertvector(reinterpret_cast<i32x16>(((u32x16{} + w) >> sh) & 3), v16);
 }
 
 }  // namespace kvslim::kv::simd

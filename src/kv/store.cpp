@@ -16,8 +16,9 @@ KVStore::KVStore(int head_dim, KVCodec key_codec, KVCodec value_codec, const KVQ
 // ---- row part ----
 
 void KVStore::row_resize(size_t n) {
-  kt_.resize((n + kKVTile - 1) / kKVTile * tile_bytes_);
-  v_.resize(n * vrow_);
+  // Slack after the payload lets the SIMD decoders load 32 bytes from any code position.
+  kt_.resize(n ? (n + kKVTile - 1) / kKVTile * tile_bytes_ + kPad : 0);
+  v_.resize(n ? n * vrow_ + kPad : 0);
   n_row_ = n;
 }
 
@@ -92,7 +93,7 @@ void KVStore::clear() {
   std::vector<int>().swap(gn_);
   std::vector<uint32_t>().swap(serial_);
   gstart_.assign(1, 0);
-  n_row_ = n_group_ = 0;
+  n_row_ = n_group_ = gbytes_ = 0;
   appended_ = 0;
 }
 
@@ -130,7 +131,7 @@ void KVStore::set_keys(size_t b, size_t e, const float* rows) {
   for (; i < e; ++i) row_put_key(i - n_group_, rows + (i - b) * hd_);
 }
 
-size_t KVStore::kv_bytes() const { return n_row_ * (krow_ + vrow_) + g_.size(); }
+size_t KVStore::kv_bytes() const { return n_row_ * (krow_ + vrow_) + gbytes_; }
 
 size_t KVStore::block_begin(size_t i) const {
   if (i < n_group_) {

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <numeric>
 
-#include <cblas.h>
 #include <fmt/format.h>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kvslim/press.h"
 #include "kvslim/quant.h"
@@ -57,8 +57,7 @@ class CriticalKVPress : public ScorerPress {
       std::vector<char> in_first(n, 0);
       // select_top also returns every protected entry; only the top b1 count as stage 1.
       for (int32_t j : first) in_first[j] = 1;
-      // Entries that stage 2 must weigh, projected through W_o in blocks (one BLAS product per
-      // query head of the group).
+      // Entries that stage 2 must weigh (not protected, not chosen by stage 1).
       std::vector<int32_t> todo;
       for (size_t j = 0; j < n; ++j) {
         if (sc[j] >= kProtected) continue;
@@ -67,23 +66,28 @@ class CriticalKVPress : public ScorerPress {
         else
           todo.push_back(static_cast<int32_t>(j));
       }
-      constexpr size_t kBlock = 128;
-      std::vector<float> V(kBlock * hd), Y(kBlock * n_embd);
+      // Output-matrix slices of the group's query heads, transposed to [head_dim][n_embd] so each
+      // projection is head_dim contiguous axpy passes (SIMD; no BLAS inside parallel layers).
+      std::vector<std::vector<float>> wt(G, std::vector<float>(static_cast<size_t>(hd) * n_embd));
+      for (int g = 0; g < G; ++g) {
+        const int64_t c0 = static_cast<int64_t>(h * G + g) * hd;
+        for (int64_t r = 0; r < n_embd; ++r)
+          for (int c = 0; c < hd; ++c) wt[g][static_cast<size_t>(c) * n_embd + r] = W[r * cols + c0 + c];
+      }
+      constexpr size_t kBlock = 64;
+      std::vector<float> V(kBlock * hd), y(n_embd);
       for (size_t b0 = 0; b0 < todo.size(); b0 += kBlock) {
         const size_t nb = std::min(kBlock, todo.size() - b0);
         for (size_t i = 0; i < nb; ++i) view.seg(h).value(todo[b0 + i], V.data() + i * hd);
         std::vector<double> norm(nb, 0.0);
-        for (int g = 0; g < G; ++g) {
-          const int64_t c0 = static_cast<int64_t>(h * G + g) * hd;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nb), static_cast<int>(n_embd), hd, 1.0f,
-                      V.data(), hd, W.data() + c0, static_cast<int>(cols), 0.0f, Y.data(), static_cast<int>(n_embd));
+        for (int g = 0; g < G; ++g)
           for (size_t i = 0; i < nb; ++i) {
+            std::fill(y.begin(), y.end(), 0.0f);
+            for (int c = 0; c < hd; ++c) axpy_f32(V[i * hd + c], wt[g].data() + static_cast<size_t>(c) * n_embd, y.data(), n_embd);
             double l1 = 0;
-            const float* y = Y.data() + i * n_embd;
-            for (int64_t r = 0; r < n_embd; ++r) l1 += std::fabs(y[r]);
+            for (float x : y) l1 += std::fabs(x);
             norm[i] += l1 / G;
           }
-        }
         for (size_t i = 0; i < nb; ++i) {
           float& x = sc[todo[b0 + i]];
           x = static_cast<float>((double(x) + eps_) * norm[i]);

@@ -333,9 +333,20 @@ std::unique_ptr<BudgetPolicy> threshold_policy(double tau, int window, bool deco
 class KVzapPress : public ScorerPress {
  public:
   KVzapPress(std::shared_ptr<const KVzapSurrogate> s, std::string path, double tau, int window, bool decoding)
-      : ScorerPress(0.0, threshold_policy(tau, window, decoding)), sur_(std::move(s)), path_(std::move(path)) {}
+      : ScorerPress(0.0, threshold_policy(tau, window, decoding)),
+        sur_(std::move(s)),
+        path_(std::move(path)),
+        default_policy_(policy().describe()),
+        tau_(tau),
+        window_(window),
+        decoding_(decoding) {}
 
   std::string describe_scorer() const override { return fmt::format("kvzap:surrogate={}", path_); }
+  // The threshold policy is KVzap's own: the spec stays "kvzap:..." so that it parses back.
+  std::string describe() const override {
+    if (policy().describe() != default_policy_) return ScorerPress::describe();
+    return fmt::format("kvzap:surrogate={},threshold={},window={},decoding={}", path_, tau_, window_, decoding_ ? 1 : 0);
+  }
   ObservationRequest scorer_request() const override {
     ObservationRequest r;
     auto* self = const_cast<KVzapPress*>(this);
@@ -411,7 +422,10 @@ class KVzapPress : public ScorerPress {
   }
 
   std::shared_ptr<const KVzapSurrogate> sur_;
-  std::string path_;
+  std::string path_, default_policy_;
+  double tau_;
+  int window_;
+  bool decoding_;
   const Model* checked_ = nullptr;
   std::vector<std::vector<std::map<int32_t, float>>> scores_;  // [layer][kv head]: position -> score
   size_t scored_ = 0;
@@ -426,11 +440,11 @@ PressRegistrar reg([] {
   i.params = {{"surrogate", ""}, {"threshold", "-4"}, {"window", "128"}, {"decoding", "1"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     std::string path = param_str(p, "kvzap", "surrogate");
-    if (path.empty()) throw Error("press kvzap: give surrogate=FILE (train one with `kvslim kvzap-train`)");
     double tau = param_double(p, "kvzap", "threshold");
     int window = param_int(p, "kvzap", "window"), dec = param_int(p, "kvzap", "decoding");
     if (window < 0) throw Error(fmt::format("press kvzap: window={} must be >= 0", window));
     if (dec != 0 && dec != 1) throw Error(fmt::format("press kvzap: decoding={} must be 0 or 1", dec));
+    if (path.empty()) throw Error("press kvzap: give surrogate=FILE (train one with `kvslim kvzap-train`)");
     auto s = std::make_shared<const KVzapSurrogate>(KVzapSurrogate::load(path));
     return std::make_unique<KVzapPress>(s, path, tau, window, dec == 1);
   };

@@ -248,6 +248,10 @@ class KVzipPress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("kvzip:ratio={},chunk={},n_sink={},plus={}", ratio_, opt_.chunk, opt_.n_sink, opt_.plus ? 1 : 0);
   }
+  // The global policy is KVzip's own: the spec stays "kvzip:..." so that it parses back.
+  std::string describe() const override {
+    return policy().describe() == "global" ? describe_scorer() : ScorerPress::describe();
+  }
   ObservationRequest scorer_request() const override {
     ObservationRequest r;
     r.tokens = true;

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <numeric>
 
-#include <cblas.h>
 #include <fmt/format.h>
 
+#include "kernels/attention.h"
 #include "kernels/threads.h"
 
 namespace kvslim {
@@ -21,38 +21,71 @@ const float* LayerView::window_queries(int qh) const {
   return obs_.queries[layer_].data() + static_cast<size_t>(qh) * n_window() * hp().head_dim;
 }
 
+const std::vector<float>& LayerView::keys_t(int h) const {
+  auto it = kt_.find(h);
+  if (it != kt_.end()) return it->second;
+  const Segment& s = seg(h);
+  const size_t n = s.size();
+  const int hd = hp().head_dim;
+  std::vector<float> keys(n * hd), kt(n * hd);
+  s.keys(0, n, keys.data());
+  for (size_t j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * n + j] = keys[j * hd + d];
+  return kt_.emplace(h, std::move(kt)).first->second;
+}
+
+size_t LayerView::attention_row(int h, int g, int i, float* row) const {
+  // Only probabilities are needed (no weighted sum of values). With the keys transposed, a row's
+  // logits are head_dim axpy passes over contiguous memory (SIMD, and no BLAS: OpenBLAS's own
+  // threads inside our parallel layers cost more than they save at these sizes). A window query
+  // sees the entries whose position is at most its own.
+  const Segment& s = seg(h);
+  const size_t n = s.size();
+  const int hd = hp().head_dim;
+  const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), obs_.window_positions[i]) -
+                     s.positions().begin();
+  const std::vector<float>& kt = keys_t(h);
+  const float* q = window_queries(h * hp().n_group() + g) + static_cast<size_t>(i) * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::fill(row, row + vis, 0.0f);
+  for (int d = 0; d < hd; ++d) axpy_f32(q[d] * scale, kt.data() + static_cast<size_t>(d) * n, row, vis);
+  float mx = -INFINITY;
+  for (size_t j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
+  double sum = 0;
+  for (size_t j = 0; j < vis; ++j) sum += (row[j] = std::exp(row[j] - mx));
+  const float inv = vis > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+  for (size_t j = 0; j < vis; ++j) row[j] *= inv;
+  return vis;
+}
+
 const std::vector<float>& LayerView::window_attention(int h) const {
   auto it = attn_.find(h);
   if (it != attn_.end()) return it->second;
-  const Segment& s = seg(h);
-  const int G = hp().n_group(), hd = hp().head_dim, w = n_window();
-  const size_t n = s.size();
-  std::vector<float> probs(static_cast<size_t>(G) * w * n);
-  if (w == 0 || n == 0 || !window_queries(0)) return attn_.emplace(h, std::move(probs)).first->second;
-  // Only the probabilities are needed (no weighted sum of values): one BLAS product of the
-  // group's window queries with the decoded keys, then a causal softmax per row. A window query
-  // sees the entries whose position is at most its own.
-  std::vector<float> keys(n * hd);
-  s.keys(0, n, keys.data());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // The G heads' queries are contiguous: [G][w][hd] starting at query head h * G.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, G * w, static_cast<int>(n), hd, scale, window_queries(h * G),
-              hd, keys.data(), hd, 0.0f, probs.data(), static_cast<int>(n));
-  for (int i = 0; i < w; ++i) {
-    const int32_t p = obs_.window_positions[i];
-    const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), p) - s.positions().begin();
-    for (int g = 0; g < G; ++g) {
-      float* row = probs.data() + (static_cast<size_t>(g) * w + i) * n;
-      float mx = -INFINITY;
-      for (size_t j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
-      double sum = 0;
-      for (size_t j = 0; j < vis; ++j) sum += (row[j] = std::exp(row[j] - mx));
-      const float inv = vis > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-      for (size_t j = 0; j < vis; ++j) row[j] *= inv;
-      std::fill(row + vis, row + n, 0.0f);
-    }
-  }
+  const int G = hp().n_group(), w = n_window();
+  const size_t n = seg(h).size();
+  std::vector<float> probs(static_cast<size_t>(G) * w * n);  // zero where not visible
+  if (n > 0 && window_queries(0))
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < w; ++i) attention_row(h, g, i, probs.data() + (static_cast<size_t>(g) * w + i) * n);
   return attn_.emplace(h, std::move(probs)).first->second;
+}
+
+const std::vector<float>& LayerView::window_mass(int h, int rows) const {
+  const int G = hp().n_group(), w = n_window();
+  rows = std::clamp(rows, 0, w);
+  auto key = std::make_pair(h, rows);
+  auto it = mass_.find(key);
+  if (it != mass_.end()) return it->second;
+  const size_t n = seg(h).size();
+  std::vector<float> mass(static_cast<size_t>(G) * n, 0.0f), row(n);
+  if (n > 0 && window_queries(0))
+    for (int g = 0; g < G; ++g)
+      for (int i = w - rows; i < w; ++i) {
+        const size_t vis = attention_row(h, g, i, row.data());
+        float* m = mass.data() + static_cast<size_t>(g) * n;
+        for (size_t j = 0; j < vis; ++j) m[j] += row[j];
+      }
+  return mass_.emplace(key, std::move(mass)).first->second;
 }
 
 int uniform_keep(size_t n, double ratio) {

@@ -37,14 +37,10 @@ class SnapKVPress : public ScorerPress {
       // Entries at or after the first window position are the window: always kept.
       const int32_t w0 = view.obs().window_positions[w0i];
       size_t n_prefix = std::lower_bound(s.positions().begin(), s.positions().end(), w0) - s.positions().begin();
-      const std::vector<float>& p = view.window_attention(h);
+      const std::vector<float>& mass = view.window_mass(h, w);
       std::vector<float> vote(n_prefix, 0.0f);
       for (int g = 0; g < G; ++g) {
-        std::vector<float> m(n_prefix, 0.0f);
-        for (int i = w0i; i < nw; ++i) {
-          const float* row = p.data() + (static_cast<size_t>(g) * nw + i) * n;
-          for (size_t j = 0; j < n_prefix; ++j) m[j] += row[j];
-        }
+        const float* m = mass.data() + static_cast<size_t>(g) * n;
         // Pool over neighbouring entries (zero padding, divisor = kernel, as torch's avg_pool1d).
         const int r = kernel_ / 2;
         for (size_t j = 0; j < n_prefix; ++j) {

@@ -35,10 +35,10 @@ class TOVAPress : public ScorerPress {
     for (int h = 0; h < H; ++h) {
       const auto& pos = view.seg(h).positions();
       const size_t n = pos.size();
-      const std::vector<float>& p = view.window_attention(h);
+      const std::vector<float>& p = view.window_mass(h, 1);  // the newest query's attention
       for (size_t j = 0; j < n; ++j) {
         size_t u = std::lower_bound(all.begin(), all.end(), pos[j]) - all.begin();
-        for (int g = 0; g < G; ++g) sum[u] += p[(static_cast<size_t>(g) * nw + nw - 1) * n + j];
+        for (int g = 0; g < G; ++g) sum[u] += p[static_cast<size_t>(g) * n + j];
         cnt[u] += G;
       }
     }

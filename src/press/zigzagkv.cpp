@@ -5,7 +5,8 @@
 // B_avg is the uniform budget floor(n (1 - ratio)) and B_bound = reserve x B_avg is the minimum
 // per-layer reserve (equation 6 of the paper), so the total equals the uniform one. Zhong et al.,
 // "ZigZagKV: Dynamic KV Cache Compression for Long-context Modeling based on Layer Uncertainty",
-// arXiv 2412.09036. The per-head split inside a layer is uniform; budgets a segment cannot use
+// arXiv 2412.09036. The default window (64) equals SnapKV's, so over SnapKV the window attention
+// is computed once for both. The per-head split inside a layer is uniform; budgets a segment cannot use
 // (capped at its size, floored by its protected entries) are passed to the others by
 // water-filling.
 #include <algorithm>
@@ -39,13 +40,9 @@ class ZigZagBudget : public BudgetPolicy {
     for (int h = 0; h < view.hp().n_head_kv; ++h) {
       const size_t n = view.seg(h).size();
       if (n == 0) continue;
-      const std::vector<float>& p = view.window_attention(h);
+      const std::vector<float>& p = view.window_mass(h, use);
       for (int g = 0; g < G; ++g) {
-        std::vector<double> m(n, 0.0);
-        for (int i = w - use; i < w; ++i) {
-          const float* row = p.data() + (static_cast<size_t>(g) * w + i) * n;
-          for (size_t j = 0; j < n; ++j) m[j] += row[j];
-        }
+        std::vector<double> m(p.begin() + static_cast<size_t>(g) * n, p.begin() + static_cast<size_t>(g + 1) * n);
         double total = 0;
         for (double v : m) total += v;
         std::sort(m.begin(), m.end(), std::greater<double>());
@@ -90,7 +87,7 @@ PressRegistrar reg([] {
   i.summary = "budget policy: layer budgets proportional to LMBA (attention uncertainty) with a minimum reserve";
   i.source = "Zhong et al. 2024, ZigZagKV: Dynamic KV Cache Compression for Long-context Modeling based on Layer "
              "Uncertainty, arXiv 2412.09036";
-  i.params = {{"reserve", "0.2"}, {"mass", "0.9"}, {"window", "32"}};
+  i.params = {{"reserve", "0.2"}, {"mass", "0.9"}, {"window", "64"}};
   i.kind = PressKind::Policy;
   i.default_inner = "snapkv";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {
