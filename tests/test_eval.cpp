@@ -333,6 +333,11 @@ TEST(EvalReport, InspectCacheCountsTheNeedleEntries) {
   EXPECT_NEAR(c.needle_kept[0], (3 + 0 + 2 + 1) / 12.0, 1e-15);
   EXPECT_NEAR(c.needle_kept[1], 3 / 4.0, 1e-15);
   EXPECT_NEAR(c.min_needle_kept(), 0.5, 1e-15);
+  ASSERT_EQ(c.needle_kept_per_layer.size(), 2u);
+  EXPECT_NEAR(c.needle_kept_per_layer[0][0], 3 / 6.0, 1e-15);
+  EXPECT_NEAR(c.needle_kept_per_layer[0][1], 3 / 6.0, 1e-15);
+  EXPECT_NEAR(c.needle_kept_per_layer[1][0], 2 / 2.0, 1e-15);
+  EXPECT_NEAR(c.needle_kept_per_layer[1][1], 1 / 2.0, 1e-15);
   EXPECT_EQ(c.kept_per_layer, (std::vector<size_t>{13, 5}));
   EXPECT_TRUE(c.as_configured);  // 0.55 removed against 0.5 asked: within 0.01 + 1/10
   EXPECT_FALSE(inspect_cache(cache, 10, 0.3).as_configured);

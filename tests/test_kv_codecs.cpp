@@ -237,7 +237,9 @@ TEST(KVCodec, KiviResidualWindowStaysFullPrecisionThroughAppendsAndRetains) {
       for (size_t i = 0; i < model.size(); ++i) {
         ASSERT_EQ(s.positions()[i], model[i].pos);
         const bool in_window = model[i].serial + R >= appended;
-        if (in_window) ASSERT_GE(i, grouped) << "an entry of the newest R appends was quantized (step " << step << ")";
+        if (in_window) {
+          ASSERT_GE(i, grouped) << "an entry of the newest R appends was quantized (step " << step << ")";
+        }
         if (i >= grouped) {  // the full-precision part: exactly what was appended
           s.key(i, got.data());
           ASSERT_EQ(got, model[i].k) << "step " << step << " entry " << i;
@@ -408,8 +410,8 @@ TEST(KVCodec, PrecisionTiersSplitByScore) {
           << "entry " << i;
   }
   // Bytes: 30 f16 entries, 40 entries of q8_0 keys (68 B) and q4_0 values (36 B), positions, and
-  // 5 bytes of tier bookkeeping per entry.
-  EXPECT_EQ(s.bytes(), 30u * 256 + 40u * (68 + 36) + 70u * 4 + 70u * 5);
+  // the tier map: a bit per entry in 64-bit words plus a 32-bit count per word (2 words here).
+  EXPECT_EQ(s.bytes(), 30u * 256 + 40u * (68 + 36) + 70u * 4 + 2u * (8 + 4));
   EXPECT_EQ(s.kv_bytes(), 30u * 256 + 40u * (68 + 36));
   // New entries go to the high tier; retain keeps every entry's tier.
   s.append(&k[0], &v[0], 500);

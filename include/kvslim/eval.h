@@ -26,6 +26,8 @@ struct CacheCheck {
   size_t full_f16_bytes = 0;           ///< a full f16 cache of the context
   /// Per needle: the fraction of its entries (tokens x layers x KV heads) still in the cache.
   std::vector<double> needle_kept;
+  /// Per needle, per layer: the fraction of its entries (tokens x KV heads) in that layer kept.
+  std::vector<std::vector<double>> needle_kept_per_layer;
   /// The measured compression ratio is within tolerance() of the requested one.
   bool as_configured = true;
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }

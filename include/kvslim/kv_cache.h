@@ -188,7 +188,7 @@ class Segment {
                      KVCodec low_value);
   /// Entries in the low tier, and whether entry i is there.
   size_t low_tier_size() const { return stores_.size() > 1 ? stores_[1].size() : 0; }
-  bool is_low(size_t i) const { return !tier_.empty() && tier_[i] != 0; }
+  bool is_low(size_t i) const { return !low_.empty() && (low_[i / 64] >> (i % 64) & 1); }
   void clear();
 
   /// Decodes entry i's key/value into out[head_dim] (keys un-rotated: the key as appended, up to
@@ -213,7 +213,7 @@ class Segment {
   void set_keys(size_t begin, size_t end, const float* rows);
 
   /// Payload bytes: keys and values (scales and zero points included), positions, and the
-  /// bookkeeping of tiers and of the KIVI residual window.
+  /// bookkeeping of tiers (1.5 bits per entry) and of the KIVI residual window.
   size_t bytes() const;
   /// Key and value bytes only (scales and zero points included): bits per value = 8 * kv_bytes()
   /// / (2 * head_dim * size()).
@@ -237,9 +237,12 @@ class Segment {
   KVQuantOptions q_;
   std::vector<KVStore> stores_;
   std::vector<int32_t> pos_;
-  // Only with two tiers: tier and store index of every entry.
-  std::vector<uint8_t> tier_;
-  std::vector<int32_t> sidx_;
+  // Only with two tiers: a bit per entry (1 = low tier) in 64-bit words, and per word the number
+  // of low-tier entries before it, so an entry's store index is a rank query (1.5 bits/entry).
+  std::vector<uint64_t> low_;
+  std::vector<uint32_t> low_rank_;
+  void set_tiers(const std::vector<uint8_t>& low);
+  void drop_tiers();
 };
 
 /// All segments of a model: n_layer x n_head_kv.

@@ -76,8 +76,8 @@ class LayerView {
  private:
   /// Keys of segment h decoded and transposed, [head_dim][n_entries]; cached.
   const std::vector<float>& keys_t(int kv_head) const;
-  /// Probabilities of window query i of group head g over segment h into row[0, vis); returns vis.
-  size_t attention_row(int kv_head, int g, int i, float* row) const;
+  /// Probabilities of window queries [i0, i1) of group head g over segment h: out[i1 - i0][n].
+  void attention_rows(int kv_head, int g, int i0, int i1, float* out) const;
   const Model& model_;
   const KVCache& cache_;
   const Observation& obs_;

@@ -132,6 +132,7 @@ nlohmann::json to_json(const TaskRecord& r) {
                       {"generated_tokens", o.generated_tokens},
                       {"needle_spans", spans},
                       {"needle_kept", o.cache.needle_kept},
+                      {"needle_kept_per_layer", o.cache.needle_kept_per_layer},
                       {"prefill_seconds", o.prefill_seconds},
                       {"press_seconds", o.press_seconds},
                       {"decode_seconds", o.decode_seconds}};

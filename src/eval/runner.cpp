@@ -95,13 +95,20 @@ CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double reques
   for (const auto& [b, e] : spans) {
     if (e <= b) {
       c.needle_kept.push_back(1.0);
+      c.needle_kept_per_layer.emplace_back(L, 1.0);
       continue;
     }
     size_t kept = 0;
-    for (int l = 0; l < L; ++l)
+    std::vector<double> per_layer;
+    for (int l = 0; l < L; ++l) {
+      size_t kl = 0;
       for (int h = 0; h < H; ++h)
-        for (int32_t p : cache.seg(l, h).positions()) kept += p >= b && p < e;
+        for (int32_t p : cache.seg(l, h).positions()) kl += p >= b && p < e;
+      per_layer.push_back(double(kl) / (double(e - b) * H));
+      kept += kl;
+    }
     c.needle_kept.push_back(double(kept) / (double(e - b) * L * H));
+    c.needle_kept_per_layer.push_back(std::move(per_layer));
   }
   c.as_configured = c.entries_kept <= c.entries_total &&
                     std::fabs(c.compression_ratio() - requested_ratio) <= c.tolerance();

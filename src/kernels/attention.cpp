@@ -50,13 +50,14 @@ KV_INLINE v16 load16(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-KV_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+KV_INLINE void store16(float* p, const v16& v) { std::memcpy(p, &v, sizeof v); }
 KV_INLINE v16 splat(float f) { return v16{} + f; }
 KV_INLINE v16i splati(int32_t x) { return v16i{} + x; }
 
 // exp on 16 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
 // relative error). Inputs are clamped to [-87.3, 88], where 2^n stays a normal float.
-KV_INLINE v16 vexp(v16 x) {
+KV_INLINE v16 vexp(const v16& x0) {
+  v16 x = x0;
   x = x < splat(-87.3f) ? splat(-87.3f) : x;
   x = x > splat(88.0f) ? splat(88.0f) : x;
   const v16 nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
@@ -78,14 +79,14 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
 // Horizontal max and sum by halving (a tree; the order of the additions is fixed).
-KV_INLINE float hmax(v16 v) {
+KV_INLINE float hmax(const v16& v) {
   const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v8 m8 = a > b ? a : b;
   const v4 c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
   const v4 m4 = c > d ? c : d;
   return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
 }
-KV_INLINE float hsum(v16 v) {
+KV_INLINE float hsum(const v16& v) {
   const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);

@@ -36,9 +36,9 @@ void Segment::append(const float* k, const float* v, int32_t position) {
   } else {
     stores_[0].append(k, v);
   }
-  if (!tier_.empty()) {
-    tier_.push_back(0);
-    sidx_.push_back(static_cast<int32_t>(stores_[0].size() - 1));
+  if (!low_.empty() && pos_.size() % 64 == 0) {  // a new word of tier bits (the entry is high: 0)
+    low_.push_back(0);
+    low_rank_.push_back(static_cast<uint32_t>(stores_[1].size()));
   }
   pos_.push_back(position);
 }
@@ -52,39 +52,57 @@ void Segment::check_indices(const std::vector<int32_t>& idx, const char* what) c
 }
 
 void Segment::locate(size_t i, int& s, size_t& j) const {
-  if (tier_.empty()) {
+  if (low_.empty()) {
     s = 0;
     j = i;
-  } else {
-    s = tier_[i];
-    j = static_cast<size_t>(sidx_[i]);
+    return;
   }
+  const uint64_t w = low_[i / 64], below = w & ((uint64_t{1} << (i % 64)) - 1);
+  const size_t low_before = low_rank_[i / 64] + static_cast<size_t>(__builtin_popcountll(below));
+  s = static_cast<int>(w >> (i % 64) & 1);
+  j = s ? low_before : i - low_before;
+}
+
+void Segment::set_tiers(const std::vector<uint8_t>& low) {
+  low_.assign((low.size() + 63) / 64, 0);
+  low_rank_.assign(low_.size(), 0);
+  uint32_t count = 0;
+  for (size_t i = 0; i < low.size(); ++i) {
+    if (i % 64 == 0) low_rank_[i / 64] = count;
+    if (low[i]) {
+      low_[i / 64] |= uint64_t{1} << (i % 64);
+      ++count;
+    }
+  }
+}
+
+void Segment::drop_tiers() {
+  std::vector<uint64_t>().swap(low_);
+  std::vector<uint32_t>().swap(low_rank_);
 }
 
 void Segment::retain(const std::vector<int32_t>& idx) {
   check_indices(idx, "retain");
-  if (tier_.empty()) {
+  if (low_.empty()) {
     stores_[0].retain(idx);
   } else {
     std::vector<int32_t> per[2];
     std::vector<uint8_t> nt;
-    std::vector<int32_t> ns;
     nt.reserve(idx.size());
-    ns.reserve(idx.size());
     for (int32_t i : idx) {
-      const int s = tier_[i];
-      ns.push_back(static_cast<int32_t>(per[s].size()));
-      per[s].push_back(sidx_[i]);
+      int s;
+      size_t j;
+      locate(i, s, j);
+      per[s].push_back(static_cast<int32_t>(j));
       nt.push_back(static_cast<uint8_t>(s));
     }
     stores_[0].retain(per[0]);
     stores_[1].retain(per[1]);
-    tier_.swap(nt);
-    sidx_.swap(ns);
     if (stores_[1].size() == 0) {
       stores_.pop_back();
-      std::vector<uint8_t>().swap(tier_);
-      std::vector<int32_t>().swap(sidx_);
+      drop_tiers();
+    } else {
+      set_tiers(nt);
     }
   }
   std::vector<int32_t> np(idx.size());
@@ -101,30 +119,25 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
   if (q_.kivi_bits && any_low)
     throw Error("precision tiers need row codecs (f32, f16, bf16, q8_0, q4_0): KIVI's token groups cannot be "
                 "split by tier");
-  if (!any_low && tier_.empty()) return retain(idx);
+  if (!any_low && low_.empty()) return retain(idx);
   const KVQuantOptions plain{};  // tiers hold row codecs only
   KVStore hi(head_dim_, stores_[0].key_codec(), stores_[0].value_codec(), plain);
   KVStore lo(head_dim_, low_key, low_value, plain);
   std::vector<uint8_t> nt;
-  std::vector<int32_t> ns;
   for (size_t j = 0; j < idx.size(); ++j) {
     int s;
     size_t si;
     locate(idx[j], s, si);
-    KVStore& dst = low[j] ? lo : hi;
-    ns.push_back(static_cast<int32_t>(dst.size()));
     nt.push_back(low[j] ? 1 : 0);
-    dst.append_from(stores_[s], si);
+    (low[j] ? lo : hi).append_from(stores_[s], si);
   }
   stores_.clear();
   stores_.push_back(std::move(hi));
   if (lo.size() > 0) {
     stores_.push_back(std::move(lo));
-    tier_.swap(nt);
-    sidx_.swap(ns);
+    set_tiers(nt);
   } else {
-    std::vector<uint8_t>().swap(tier_);
-    std::vector<int32_t>().swap(sidx_);
+    drop_tiers();
   }
   std::vector<int32_t> np(idx.size());
   for (size_t j = 0; j < idx.size(); ++j) np[j] = pos_[idx[j]];
@@ -135,8 +148,7 @@ void Segment::clear() {
   stores_.erase(stores_.begin() + 1, stores_.end());
   stores_[0].clear();
   std::vector<int32_t>().swap(pos_);
-  std::vector<uint8_t>().swap(tier_);
-  std::vector<int32_t>().swap(sidx_);
+  drop_tiers();
 }
 
 void Segment::key(size_t i, float* out) const {
@@ -159,7 +171,7 @@ void Segment::keys(size_t b, size_t e, float* out) const {
 }
 
 void Segment::values(size_t b, size_t e, float* out) const {
-  if (tier_.empty() && stores_[0].group_entries() <= b) {
+  if (low_.empty() && stores_[0].group_entries() <= b) {
     const KVStore& st = stores_[0];
     kv::rows_decode(st.vc_, head_dim_, st.v_.data() + (b - st.n_group_) * st.vrow_, out, e - b);
     return;
@@ -184,7 +196,7 @@ void Segment::set_keys(size_t b, size_t e, const float* rows) {
     for (size_t i = 0; i < e - b; ++i) kv::hadamard_rotate(r.data() + i * head_dim_, head_dim_);
     rows = r.data();
   }
-  if (tier_.empty()) return stores_[0].set_keys(b, e, rows);
+  if (low_.empty()) return stores_[0].set_keys(b, e, rows);
   for (size_t i = b; i < e; ++i) {
     int s;
     size_t j;
@@ -200,17 +212,17 @@ size_t Segment::kv_bytes() const {
 }
 
 size_t Segment::bytes() const {
-  size_t n = pos_.size() * sizeof(int32_t) + tier_.size() * (sizeof(uint8_t) + sizeof(int32_t));
+  size_t n = pos_.size() * sizeof(int32_t) + low_.size() * sizeof(uint64_t) + low_rank_.size() * sizeof(uint32_t);
   for (const KVStore& s : stores_) n += s.kv_bytes() + s.meta_bytes();
   return n;
 }
 
 std::vector<int32_t> Segment::store_entries(int s) const {
   std::vector<int32_t> out;
-  if (tier_.empty()) return out;
+  if (low_.empty()) return out;
   out.reserve(stores_[s].size());
-  for (size_t i = 0; i < tier_.size(); ++i)
-    if (tier_[i] == s) out.push_back(static_cast<int32_t>(i));
+  for (size_t i = 0; i < size(); ++i)
+    if (static_cast<int>(is_low(i)) == s) out.push_back(static_cast<int32_t>(i));
   return out;
 }
 

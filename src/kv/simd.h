@@ -21,7 +21,7 @@ KV_SIMD_INLINE v16 load(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-KV_SIMD_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+KV_SIMD_INLINE void store(float* p, const v16& v) { std::memcpy(p, &v, sizeof v); }
 
 typedef uint32_t u32x4 __attribute__((vector_size(16)));
 typedef uint32_t u32x2 __attribute__((vector_size(8)));
@@ -42,7 +42,7 @@ KV_SIMD_INLINE u32x8 load32(const void* p) {
 
 /// Bytes 16K..16K+15 of W as int8 codes, as floats.
 template <int K>
-KV_SIMD_INLINE v16 i8_lanes(u32x8 W) {
+KV_SIMD_INLINE v16 i8_lanes(const u32x8& W) {
   const u32x16 r = __builtin_shufflevector(W, W, 4 * K, 4 * K, 4 * K, 4 * K, 4 * K + 1, 4 * K + 1, 4 * K + 1, 4 * K + 1,
                                            4 * K + 2, 4 * K + 2, 4 * K + 2, 4 * K + 2, 4 * K + 3, 4 * K + 3, 4 * K + 3,
                                            4 * K + 3);
@@ -52,7 +52,7 @@ KV_SIMD_INLINE v16 i8_lanes(u32x8 W) {
 
 /// Bytes 8K..8K+7 of W as 16 nibbles: lane 2m = low nibble of byte m, lane 2m+1 = its high one.
 template <int K>
-KV_SIMD_INLINE v16 nib_lanes(u32x8 W) {
+KV_SIMD_INLINE v16 nib_lanes(const u32x8& W) {
   const u32x16 r = __builtin_shufflevector(W, W, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K + 1,
                                            2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1, 2 * K + 1);
   const u32x16 sh = {0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28};
@@ -61,7 +61,7 @@ KV_SIMD_INLINE v16 nib_lanes(u32x8 W) {
 
 /// Bytes 0..15 of W: their low nibbles (lo) and high nibbles (hi) in byte order (ggml's q4_0
 /// puts value j in the low nibble of byte j and value j + 16 in its high nibble).
-KV_SIMD_INLINE void nib_split(u32x8 W, v16& lo, v16& hi) {
+KV_SIMD_INLINE void nib_split(const u32x8& W, v16& lo, v16& hi) {
   const u32x16 r = __builtin_shufflevector(W, W, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const u32x16 sh = {0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24};
   lo = __builtin_convertvector(reinterpret_cast<i32x16>((r >> sh) & 15), v16);

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kvslim/press.h"
 #include "kvslim/quant.h"
@@ -44,10 +43,24 @@ class CriticalKVPress : public ScorerPress {
     inner_->score(view, out);
     const HParams& hp = view.hp();
     const int hd = hp.head_dim, G = hp.n_group(), H = hp.n_head_kv;
+    // W_o restricted to one query head's head_dim input columns is a view of its rows at a column
+    // offset; where the weight type's blocks do not align with head_dim, an f32 copy is sliced.
     const WeightView& wo = *view.model().layer(view.layer()).wo;
     const int64_t n_embd = wo.rows, cols = wo.cols;
-    std::vector<float> W(static_cast<size_t>(n_embd) * cols);
-    for (int64_t r = 0; r < n_embd; ++r) dequantize_row(wo.type, wo.row(r), W.data() + r * cols, cols);
+    const TypeTraits* tt = type_traits(wo.type);
+    WeightView base = wo;
+    std::vector<float> wf;
+    if (!tt || hd % tt->block_size != 0) {
+      wf.resize(static_cast<size_t>(n_embd) * cols);
+      for (int64_t r = 0; r < n_embd; ++r) dequantize_row(wo.type, wo.row(r), wf.data() + r * cols, cols);
+      base = WeightView{GGMLType::F32, wf.data(), cols, n_embd, static_cast<size_t>(cols) * sizeof(float)};
+    }
+    auto head_slice = [&](int q) {
+      WeightView v = base;
+      v.cols = hd;
+      v.data = static_cast<const uint8_t*>(base.data) + row_bytes(base.type, static_cast<int64_t>(q) * hd);
+      return v;
+    };
     const int stage1_keep = uniform_keep(view.target().n_context, view.target().ratio);
     for (int h = 0; h < H; ++h) {
       std::vector<float>& sc = out[h];
@@ -66,28 +79,23 @@ class CriticalKVPress : public ScorerPress {
         else
           todo.push_back(static_cast<int32_t>(j));
       }
-      // Output-matrix slices of the group's query heads, transposed to [head_dim][n_embd] so each
-      // projection is head_dim contiguous axpy passes (SIMD; no BLAS inside parallel layers).
-      std::vector<std::vector<float>> wt(G, std::vector<float>(static_cast<size_t>(hd) * n_embd));
-      for (int g = 0; g < G; ++g) {
-        const int64_t c0 = static_cast<int64_t>(h * G + g) * hd;
-        for (int64_t r = 0; r < n_embd; ++r)
-          for (int c = 0; c < hd; ++c) wt[g][static_cast<size_t>(c) * n_embd + r] = W[r * cols + c0 + c];
-      }
-      constexpr size_t kBlock = 64;
-      std::vector<float> V(kBlock * hd), y(n_embd);
+      // ||W_o^g v||_1 for every remaining entry: one product per query head of the group with
+      // the engine's matmul (for quantized W_o, its 8-bit-activation kernel).
+      constexpr size_t kBlock = 256;
+      std::vector<float> V(kBlock * hd), Y(kBlock * n_embd);
       for (size_t b0 = 0; b0 < todo.size(); b0 += kBlock) {
         const size_t nb = std::min(kBlock, todo.size() - b0);
         for (size_t i = 0; i < nb; ++i) view.seg(h).value(todo[b0 + i], V.data() + i * hd);
         std::vector<double> norm(nb, 0.0);
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < G; ++g) {
+          matmul(head_slice(h * G + g), V.data(), static_cast<int64_t>(nb), Y.data());
           for (size_t i = 0; i < nb; ++i) {
-            std::fill(y.begin(), y.end(), 0.0f);
-            for (int c = 0; c < hd; ++c) axpy_f32(V[i * hd + c], wt[g].data() + static_cast<size_t>(c) * n_embd, y.data(), n_embd);
             double l1 = 0;
-            for (float x : y) l1 += std::fabs(x);
+            const float* y = Y.data() + i * n_embd;
+            for (int64_t r = 0; r < n_embd; ++r) l1 += std::fabs(y[r]);
             norm[i] += l1 / G;
           }
+        }
         for (size_t i = 0; i < nb; ++i) {
           float& x = sc[todo[b0 + i]];
           x = static_cast<float>((double(x) + eps_) * norm[i]);

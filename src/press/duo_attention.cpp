@@ -201,7 +201,8 @@ class DuoAttentionPress : public Press {
     if (!labels_) {
       // No labels file: calibrate once, with the defaults shortened to what the model can hold.
       std::lock_guard<std::mutex> lock(calibration_mutex());
-      auto& cached = calibrated()[&model];
+      // Keyed by file, not by address: a later model may reuse a freed one's address.
+      auto& cached = calibrated()[model.file().path()];
       if (!cached) {
         DuoCalibration cal;
         cal.samples = 4;
@@ -237,8 +238,8 @@ class DuoAttentionPress : public Press {
     static std::mutex m;
     return m;
   }
-  static std::map<const Model*, std::shared_ptr<const DuoLabels>>& calibrated() {
-    static std::map<const Model*, std::shared_ptr<const DuoLabels>> c;
+  static std::map<std::string, std::shared_ptr<const DuoLabels>>& calibrated() {
+    static std::map<std::string, std::shared_ptr<const DuoLabels>> c;
     return c;
   }
 

@@ -34,28 +34,63 @@ const std::vector<float>& LayerView::keys_t(int h) const {
   return kt_.emplace(h, std::move(kt)).first->second;
 }
 
-size_t LayerView::attention_row(int h, int g, int i, float* row) const {
-  // Only probabilities are needed (no weighted sum of values). With the keys transposed, a row's
-  // logits are head_dim axpy passes over contiguous memory (SIMD, and no BLAS: OpenBLAS's own
-  // threads inside our parallel layers cost more than they save at these sizes). A window query
-  // sees the entries whose position is at most its own.
+namespace {
+
+/// out[r][j] = sum_d q[r][d] * kt[d][j] for r < rb, j < n. For each group of 16 entries the 16
+/// accumulators of a row stay in one vector register across head_dim, and the head_dim lines of
+/// transposed keys stay in L1 across the rows (SIMD chosen at run time).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void logits_block(const float* __restrict q, int rb,
+                                                                                const float* __restrict kt, size_t n,
+                                                                                int hd, float* __restrict out) {
+  constexpr size_t kV = 16;
+  size_t j = 0;
+  for (; j + kV <= n; j += kV)
+    for (int r = 0; r < rb; ++r) {
+      float acc[kV] = {};
+      const float* qr = q + static_cast<size_t>(r) * hd;
+      for (int d = 0; d < hd; ++d) {
+        const float a = qr[d];
+        const float* k = kt + static_cast<size_t>(d) * n + j;
+        for (size_t t = 0; t < kV; ++t) acc[t] += a * k[t];
+      }
+      float* o = out + static_cast<size_t>(r) * n + j;
+      for (size_t t = 0; t < kV; ++t) o[t] = acc[t];
+    }
+  for (; j < n; ++j)
+    for (int r = 0; r < rb; ++r) {
+      float acc = 0;
+      for (int d = 0; d < hd; ++d) acc += q[static_cast<size_t>(r) * hd + d] * kt[static_cast<size_t>(d) * n + j];
+      out[static_cast<size_t>(r) * n + j] = acc;
+    }
+}
+
+}  // namespace
+
+void LayerView::attention_rows(int h, int g, int i0, int i1, float* out) const {
+  // Only probabilities are needed (no weighted sum of values), and no BLAS: OpenBLAS's own
+  // threads inside our parallel layers cost more than they save at these sizes. A window query
+  // sees the entries whose position is at most its own; the rest of its row is zero.
   const Segment& s = seg(h);
   const size_t n = s.size();
   const int hd = hp().head_dim;
-  const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), obs_.window_positions[i]) -
-                     s.positions().begin();
   const std::vector<float>& kt = keys_t(h);
-  const float* q = window_queries(h * hp().n_group() + g) + static_cast<size_t>(i) * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::fill(row, row + vis, 0.0f);
-  for (int d = 0; d < hd; ++d) axpy_f32(q[d] * scale, kt.data() + static_cast<size_t>(d) * n, row, vis);
-  float mx = -INFINITY;
-  for (size_t j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
-  double sum = 0;
-  for (size_t j = 0; j < vis; ++j) sum += (row[j] = std::exp(row[j] - mx));
-  const float inv = vis > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-  for (size_t j = 0; j < vis; ++j) row[j] *= inv;
-  return vis;
+  std::vector<float> q(static_cast<size_t>(i1 - i0) * hd);
+  const float* wq = window_queries(h * hp().n_group() + g);
+  for (size_t k = 0; k < q.size(); ++k) q[k] = wq[static_cast<size_t>(i0) * hd + k] * scale;
+  logits_block(q.data(), i1 - i0, kt.data(), n, hd, out);
+  for (int i = i0; i < i1; ++i) {
+    float* row = out + static_cast<size_t>(i - i0) * n;
+    const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), obs_.window_positions[i]) -
+                       s.positions().begin();
+    float mx = -INFINITY;
+    for (size_t j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
+    double sum = 0;
+    for (size_t j = 0; j < vis; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    const float inv = vis > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+    for (size_t j = 0; j < vis; ++j) row[j] *= inv;
+    std::fill(row + vis, row + n, 0.0f);
+  }
 }
 
 const std::vector<float>& LayerView::window_attention(int h) const {
@@ -63,10 +98,9 @@ const std::vector<float>& LayerView::window_attention(int h) const {
   if (it != attn_.end()) return it->second;
   const int G = hp().n_group(), w = n_window();
   const size_t n = seg(h).size();
-  std::vector<float> probs(static_cast<size_t>(G) * w * n);  // zero where not visible
-  if (n > 0 && window_queries(0))
-    for (int g = 0; g < G; ++g)
-      for (int i = 0; i < w; ++i) attention_row(h, g, i, probs.data() + (static_cast<size_t>(g) * w + i) * n);
+  std::vector<float> probs(static_cast<size_t>(G) * w * n);
+  if (n > 0 && w > 0 && window_queries(0))
+    for (int g = 0; g < G; ++g) attention_rows(h, g, 0, w, probs.data() + static_cast<size_t>(g) * w * n);
   return attn_.emplace(h, std::move(probs)).first->second;
 }
 
@@ -77,14 +111,21 @@ const std::vector<float>& LayerView::window_mass(int h, int rows) const {
   auto it = mass_.find(key);
   if (it != mass_.end()) return it->second;
   const size_t n = seg(h).size();
-  std::vector<float> mass(static_cast<size_t>(G) * n, 0.0f), row(n);
+  std::vector<float> mass(static_cast<size_t>(G) * n, 0.0f);
+  constexpr int kRB = 16;  // rows per block: bounds the buffer for long segments
+  std::vector<float> buf(static_cast<size_t>(std::min(rows, kRB)) * n);
   if (n > 0 && window_queries(0))
-    for (int g = 0; g < G; ++g)
-      for (int i = w - rows; i < w; ++i) {
-        const size_t vis = attention_row(h, g, i, row.data());
-        float* m = mass.data() + static_cast<size_t>(g) * n;
-        for (size_t j = 0; j < vis; ++j) m[j] += row[j];
+    for (int g = 0; g < G; ++g) {
+      float* m = mass.data() + static_cast<size_t>(g) * n;
+      for (int i0 = w - rows; i0 < w; i0 += kRB) {
+        const int i1 = std::min(w, i0 + kRB);
+        attention_rows(h, g, i0, i1, buf.data());
+        for (int r = 0; r < i1 - i0; ++r) {
+          const float* row = buf.data() + static_cast<size_t>(r) * n;
+          for (size_t j = 0; j < n; ++j) m[j] += row[j];
+        }
       }
+    }
   return mass_.emplace(key, std::move(mass)).first->second;
 }
 
