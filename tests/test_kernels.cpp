@@ -289,6 +289,29 @@ TEST(Kernels, ExactPathMatchesDequantizedProduct) {
   }
 }
 
+// Several matrices with one input (mixed formats, as in Q4_K_M layers) equal separate calls.
+TEST(Kernels, MatmulGroupEqualsSeparateCalls) {
+  const int64_t cols = 512;
+  Matrix a = make_matrix(GGMLType::Q4_K, 40, cols, 61), b = make_matrix(GGMLType::Q6_K, 24, cols, 62),
+         c = make_matrix(GGMLType::Q4_K, 8, cols, 63), f = make_matrix(GGMLType::F16, 8, cols, 64);
+  for (int64_t n : {1, 6}) {
+    std::vector<float> x = make_acts(n, cols, 65);
+    std::vector<float> ya(n * 40), yb(n * 24), yc(n * 8), yf(n * 8), ra(ya.size()), rb(yb.size()), rc(yc.size()),
+        rf(yf.size());
+    matmul_group({&a.view, &b.view, &c.view}, x.data(), n, {ya.data(), yb.data(), yc.data()});
+    matmul(a.view, x.data(), n, ra.data());
+    matmul(b.view, x.data(), n, rb.data());
+    matmul(c.view, x.data(), n, rc.data());
+    EXPECT_TRUE(same_bits(ya, ra) && same_bits(yb, rb) && same_bits(yc, rc)) << "n " << n;
+    matmul_group({&a.view, &f.view}, x.data(), n, {ya.data(), yf.data()});
+    matmul(f.view, x.data(), n, rf.data());
+    EXPECT_TRUE(same_bits(ya, ra) && same_bits(yf, rf)) << "with f16, n " << n;
+  }
+  Matrix narrow = make_matrix(GGMLType::Q8_0, 4, 256, 66);
+  std::vector<float> x = make_acts(1, cols, 67), y1(40), y2(4);
+  EXPECT_THROW(matmul_group({&a.view, &narrow.view}, x.data(), 1, {y1.data(), y2.data()}), Error);
+}
+
 TEST(Kernels, SetLevelRejectsUnsupported) {
   Restore restore;
   EXPECT_NO_THROW(qdot::set_level(qdot::Level::Scalar));

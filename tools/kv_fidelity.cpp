@@ -103,7 +103,7 @@ int main(int argc, char** argv) try {
         cfgs.push_back({fmt::format("KIVI-{} G=32 R={}{}", bits, R, had ? " + Hadamard" : ""), KVCodec::F16,
                         KVCodec::F16, q, ""});
       }
-  cfgs.push_back({"LeanKV tiers: f16 | half of kept at q8_0 K / q4_0 V", KVCodec::F16, KVCodec::F16, {}, "leankv"});
+  cfgs.push_back({"LeanKV tiers: f16, lower-scored half of kept at q8_0 K + q4_0 V", KVCodec::F16, KVCodec::F16, {}, "leankv"});
 
   RunOptions ref_opt;
   ref_opt.session.key_codec = ref_opt.session.value_codec = KVCodec::F32;

@@ -74,7 +74,8 @@ class LayerView {
   const std::vector<float>& window_mass(int kv_head, int rows) const;
 
  private:
-  /// Keys of segment h decoded and transposed, [head_dim][n_entries]; cached.
+  /// Keys of segment h decoded and transposed in blocks of 16 entries, [block][head_dim][16]
+  /// (zero-padded); cached.
   const std::vector<float>& keys_t(int kv_head) const;
   /// Probabilities of window queries [i0, i1) of group head g over segment h: out[i1 - i0][n].
   void attention_rows(int kv_head, int g, int i0, int i1, float* out) const;

@@ -6,8 +6,11 @@
 #include <functional>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
+#include "kvslim/error.h"
 
 namespace kvslim {
 
@@ -81,6 +84,58 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
 }
 
 }  // namespace
+
+void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, int64_t n_tokens,
+                  std::initializer_list<float*> Ys, bool exact) {
+  if (Ws.size() != Ys.size()) throw Error("matmul_group: as many outputs as weight matrices are needed");
+  const WeightView* const* w = Ws.begin();
+  float* const* y = Ys.begin();
+  const size_t m = Ws.size();
+  for (size_t i = 1; i < m; ++i)
+    if (w[i]->cols != w[0]->cols)
+      throw Error(fmt::format("matmul_group: weight matrices have {} and {} columns", w[0]->cols, w[i]->cols));
+  bool all_int = !exact && n_tokens > 0;
+  for (size_t i = 0; i < m && all_int; ++i) all_int = qdot::format_of(w[i]->type).group > 0;
+  if (!all_int) {
+    for (size_t i = 0; i < m; ++i) matmul(*w[i], X, n_tokens, y[i], exact);
+    return;
+  }
+  // One quantization of X per distinct format, then one parallel region over the row units of
+  // all matrices (unit u of matrix i covers rows [16 u, 16 u + 16)).
+  static thread_local std::vector<qdot::Acts> caller_acts;
+  std::vector<qdot::Acts>& acts = caller_acts;
+  acts.resize(m);
+  std::vector<size_t> which(m);
+  std::vector<int64_t> first_unit(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) {
+    const qdot::Format f = qdot::format_of(w[i]->type);
+    which[i] = i;
+    for (size_t j = 0; j < i; ++j) {
+      const qdot::Format g = qdot::format_of(w[j]->type);
+      if (g.group == f.group && g.offset == f.offset && g.has_min == f.has_min) {
+        which[i] = which[j];
+        break;
+      }
+    }
+    first_unit[i + 1] = first_unit[i] + (w[i]->rows + kRowUnit - 1) / kRowUnit;
+  }
+  for (size_t i = 0; i < m; ++i) {
+    if (which[i] != i) continue;
+    const qdot::Format f = qdot::format_of(w[i]->type);
+    qdot::Acts& a = acts[i];
+    qdot::prepare_acts(n_tokens, w[i]->cols, f, a);
+    parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, a); });
+  }
+  const qdot::Level lv = qdot::level();
+  parallel_for(first_unit[m], [&](int64_t b, int64_t e) {
+    for (size_t i = 0; i < m; ++i) {
+      const int64_t u0 = std::max(b, first_unit[i]), u1 = std::min(e, first_unit[i + 1]);
+      if (u0 >= u1) continue;
+      const int64_t r0 = (u0 - first_unit[i]) * kRowUnit, r1 = std::min(w[i]->rows, (u1 - first_unit[i]) * kRowUnit);
+      qdot::dot_rows_q(lv, *w[i], r0, r1, acts[which[i]], y[i], w[i]->rows);
+    }
+  });
+}
 
 void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, bool exact) {
   if (n_tokens <= 0 || W.rows <= 0) return;

@@ -1,6 +1,7 @@
 #pragma once
 // Products of activations with weight matrices kept in their GGUF type.
 #include <cstdint>
+#include <initializer_list>
 
 #include "kvslim/quant.h"
 
@@ -28,5 +29,12 @@ struct WeightView {
 /// Exact path (exact = true): weights dequantized to f32 and f32 products only (reference-logit
 /// tests).
 void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, bool exact = false);
+
+/// matmul of several weight matrices with the same input (Q/K/V, gate/up): Ys[i] =
+/// X * Ws[i]^T, each [n_tokens][Ws[i]->rows]. All Ws[i]->cols must be equal (kvslim::Error
+/// otherwise). Results are bit-identical to separate matmul calls; the input is quantized once
+/// per weight format and the rows of all matrices share one parallel region.
+void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, int64_t n_tokens,
+                  std::initializer_list<float*> Ys, bool exact = false);
 
 }  // namespace kvslim

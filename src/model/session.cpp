@@ -164,9 +164,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
 
     for (int t = 0; t < n; ++t) rms_norm(x.data() + t * d, L.attn_norm.data(), xn.data() + t * d, d, hp.rms_eps);
     if (req && req->on_attention_input) req->on_attention_input(l, xn.data(), n, d, pos.data());
-    matmul(*L.wq, xn.data(), n, q.data(), ex);
-    matmul(*L.wk, xn.data(), n, k.data(), ex);
-    matmul(*L.wv, xn.data(), n, v.data(), ex);
+    matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn.data(), n, {q.data(), k.data(), v.data()}, ex);
     if (!L.bq.empty())
       for (int t = 0; t < n; ++t) {
         for (int i = 0; i < dq; ++i) q[t * dq + i] += L.bq[i];
@@ -280,8 +278,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
 
     for (int t = 0; t < n; ++t) rms_norm(x.data() + t * d, L.ffn_norm.data(), xn.data() + t * d, d, hp.rms_eps);
-    matmul(*L.w_gate, xn.data(), n, g.data(), ex);
-    matmul(*L.w_up, xn.data(), n, u.data(), ex);
+    matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     matmul(*L.w_down, g.data(), n, tmp.data(), ex);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
