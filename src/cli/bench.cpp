@@ -193,15 +193,15 @@ int run(BenchArgs a) {
 
   // The table, llama-bench style.
   const std::string simd = qdot::level_name(qdot::level());
-  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<28} | {:>14} | {:>16} | {:>10} | {:>12} |\n", "model",
+  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<30} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
              "size", "params", "type", "threads", "press", "test", "t/s", "KV MiB",
              per_test_peak ? "peak RSS MiB" : "max RSS MiB");
-  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<28} | {:->14} | {:->16} | {:->10} | {:->12} |\n", "",
+  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<30} | {:->14} | {:->18} | {:->10} | {:->12} |\n", "",
              "", "", "", "", "", "", "", "", "");
   for (const Result& r : results)
-    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<28} | {:>14} | {:>16} | {:>10.2f} | {:>12.1f} |\n",
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<30} | {:>14} | {:>18} | {:>10.2f} | {:>12.1f} |\n",
                model_name, human_size(double(size_bytes)), human_params(double(n_params)), model->weight_type(),
-               a.threads, r.press.substr(0, 28), r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
+               a.threads, r.press.substr(0, 30), r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
                r.kv_bytes / (1024.0 * 1024.0), r.peak_rss / (1024.0 * 1024.0));
   fmt::print("\nsimd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
