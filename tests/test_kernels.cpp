@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/matmul.h"
 #include "kernels/quant_dot.h"
@@ -318,4 +323,42 @@ TEST(Kernels, SetLevelRejectsUnsupported) {
   if (qdot::detected_level() != qdot::Level::AVX512) {
     EXPECT_THROW(qdot::set_level(qdot::Level::AVX512), Error);
   }
+}
+
+// `kvslim bench` on the bundled model: one pp and two tg rows per press, JSON with the measured
+// fields, and bad input reported as an error (exit 1) rather than a crash.
+TEST(BenchCli, RunsAndWritesJson) {
+  const std::string dir = ::testing::TempDir();
+  const std::string json = dir + "/kvslim_bench.json", out = dir + "/kvslim_bench.out";
+  const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string cmd = std::string("'") + KVSLIM_CLI + "' bench -m '" + model +
+                          "' -p 32 -n 4 --depth 0,16 -t 1 --press none --press knorm --compression-ratio 0.5 --json '" +
+                          json + "' > '" + out + "' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(json);
+  ASSERT_TRUE(f.good());
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j.size(), 6u);  // 2 presses x (pp32, tg4 @ d0, tg4 @ d16)
+  EXPECT_EQ(j[0]["test"], "pp32");
+  EXPECT_EQ(j[1]["test"], "tg4 @ d0");
+  EXPECT_EQ(j[2]["test"], "tg4 @ d16");
+  for (const auto& r : j) {
+    EXPECT_GT(r["avg_ts"].get<double>(), 0.0);
+    EXPECT_GT(r["peak_rss_bytes"].get<double>(), 0.0);
+    EXPECT_EQ(r["threads"], 1);
+    EXPECT_EQ(r["n_params"], 292800);  // stories260K's tensor elements
+  }
+  // KV bytes measured from the cache: knorm at ratio 0.5 keeps 16 of the 32 prefill entries.
+  EXPECT_NEAR(j[3]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
+  std::stringstream table;
+  table << std::ifstream(out).rdbuf();
+  EXPECT_NE(table.str().find("| model"), std::string::npos);
+  EXPECT_NE(table.str().find("tg4 @ d16"), std::string::npos);
+
+  const std::string bad = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' --press nosuchpress > '" + out +
+                          "' 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 1);
+  std::stringstream err;
+  err << std::ifstream(out).rdbuf();
+  EXPECT_NE(err.str().find("nosuchpress"), std::string::npos);
 }

@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <map>
 
-#include "press/rope.h"
 #include "test_press_util.h"
 
 using namespace press_test;
@@ -255,9 +254,8 @@ TEST(PressDecode, H2OHoldsTheBudgetDuringDecode) {
   o.n_predict = 24;
   o.sampling.temp = 0;
   GenerateResult r = generate(bundled_model(), *p, o);
-  const HParams& hp = bundled_model().hparams();
+  ASSERT_GT(r.stats.generated_tokens, 1);
   EXPECT_EQ(r.stats.final_kv_bytes, r.stats.kv_bytes);  // no question: the budget is the prefill size
-  (void)hp;
 }
 
 TEST(PressDecode, DecodingWrapperCompressesEveryIntervalToTheTarget) {
@@ -304,8 +302,7 @@ TEST(PressRerotation, KeysMoveToContiguousPositionsExactly) {
         }
       }
     }
-  // Decoding continues after the rerotated entries as if the evicted tokens had never been there:
-  // the attention logits of a new query equal those of a cache built from the kept keys at 50..99.
+  // The newest entry stays at the session's next position - 1: decoding continues right after it.
   EXPECT_EQ(cache_next_position(s->cache()), 100);
 }
 
