@@ -79,8 +79,16 @@ struct Result {
   std::string test;  // "pp512", "tg32 @ d4096"
   int n_prompt = 0, n_gen = 0, depth = 0;
   std::vector<double> tps;  // one per repetition
+  std::vector<double> token_ms;  // decode tests: every single-token step
   size_t kv_bytes = 0, peak_rss = 0;
   double press_seconds = 0;
+  /// Median single-token decode rate (0 for prefill tests): robust to other load on the machine.
+  double median_tps() const {
+    if (token_ms.empty()) return 0;
+    std::vector<double> v = token_ms;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return 1000.0 / v[v.size() / 2];
+  }
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -146,7 +154,7 @@ int run(BenchArgs a) {
     std::unique_ptr<Press> press = make_press(spec, a.ratio);
     const std::string pname = press->describe();
     if (a.n_prompt > 0) {
-      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, 0, 0, 0};
+      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0};
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
         Session s(*model, so);
@@ -163,7 +171,7 @@ int run(BenchArgs a) {
     }
     if (a.n_gen > 0)
       for (int depth : a.depths) {
-        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, 0, 0, 0};
+        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0};
         reset_peak_rss();
         Session s(*model, so);
         if (depth > 0) {
@@ -180,9 +188,11 @@ int run(BenchArgs a) {
           std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
           auto t0 = Clock::now();
           for (Token t : toks) {
+            auto t1 = Clock::now();
             Observation dobs;
             s.forward({t}, false, &dreq, &dobs, s.next_position());
             press->after_decode(s.cache(), *model, dobs);
+            r.token_ms.push_back(1000.0 * since(t1));
           }
           r.tps.push_back(a.n_gen / since(t0));
         }
@@ -203,7 +213,11 @@ int run(BenchArgs a) {
                model_name, human_size(double(size_bytes)), human_params(double(n_params)), model->weight_type(),
                a.threads, r.press.substr(0, 30), r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
                r.kv_bytes / (1024.0 * 1024.0), r.peak_rss / (1024.0 * 1024.0));
-  fmt::print("\nsimd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
+  std::string medians;
+  for (const Result& r : results)
+    if (!r.token_ms.empty()) medians += fmt::format("{}{} {}: {:.2f}", medians.empty() ? "" : ", ", r.press, r.test, r.median_tps());
+  if (!medians.empty()) fmt::print("\nmedian single-token decode t/s (robust to other load): {}\n", medians);
+  fmt::print("simd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
 
@@ -228,6 +242,7 @@ int run(BenchArgs a) {
                      {"samples_ts", r.tps},
                      {"avg_ts", r.mean()},
                      {"stddev_ts", r.stddev()},
+                     {"median_token_ts", r.median_tps()},
                      {"press_seconds", r.press_seconds},
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},

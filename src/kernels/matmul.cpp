@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -22,13 +23,36 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// Rows are handed to threads in units of 16 (one AVX-512 tile), so no tile is split.
+// Rows are handed out in units of 16 (one AVX-512 tile), so no tile is split. Threads take runs
+// of units from a shared counter rather than fixed halves: when another process shares a core,
+// the thread that runs faster takes more rows instead of the whole product waiting for the slow
+// one. Each row is computed the same way whoever takes it, so results do not depend on this.
 constexpr int64_t kRowUnit = 16;
 
-void parallel_rows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
-  parallel_for((rows + kRowUnit - 1) / kRowUnit, [&](int64_t b, int64_t e) {
-    fn(b * kRowUnit, std::min(rows, e * kRowUnit));
+// Products smaller than this many multiply-adds run on the calling thread: waking the pool
+// (about 10 us) would cost more than the work.
+constexpr int64_t kMinParallelMacs = 1 << 18;
+
+void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
+  const int nt = num_threads();
+  if (nt <= 1 || units < 2 || macs < kMinParallelMacs) {
+    fn(0, units);
+    return;
+  }
+  const int64_t grab = std::max<int64_t>(1, units / (int64_t(nt) * 8));
+  std::atomic<int64_t> next{0};
+  parallel_for(nt, [&](int64_t, int64_t) {
+    for (;;) {
+      const int64_t u0 = next.fetch_add(grab, std::memory_order_relaxed);
+      if (u0 >= units) return;
+      fn(u0, std::min(units, u0 + grab));
+    }
   });
+}
+
+void parallel_rows(int64_t rows, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_units((rows + kRowUnit - 1) / kRowUnit, macs,
+                 [&](int64_t b, int64_t e) { fn(b * kRowUnit, std::min(rows, e * kRowUnit)); });
 }
 
 // OpenBLAS splits one product across its threads differently for different thread counts,
@@ -66,7 +90,7 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
   }
   constexpr int64_t tile = 128;
   BlasSingleThread single;
-  parallel_for((W.rows + tile - 1) / tile, [&](int64_t b, int64_t e) {
+  parallel_units((W.rows + tile - 1) / tile, W.rows * W.cols * n_tokens, [&](int64_t b, int64_t e) {
     std::vector<float> wf(W.type == GGMLType::F32 ? 0 : static_cast<size_t>(tile * W.cols));
     for (int64_t ti = b; ti < e; ++ti) {
       const int64_t r0 = ti * tile, nr = std::min(tile, W.rows - r0);
@@ -127,7 +151,9 @@ void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, i
     parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, a); });
   }
   const qdot::Level lv = qdot::level();
-  parallel_for(first_unit[m], [&](int64_t b, int64_t e) {
+  int64_t macs = 0;
+  for (size_t i = 0; i < m; ++i) macs += w[i]->rows * w[i]->cols * n_tokens;
+  parallel_units(first_unit[m], macs, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < m; ++i) {
       const int64_t u0 = std::max(b, first_unit[i]), u1 = std::min(e, first_unit[i + 1]);
       if (u0 >= u1) continue;
@@ -149,12 +175,14 @@ void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, boo
       qdot::Acts& acts = caller_acts;
       qdot::prepare_acts(n_tokens, W.cols, f, acts);
       parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, acts); });
-      parallel_rows(W.rows, [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
+      parallel_rows(W.rows, W.rows * W.cols * n_tokens,
+                    [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
       return;
     }
     const bool float_type = W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
     if (float_type && n_tokens < 4) {
-      parallel_rows(W.rows, [&](int64_t b, int64_t e) { qdot::dot_rows_f(lv, W, b, e, X, n_tokens, Y, W.rows); });
+      parallel_rows(W.rows, W.rows * W.cols * n_tokens,
+                    [&](int64_t b, int64_t e) { qdot::dot_rows_f(lv, W, b, e, X, n_tokens, Y, W.rows); });
       return;
     }
   }
