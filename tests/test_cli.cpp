@@ -1,6 +1,7 @@
 // The `kvslim` binary on bad input: every case exits non-zero without a crash (exit code < 128,
 // no signal) and prints one clear message naming the file, field or value at fault.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -19,7 +20,10 @@ namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "kvslim_cli_" + name; }
+// The pid keeps names apart when ctest runs tests as parallel processes.
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "kvslim_cli_" + std::to_string(::getpid()) + "_" + name;
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -3,6 +3,7 @@
 // re-computation of the HF formula, and small (2-layer) files of every shape that the engine
 // loads and runs like any model.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -25,7 +26,10 @@ namespace {
 
 const std::string kVocab = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "kvslim_synth_" + name; }
+// The pid keeps names apart when ctest runs tests as parallel processes.
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "kvslim_synth_" + std::to_string(::getpid()) + "_" + name;
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
