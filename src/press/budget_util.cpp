@@ -137,4 +137,19 @@ std::vector<std::pair<int, int>> layer_segments(const KVCache& cache, int layer)
   return s;
 }
 
+KeepCounts layer_shaped_keep(const BudgetInput& in, const std::function<double(int layer)>& desired_for) {
+  const KVCache& cache = in.cache;
+  auto segs = all_segments(cache);
+  std::vector<double> desired;
+  std::vector<int64_t> hi;
+  for (auto [l, h] : segs) {
+    desired.push_back(desired_for(l));
+    hi.push_back(static_cast<int64_t>(cache.seg(l, h).size()));
+  }
+  auto x = apportion(desired, protected_counts(in.scores, segs), hi, uniform_total(cache, in.target, segs));
+  KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
+  for (size_t i = 0; i < segs.size(); ++i) keep[segs[i].first][segs[i].second] = static_cast<int>(x[i]);
+  return keep;
+}
+
 }  // namespace kvslim::budget

@@ -1,6 +1,7 @@
 #pragma once
 // Building blocks of the budget policies (internal to src/press).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kvslim/press.h"
@@ -33,5 +34,10 @@ std::vector<int64_t> shared_top(const Scores& scores, const std::vector<std::pai
 std::vector<std::pair<int, int>> all_segments(const KVCache& cache);
 /// Segments of one layer.
 std::vector<std::pair<int, int>> layer_segments(const KVCache& cache, int layer);
+
+/// Keep-counts of a layer-shaped policy (PyramidKV, ZigZagKV): every segment of layer l asks for
+/// desired(l) entries, and apportion() scales the asks to the uniform total, within each
+/// segment's protected floor and size.
+KeepCounts layer_shaped_keep(const BudgetInput& in, const std::function<double(int layer)>& desired);
 
 }  // namespace kvslim::budget

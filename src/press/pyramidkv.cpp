@@ -20,7 +20,7 @@ class PyramidBudget : public BudgetPolicy {
   std::string describe() const override { return fmt::format("pyramidkv:beta={}", beta_); }
   KeepCounts keep_counts(const BudgetInput& in) const override {
     const KVCache& cache = in.cache;
-    const int L = cache.n_layer(), H = cache.n_head_kv();
+    const int L = cache.n_layer();
     const double n = static_cast<double>(in.target.n_context);
     const double avg = n * (1.0 - in.target.ratio);
     double min_n = avg / beta_, max_n = 2 * avg - min_n;
@@ -28,18 +28,8 @@ class PyramidBudget : public BudgetPolicy {
       max_n = n;
       min_n = 2 * avg - n;
     }
-    auto segs = budget::all_segments(cache);
-    std::vector<double> desired;
-    std::vector<int64_t> hi;
-    for (auto [l, h] : segs) {
-      desired.push_back(L > 1 ? max_n - l * (max_n - min_n) / (L - 1) : avg);
-      hi.push_back(static_cast<int64_t>(cache.seg(l, h).size()));
-    }
-    auto x = budget::apportion(desired, budget::protected_counts(in.scores, segs), hi,
-                               budget::uniform_total(cache, in.target, segs));
-    KeepCounts keep(L, std::vector<int>(H));
-    for (size_t i = 0; i < segs.size(); ++i) keep[segs[i].first][segs[i].second] = static_cast<int>(x[i]);
-    return keep;
+    return budget::layer_shaped_keep(
+        in, [&](int l) { return L > 1 ? max_n - l * (max_n - min_n) / (L - 1) : avg; });
   }
 
  private:

@@ -56,24 +56,15 @@ class ZigZagBudget : public BudgetPolicy {
   }
   KeepCounts keep_counts(const BudgetInput& in) const override {
     const KVCache& cache = in.cache;
-    const int L = cache.n_layer(), H = cache.n_head_kv();
+    const int L = cache.n_layer();
     const double b_avg = uniform_keep(in.target.n_context, in.target.ratio);
     const double b_bound = reserve_ * b_avg;
     double sum = 0;
     for (double v : in.layer_stat) sum += v;
-    auto segs = budget::all_segments(cache);
-    std::vector<double> desired;
-    std::vector<int64_t> hi;
-    for (auto [l, h] : segs) {
+    return budget::layer_shaped_keep(in, [&](int l) {
       double u = sum > 0 ? in.layer_stat[l] / sum : 1.0 / L;
-      desired.push_back(b_bound + (b_avg - b_bound) * L * u);
-      hi.push_back(static_cast<int64_t>(cache.seg(l, h).size()));
-    }
-    auto x = budget::apportion(desired, budget::protected_counts(in.scores, segs), hi,
-                               budget::uniform_total(cache, in.target, segs));
-    KeepCounts keep(L, std::vector<int>(H));
-    for (size_t i = 0; i < segs.size(); ++i) keep[segs[i].first][segs[i].second] = static_cast<int>(x[i]);
-    return keep;
+      return b_bound + (b_avg - b_bound) * L * u;
+    });
   }
 
  private:
