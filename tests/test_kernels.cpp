@@ -325,7 +325,7 @@ TEST(Kernels, SetLevelRejectsUnsupported) {
   }
 }
 
-// `kvslim bench` on the bundled model: one pp and two tg rows per press, JSON with the measured
+// `kvslim bench` on the bundled model: one pp, two tg rows and a depth-fill row per press, JSON with the measured
 // fields, and bad input reported as an error (exit 1) rather than a crash.
 TEST(BenchCli, RunsAndWritesJson) {
   const std::string dir = ::testing::TempDir();
@@ -338,10 +338,13 @@ TEST(BenchCli, RunsAndWritesJson) {
   std::ifstream f(json);
   ASSERT_TRUE(f.good());
   const nlohmann::json j = nlohmann::json::parse(f);
-  ASSERT_EQ(j.size(), 6u);  // 2 presses x (pp32, tg4 @ d0, tg4 @ d16)
+  ASSERT_EQ(j.size(), 8u);  // 2 presses x (pp32, tg4 @ d0, fill d16, tg4 @ d16)
   EXPECT_EQ(j[0]["test"], "pp32");
   EXPECT_EQ(j[1]["test"], "tg4 @ d0");
-  EXPECT_EQ(j[2]["test"], "tg4 @ d16");
+  EXPECT_EQ(j[2]["test"], "fill d16");  // the prefill of the 16-token context, timed on its own
+  EXPECT_EQ(j[2]["n_prompt"], 16);
+  EXPECT_EQ(j[3]["test"], "tg4 @ d16");
+  EXPECT_EQ(j[4]["test"], "pp32");
   for (const auto& r : j) {
     EXPECT_GT(r["avg_ts"].get<double>(), 0.0);
     EXPECT_GT(r["peak_rss_bytes"].get<double>(), 0.0);
@@ -349,7 +352,8 @@ TEST(BenchCli, RunsAndWritesJson) {
     EXPECT_EQ(r["n_params"], 292800);  // stories260K's tensor elements
   }
   // KV bytes measured from the cache: knorm at ratio 0.5 keeps 16 of the 32 prefill entries.
-  EXPECT_NEAR(j[3]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
+  EXPECT_NEAR(j[4]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
+  EXPECT_NEAR(j[6]["kv_bytes"].get<double>() / j[2]["kv_bytes"].get<double>(), 0.5, 0.05);  // 8 of 16
   std::stringstream table;
   table << std::ifstream(out).rdbuf();
   EXPECT_NE(table.str().find("| model"), std::string::npos);

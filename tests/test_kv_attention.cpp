@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/quant_dot.h"
 #include "kvslim/kv_cache.h"
 #include "kvslim/model.h"
 #include "kvslim/session.h"
@@ -108,14 +109,26 @@ Segment build(const Config& cfg, int hd, int n, uint32_t seed) {
 
 }  // namespace
 
+// Every SIMD level (each has its own register tiling: 8 or 2/4 rows, one or two key tiles and
+// value chunks at a time), head dims that take the vector path whole (64), with a leftover
+// 16-column chunk (80) and the scalar path (8), an even and an odd number of blocks (150 and 140
+// entries: the last block then has no partner), and row counts with leftovers of every tiling.
 TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
-  for (int hd : {64, 8}) {
+  const qdot::Level saved = qdot::level();
+  std::vector<qdot::Level> levels{qdot::Level::Scalar};
+  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
+  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  for (qdot::Level lv : levels)
+  for (int n_entries : {150, 140})
+  for (int hd : {64, 80, 8}) {
+    qdot::set_level(lv);
+    SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + ", entries " + std::to_string(n_entries));
     for (const Config& cfg : configs()) {
-      Segment s = build(cfg, hd, 150, 3);
+      Segment s = build(cfg, hd, n_entries, 3);
       const size_t n = s.size();
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       // A decode group (every entry visible) and prefill rows with causal prefixes.
-      for (int rows : {8, 24}) {
+      for (int rows : {8, 24, 13}) {
         auto q = sample(static_cast<size_t>(rows) * hd, 9 + rows);
         std::vector<int32_t> vis(rows);
         for (int r = 0; r < rows; ++r)
@@ -153,6 +166,7 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
       for (float x : o1) EXPECT_EQ(x, 0.0f);
     }
   }
+  qdot::set_level(saved);
 }
 
 TEST(KVAttention, HadamardRotationPreservesAttention) {

@@ -175,8 +175,17 @@ int run(BenchArgs a) {
         reset_peak_rss();
         Session s(*model, so);
         if (depth > 0) {
+          // The fill itself is a prefill of `depth` tokens (with compression after every chunk
+          // when --chunk-size is set): reported as its own row, as it is the long-prompt cost.
+          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0};
           double press_s = 0;
+          const auto t0 = Clock::now();
           prefill_and_compress(s, *press, random_tokens(depth, hp.n_vocab, rng), a.chunk_size, nullptr, &press_s);
+          fill.tps.push_back(depth / since(t0));
+          fill.press_seconds = press_s;
+          fill.kv_bytes = s.cache().bytes();
+          fill.peak_rss = peak_rss();
+          results.push_back(fill);
           r.press_seconds = press_s;
         } else {
           press->reset();

@@ -7,6 +7,8 @@
 // (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and chosen at run time.
 #include "kernels/attention.h"
 
+#include "kernels/quant_dot.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -92,36 +94,51 @@ KV_INLINE float hsum(const v16& v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// S[i][0..16) = sum_d Q[i][d] * kt[d][0..16) for NR rows.
-template <int NR>
-KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S) {
+// S[i * ss + t * 16 + j] = sum_d Q[i][d] * kt_t[d][j] for NR rows and NT key tiles (kt_t =
+// kt + t * hd * 16). With two tiles each broadcast query value feeds two fmas: the loop is bound
+// by loads (one broadcast per fma with a single tile), so sharing them is what makes it faster.
+template <int NR, int NT>
+KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, int ss) {
   // The row loops are unrolled so that the accumulators live in registers.
-  v16 acc[NR];
+  v16 acc[NT][NR];
 #pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) acc[i] = v16{};
+  for (int i = 0; i < NR; ++i)
+    for (int t = 0; t < NT; ++t) acc[t][i] = v16{};
   for (int d = 0; d < hd; ++d) {
-    const v16 k = load16(kt + d * 16);
+    v16 k[NT];
+    for (int t = 0; t < NT; ++t) k[t] = load16(kt + (static_cast<size_t>(t) * hd + d) * 16);
 #pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) acc[i] += Q[i * hd + d] * k;
+    for (int i = 0; i < NR; ++i) {
+      const v16 q = splat(Q[i * hd + d]);
+      for (int t = 0; t < NT; ++t) acc[t][i] += q * k[t];
+    }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) store16(S + i * 16, acc[i]);
+  for (int i = 0; i < NR; ++i)
+    for (int t = 0; t < NT; ++t) store16(S + i * ss + t * 16, acc[t][i]);
 }
 
-// O[i][c..c+16) += sum_j P[i][j] * V[j][c..c+16) for NR rows, nb value rows.
-template <int NR>
-KV_INLINE void tile_pv(const float* P, const float* V, int nb, int hd, float* O) {
-  for (int c = 0; c < hd; c += 16) {
-    v16 acc[NR];
+// O[i][c..c+16 CH) += sum_j P[i * ps + j] * V[j][c..c+16 CH) for NR rows, nb value rows; columns
+// [c0, c1) in steps of 16 CH (CH chunks share each broadcast probability).
+template <int NR, int CH>
+KV_INLINE void tile_pv(const float* P, int ps, const float* V, int nb, int hd, float* O, int c0, int c1) {
+  for (int c = c0; c + 16 * CH <= c1; c += 16 * CH) {
+    v16 acc[NR][CH];
 #pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) acc[i] = load16(O + i * hd + c);
+    for (int i = 0; i < NR; ++i)
+      for (int h = 0; h < CH; ++h) acc[i][h] = load16(O + i * hd + c + 16 * h);
     for (int j = 0; j < nb; ++j) {
-      const v16 v = load16(V + j * hd + c);
+      v16 v[CH];
+      for (int h = 0; h < CH; ++h) v[h] = load16(V + j * hd + c + 16 * h);
 #pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[i] += P[i * 16 + j] * v;
+      for (int i = 0; i < NR; ++i) {
+        const v16 p = splat(P[i * ps + j]);
+        for (int h = 0; h < CH; ++h) acc[i][h] += p * v[h];
+      }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) store16(O + i * hd + c, acc[i]);
+    for (int i = 0; i < NR; ++i)
+      for (int h = 0; h < CH; ++h) store16(O + i * hd + c + 16 * h, acc[i][h]);
   }
 }
 
@@ -137,9 +154,20 @@ struct BlockRef {
   alignas(64) int32_t lg[16];
 };
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void attend_core(
-    const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows, const int32_t* vis, float* out,
-    int64_t out_stride, float* raw, Scratch& sc) {
+// Register tiling per SIMD level. Each accumulator is an independent chain of fmas, and an fma's
+// latency is about four times its issue interval, so at least 8 chains are needed to keep two
+// fma ports busy. AVX-512 (32 registers): scores of 8 rows x 2 key tiles, values of 8 rows x 2
+// chunks of 16 columns (16 accumulators each). AVX2 (16 registers, a 16-float vector being two):
+// 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of accumulators, no spills).
+template <int NRS, int NRP, int CH>
+struct Tiling {
+  static constexpr int rows_scores = NRS, rows_values = NRP, chunks = CH;
+};
+
+template <class T>
+KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows,
+                           const int32_t* vis, float* out, int64_t out_stride, float* raw, Scratch& sc) {
+  constexpr int NRS = T::rows_scores, NRP = T::rows_values, CH = T::chunks;
   const int hd = seg.head_dim();
   const size_t n = seg.size();
   const bool vec_hd = hd % 16 == 0;
@@ -148,31 +176,45 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   float* O = sc.O.data();
   float* m = sc.m.data();
   float* l = sc.l.data();
-  float* S = sc.S.data();
+  float* S = sc.S.data();  // [rows][32]: the probabilities of up to two tiles
   float* kt = sc.kt.data();
   std::fill(O, O + static_cast<size_t>(rows) * hd, 0.0f);
   std::fill(m, m + rows, -INFINITY);
   std::fill(l, l + rows, 0.0f);
 
-  auto process = [&](const BlockRef& blk) __attribute__((always_inline)) {
-    const int nb = static_cast<int>(blk.e - blk.b);
-    blk.st->block_keys_t(blk.b, blk.e, kt);
+  // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
+  // is consumed as a pair with an empty second tile.
+  auto process = [&](const BlockRef* blk, int nt) __attribute__((always_inline)) {
+    for (int t = 0; t < nt; ++t) blk[t].st->block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
     int r = 0;
-    for (; r + 4 <= rows; r += 4) tile_scores<4>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 16);
-    for (; r < rows; ++r) tile_scores<1>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 16);
-    v16i lgv;
-    std::memcpy(&lgv, blk.lg, sizeof lgv);
+    if (nt == 2) {
+      for (; r + NRS <= rows; r += NRS) tile_scores<NRS, 2>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r < rows; ++r) tile_scores<1, 2>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+    } else {
+      for (; r + NRP <= rows; r += NRP) tile_scores<NRP, 1>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r < rows; ++r) tile_scores<1, 1>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+    }
+    v16i lgv[2];
+    std::memcpy(&lgv[0], blk[0].lg, sizeof(v16i));
+    lgv[1] = splati(INT_MAX);
+    if (nt == 2) std::memcpy(&lgv[1], blk[1].lg, sizeof(v16i));
     bool any = false;
     for (r = 0; r < rows; ++r) {
-      float* Sr = S + r * 16;
-      const v16i valid = lgv < splati(vis[r]);
-      const v16 s = valid ? load16(Sr) : splat(-INFINITY);
+      float* Sr = S + r * 32;
+      v16i valid[2];
+      v16 sv[2];
+      for (int t = 0; t < 2; ++t) {
+        valid[t] = lgv[t] < splati(vis[r]);
+        sv[t] = valid[t] ? load16(Sr + 16 * t) : splat(-INFINITY);
+      }
       if (raw)
-        for (int j = 0; j < nb; ++j)
-          if (blk.lg[j] < vis[r]) raw[static_cast<size_t>(r) * n + blk.lg[j]] = Sr[j];
-      const float bm = hmax(s);
+        for (int t = 0; t < nt; ++t)
+          for (int j = 0; j < static_cast<int>(blk[t].e - blk[t].b); ++j)
+            if (blk[t].lg[j] < vis[r]) raw[static_cast<size_t>(r) * n + blk[t].lg[j]] = Sr[16 * t + j];
+      const float bm = std::max(hmax(sv[0]), hmax(sv[1]));
       if (bm == -INFINITY) {
         store16(Sr, v16{});
+        store16(Sr + 16, v16{});
         continue;
       }
       any = true;
@@ -183,28 +225,48 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
         for (int d = 0; d < hd; ++d) Or[d] *= alpha;
         m[r] = bm;
       }
-      const v16 p = valid ? vexp(s - m[r]) : v16{};
-      l[r] += hsum(p);
-      store16(Sr, p);
+      for (int t = 0; t < 2; ++t) {
+        const v16 p = valid[t] ? vexp(sv[t] - m[r]) : v16{};
+        l[r] += hsum(p);
+        store16(Sr + 16 * t, p);
+      }
     }
     if (!any) return;
-    const float* V = blk.st->block_values(blk.b, blk.e, sc.v.data());
-    if (vec_hd) {
-      r = 0;
-      for (; r + 4 <= rows; r += 4) tile_pv<4>(S + r * 16, V, nb, hd, O + static_cast<size_t>(r) * hd);
-      for (; r < rows; ++r) tile_pv<1>(S + r * 16, V, nb, hd, O + static_cast<size_t>(r) * hd);
-    } else {
-      for (r = 0; r < rows; ++r) {
-        float* Or = O + static_cast<size_t>(r) * hd;
-        for (int j = 0; j < nb; ++j) {
-          const float p = S[r * 16 + j];
-          for (int d = 0; d < hd; ++d) Or[d] += p * V[j * hd + d];
+    for (int t = 0; t < nt; ++t) {
+      const int nb = static_cast<int>(blk[t].e - blk[t].b);
+      const float* V = blk[t].st->block_values(blk[t].b, blk[t].e, sc.v.data());
+      const float* P = S + 16 * t;
+      if (vec_hd) {
+        const int c2 = hd / (16 * CH) * (16 * CH);  // columns done CH chunks at a time
+        r = 0;
+        for (; r + NRP <= rows; r += NRP) {
+          float* Or = O + static_cast<size_t>(r) * hd;
+          tile_pv<NRP, CH>(P + r * 32, 32, V, nb, hd, Or, 0, c2);
+          if (c2 < hd) tile_pv<NRP, 1>(P + r * 32, 32, V, nb, hd, Or, c2, hd);
+        }
+        for (; r < rows; ++r) tile_pv<1, 1>(P + r * 32, 32, V, nb, hd, O + static_cast<size_t>(r) * hd, 0, hd);
+      } else {
+        for (r = 0; r < rows; ++r) {
+          float* Or = O + static_cast<size_t>(r) * hd;
+          for (int j = 0; j < nb; ++j) {
+            const float p = P[r * 32 + j];
+            for (int d = 0; d < hd; ++d) Or[d] += p * V[j * hd + d];
+          }
         }
       }
     }
   };
 
   std::vector<int32_t> ssel;
+  BlockRef pend[2];
+  int npend = 0;
+  auto push = [&](const BlockRef& blk) __attribute__((always_inline)) {
+    pend[npend++] = blk;
+    if (npend == 2) {
+      process(pend, 2);
+      npend = 0;
+    }
+  };
   for (int s = 0; s < seg.n_stores(); ++s) {
     const KVStore& st = seg.store(s);
     const std::vector<int32_t> lidx = seg.store_entries(s);  // empty: store index = segment index
@@ -218,7 +280,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
         blk.b = b;
         blk.e = e;
         for (int j = 0; j < 16; ++j) blk.lg[j] = b + j < e ? logical(b + j) : INT_MAX;
-        process(blk);
+        push(blk);
         b = e;
       }
     } else {
@@ -236,10 +298,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
         for (int j = 0; j < 16; ++j) blk.lg[j] = INT_MAX;
         for (; p < ssel.size() && static_cast<size_t>(ssel[p]) < blk.e; ++p)
           blk.lg[ssel[p] - blk.b] = logical(ssel[p]);
-        process(blk);
+        push(blk);
       }
     }
   }
+  if (npend) process(pend, 1);
 
   for (int r = 0; r < rows; ++r) {
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
@@ -248,6 +311,27 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     for (int d = 0; d < hd; ++d) o[d] = Or[d] * inv;
   }
 }
+
+#define KV_ATTEND_ARGS                                                                                    \
+  const Segment &seg, const int32_t *sel, int n_sel, const float *Q, int rows, const int32_t *vis, float *out, \
+      int64_t out_stride, float *raw, Scratch &sc
+__attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
+  attend_body<Tiling<8, 8, 2>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+}
+__attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
+  attend_body<Tiling<2, 4, 1>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+}
+void attend_default(KV_ATTEND_ARGS) { attend_body<Tiling<2, 4, 1>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
+
+// The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
+void attend_core(KV_ATTEND_ARGS) {
+  switch (qdot::level()) {
+    case qdot::Level::AVX512: return attend_avx512(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+    case qdot::Level::AVX2: return attend_avx2(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+    default: return attend_default(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  }
+}
+#undef KV_ATTEND_ARGS
 
 thread_local Scratch tls_scratch;
 
@@ -258,8 +342,8 @@ void prepare(const Segment& seg, const float* q, int rows, float scale, Scratch&
   sc.O.resize(sc.Q.size());
   sc.m.resize(rows);
   sc.l.resize(rows);
-  sc.S.resize(static_cast<size_t>(rows) * 16);
-  sc.kt.resize(static_cast<size_t>(hd) * 16);
+  sc.S.resize(static_cast<size_t>(rows) * 32);
+  sc.kt.resize(static_cast<size_t>(hd) * 32);
   sc.v.resize(static_cast<size_t>(hd) * 16);
   for (int r = 0; r < rows; ++r) {
     float* d = sc.Q.data() + static_cast<size_t>(r) * hd;
