@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "kernels/threads.h"
 #include "kvslim/eval.h"
@@ -33,6 +34,7 @@ struct CommonArgs {
   bool no_plot = false, no_progress = false;
   int threads = 2, ctx = 0, chunk_size = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
+  KVQuantOptions kv_quant;
 };
 
 struct FidelityArgs : CommonArgs {
@@ -108,8 +110,7 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--chunk-size", a.chunk_size, "compress after every chunk of this many context tokens (0 = once)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--cache-type-k", a.cache_type_k, "KV cache key type (f32, f16)")->capture_default_str();
-  sub->add_option("--cache-type-v", a.cache_type_v, "KV cache value type (f32, f16)")->capture_default_str();
+  add_cache_options(sub, a.cache_type_k, a.cache_type_v, a.kv_quant);
 }
 
 RunOptions run_options(const CommonArgs& a) {
@@ -117,6 +118,7 @@ RunOptions run_options(const CommonArgs& a) {
   r.session.n_ctx = a.ctx;
   r.session.key_codec = parse_codec(a.cache_type_k);
   r.session.value_codec = parse_codec(a.cache_type_v);
+  r.session.kv_quant = a.kv_quant;
   r.chunk_size = a.chunk_size;
   return r;
 }

@@ -13,21 +13,6 @@
 
 namespace kvslim {
 
-int minimum_budget(const float* p, size_t n, double mass) {
-  if (!(mass > 0.0 && mass <= 1.0)) throw Error(fmt::format("MBA: attention mass {} is outside (0, 1]", mass));
-  std::vector<double> v(p, p + n);
-  double total = 0;
-  for (double x : v) total += x;
-  if (!(total > 0)) return 0;
-  std::sort(v.begin(), v.end(), std::greater<double>());
-  // A tolerance keeps a row whose top entries sum to exactly `mass` (up to rounding) at that count.
-  const double need = mass * total * (1.0 - 1e-9);
-  double acc = 0;
-  size_t k = 0;
-  while (k < n && acc < need) acc += v[k++];
-  return static_cast<int>(k);
-}
-
 LayerBudgets layer_budgets(const Model& model, const std::vector<Token>& tokens, const LayerBudgetOptions& opt,
                            const SessionOptions& session) {
   if (tokens.empty()) throw Error("attention-stats: empty prompt");

@@ -8,13 +8,9 @@
 #include "kvslim/eval.h"
 #include "kvslim/model.h"
 #include "kvslim/session.h"
+#include "press/mba.h"  // minimum_budget
 
 namespace kvslim {
-
-/// MBA of one attention distribution: the fewest entries whose probabilities sum to at least
-/// `mass` of the row's total (largest first); 0 for an empty or all-zero row. Throws kvslim::Error
-/// for a mass outside (0, 1].
-int minimum_budget(const float* p, size_t n, double mass);
 
 struct LayerBudgetOptions {
   int window = 32;          ///< last prompt tokens whose queries are analysed (observation window)

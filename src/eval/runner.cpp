@@ -155,9 +155,14 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
     throw Error(fmt::format("fidelity: the continuation has {} tokens, at least 2 are needed", continuation.size()));
   FidelityReference ref;
   ref.n_vocab = model.hparams().n_vocab;
-  Session s(model, opt.session);
+  SessionOptions full = opt.session;
+  for (KVCodec* c : {&full.key_codec, &full.value_codec})
+    if (*c == KVCodec::Q8_0 || *c == KVCodec::Q4_0) *c = KVCodec::F16;
+  full.kv_quant = KVQuantOptions{};
+  Session s(model, full);
   check_fits(s, prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
-  // The same prefill path as the compressed run, so the "none" press compares bit-identical logits.
+  // The same prefill path as the compressed run, so the "none" press on the same (unquantized)
+  // cache compares bit-identical logits.
   auto none = make_press("none", 0.0);
   prefill_and_compress(s, *none, prefix, opt.chunk_size);
   ref.logits = feed_stepwise(s, nullptr, std::vector<Token>(continuation.begin(), continuation.end() - 1));
@@ -200,21 +205,9 @@ AttentionStats attention_stats(const Model& model, const std::vector<Token>& tok
   st.context_tokens = static_cast<int>(tokens.size());
   st.window = window;
   st.tau = tau;
-  const int G = hp.n_group();
   for (int l = 0; l < hp.n_layer; ++l) {
     LayerView view(model, s.cache(), obs, l);
-    std::vector<int> mba(hp.n_head);
-    for (int h = 0; h < hp.n_head_kv; ++h) {
-      const std::vector<float>& probs = view.window_attention(h);
-      const size_t n = s.cache().seg(l, h).size();
-      const int w = view.n_window();
-      for (int g = 0; g < G; ++g) {
-        std::vector<float> a(n, 0.0f);
-        for (int q = 0; q < w; ++q)
-          for (size_t e = 0; e < n; ++e) a[e] += probs[(static_cast<size_t>(g) * w + q) * n + e];
-        mba[h * G + g] = minimum_budget(a.data(), n, tau);
-      }
-    }
+    std::vector<int> mba = query_head_mba(view, view.n_window(), tau);
     double mean = 0;
     for (int v : mba) mean += v;
     st.lmba.push_back(mean / hp.n_head);

@@ -1,8 +1,11 @@
 #include "kernels/threads.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -12,6 +15,27 @@ namespace kvslim {
 
 namespace {
 
+// A decode step runs about a hundred short parallel regions back to back (four products per layer
+// plus attention). Waking a sleeping thread costs tens of microseconds, more in a virtual machine,
+// which adds up to several milliseconds per token; so both sides first spin for a while on atomics
+// and only then sleep on a condition variable (between tokens, or when the machine is idle).
+constexpr std::chrono::microseconds kSpin{250};
+
+// Spins until done() or kSpin has passed; returns done().
+template <class F>
+bool spin_until(F done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    _mm_pause();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > kSpin) return done();
+  }
+}
+
+// Publication: run() writes the region (fn_, total_, parts_) and then bumps generation_; a worker
+// that sees the new generation (acquire) sees the region. A sleeper is woken only if it announced
+// itself (sleepers_ / main_waiting_) before re-checking the condition under the mutex; both sides
+// use sequentially consistent operations, so one of them always sees the other (no lost wake-up).
 class Pool {
  public:
   ~Pool() { stop(); }
@@ -20,7 +44,8 @@ class Pool {
     n_ = std::max(1, n);
     quit_ = false;
     // New workers start from the current generation so they never replay a finished region.
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i, g = generation_] { loop(i, g); });
+    const uint64_t g = generation_.load();
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i, g] { loop(i, g); });
   }
   int size() const { return n_; }
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
@@ -31,49 +56,57 @@ class Pool {
       return;
     }
     std::unique_lock<std::mutex> run_lock(run_mu_);  // one parallel region at a time
-    {
+    fn_ = &fn;
+    total_ = n;
+    parts_ = parts;
+    // Every worker acknowledges every region, even one with no part of it, so that none can
+    // still be reading fn_ / total_ / parts_ when the next region overwrites them.
+    pending_.store(n_ - 1);
+    generation_.fetch_add(1);
+    if (sleepers_.load() > 0) {
       std::lock_guard<std::mutex> g(mu_);
-      fn_ = &fn;
-      total_ = n;
-      parts_ = parts;
-      pending_ = parts - 1;
-      ++generation_;
+      cv_.notify_all();
     }
-    cv_.notify_all();
     in_region_ = true;
     fn(0, n / parts);
     in_region_ = false;
-    std::unique_lock<std::mutex> l(mu_);
-    done_cv_.wait(l, [this] { return pending_ == 0; });
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> l(mu_);
+      main_waiting_.store(true);
+      done_cv_.wait(l, [this] { return pending_.load() == 0; });
+      main_waiting_.store(false);
+    }
     fn_ = nullptr;
   }
 
  private:
   void loop(int idx, uint64_t seen) {
     for (;;) {
-      const std::function<void(int64_t, int64_t)>* fn;
-      int64_t b = 0, e = 0;
-      {
+      auto ready = [&] { return quit_.load() || generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin_until(ready)) {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return quit_ || generation_ != seen; });
-        if (quit_) return;
-        seen = generation_;
-        if (idx >= parts_) continue;
-        fn = fn_;
-        b = total_ * idx / parts_;
-        e = total_ * (idx + 1) / parts_;
+        sleepers_.fetch_add(1);
+        cv_.wait(l, ready);
+        sleepers_.fetch_sub(1);
       }
-      in_region_ = true;
-      (*fn)(b, e);
-      in_region_ = false;
-      std::lock_guard<std::mutex> g(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (quit_.load()) return;
+      seen = generation_.load(std::memory_order_acquire);
+      if (idx < parts_) {
+        const int64_t b = total_ * idx / parts_, e = total_ * (idx + 1) / parts_;
+        in_region_ = true;
+        (*fn_)(b, e);
+        in_region_ = false;
+      }
+      if (pending_.fetch_sub(1) == 1 && main_waiting_.load()) {
+        std::lock_guard<std::mutex> g(mu_);
+        done_cv_.notify_one();
+      }
     }
   }
   void stop() {
     {
       std::lock_guard<std::mutex> g(mu_);
-      quit_ = true;
+      quit_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -84,12 +117,14 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
+  // Written by run() before generation_ is bumped; read by workers after they see it.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t total_ = 0;
   int parts_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool quit_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> main_waiting_{false}, quit_{false};
 };
 
 thread_local bool Pool::in_region_ = false;

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "press/budget_util.h"
+#include "press/mba.h"
 
 namespace kvslim {
 namespace {
@@ -33,25 +34,12 @@ class ZigZagBudget : public BudgetPolicy {
   bool wants_inspect() const override { return true; }
   /// LMBA of the layer over the last `window` observation queries.
   double inspect(const LayerView& view) const override {
-    const int G = view.hp().n_group(), w = view.n_window();
+    const int w = view.n_window();
     const int use = std::min(w, window_);
     if (use <= 0) return 0.0;
     double sum_mba = 0;
-    for (int h = 0; h < view.hp().n_head_kv; ++h) {
-      const size_t n = view.seg(h).size();
-      if (n == 0) continue;
-      const std::vector<float>& p = view.window_mass(h, use);
-      for (int g = 0; g < G; ++g) {
-        std::vector<double> m(p.begin() + static_cast<size_t>(g) * n, p.begin() + static_cast<size_t>(g + 1) * n);
-        double total = 0;
-        for (double v : m) total += v;
-        std::sort(m.begin(), m.end(), std::greater<double>());
-        double acc = 0;
-        size_t k = 0;
-        while (k < n && acc < mass_ * total - 1e-12) acc += m[k++];
-        sum_mba += static_cast<double>(std::max<size_t>(k, 1));
-      }
-    }
+    // A head with no attention at all still counts one entry, so every LMBA is positive.
+    for (int m : query_head_mba(view, use, mass_)) sum_mba += std::max(m, 1);
     return sum_mba / view.hp().n_head;
   }
   KeepCounts keep_counts(const BudgetInput& in) const override {
