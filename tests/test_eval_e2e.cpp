@@ -113,6 +113,34 @@ TEST(EvalE2E, FidelityOfTheFullCacheIsExactAndPerplexityMatchesOneBatch) {
   EXPECT_EQ(half.metrics.perplexity_full(), full.metrics.perplexity_full());
 }
 
+// Regression: the fidelity reference used the run's own cache options, so a quantized cache was
+// compared with itself (KL 0). The reference is the full-precision cache: a KIVI-4 or q4_0 cache
+// with no press now shows its own error, and the reference equals the f16 cache's logits exactly.
+TEST(EvalE2E, QuantizedCacheFidelityIsMeasuredAgainstFullPrecision) {
+  const Model& m = stories();
+  RunOptions f16;
+  std::vector<Token> text = sample_text(m, 96, 7, f16.session);
+  std::vector<Token> prefix{m.tokenizer().bos()};
+  prefix.insert(prefix.end(), text.begin(), text.begin() + 64);
+  std::vector<Token> cont(text.begin() + 64, text.end());
+  const FidelityReference ref16 = fidelity_reference(m, prefix, cont, f16);
+  auto none = make_press("none", 0.0);
+  RunOptions kivi = f16;
+  kivi.session.kv_quant.kivi_bits = 4;
+  kivi.session.kv_quant.kivi_group = 16;
+  kivi.session.kv_quant.kivi_residual = 16;
+  RunOptions q4 = f16;
+  q4.session.key_codec = q4.session.value_codec = KVCodec::Q4_0;
+  for (const RunOptions* opt : {&kivi, &q4}) {
+    const FidelityReference ref = fidelity_reference(m, prefix, cont, *opt);
+    EXPECT_EQ(ref.logits, ref16.logits);
+    const FidelityOutcome out = run_fidelity(m, *none, ref, *opt);
+    EXPECT_GT(out.metrics.mean_kl(), 1e-6);
+    EXPECT_LT(out.metrics.mean_kl(), 1.0);
+    EXPECT_EQ(out.cache.entries_kept, out.cache.entries_total);
+  }
+}
+
 TEST(EvalE2E, FidelitySweepRecordsEveryRun) {
   FidelitySweep sw;
   sw.context_tokens = 64;
