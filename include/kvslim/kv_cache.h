@@ -245,7 +245,9 @@ class Segment {
   void drop_tiers();
 };
 
-/// All segments of a model: n_layer x n_head_kv.
+/// All segments of a model: n_layer x n_head_kv. The first cache constructed fixes glibc's mmap
+/// threshold at 256 KiB for the process (mallopt), so that buffers a segment outgrows or a press
+/// shrinks go back to the system instead of staying resident in the heap.
 class KVCache {
  public:
   /// Throws kvslim::Error when the configuration is invalid (see validate_cache_config).

@@ -252,6 +252,7 @@ int run(BenchArgs a) {
                      {"avg_ts", r.mean()},
                      {"stddev_ts", r.stddev()},
                      {"median_token_ts", r.median_tps()},
+                     {"samples_token_ms", r.token_ms},
                      {"press_seconds", r.press_seconds},
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},

@@ -1,5 +1,7 @@
 // Segments (one per (layer, KV head)) and the cache. A segment is one or two KVStores (precision
 // tiers); its logical entry order is insertion order across both.
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -228,8 +230,23 @@ std::vector<int32_t> Segment::store_entries(int s) const {
 
 // ---- KVCache ----
 
+namespace {
+
+// Each (layer, KV head) grows by reallocating its buffers. glibc raises its mmap threshold each
+// time a mapped block is freed (up to 32 MiB), after which the next buffers come from the heap,
+// where a freed one stays resident: measured +46% of the KV bytes in resident memory after 16K
+// tokens of decode. A fixed threshold keeps every buffer of 256 KiB or more in its own mapping,
+// handed back to the system when it is freed or shrunk by a press. Set once, for the process.
+void fix_mmap_threshold() {
+  static const bool done = [] { return mallopt(M_MMAP_THRESHOLD, 256 * 1024) == 1; }();
+  (void)done;
+}
+
+}  // namespace
+
 KVCache::KVCache(int n_layer, int n_head_kv, int head_dim, KVCodec kc, KVCodec vc, const KVQuantOptions& q)
     : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim) {
+  fix_mmap_threshold();
   validate_cache_config(kc, vc, q, head_dim);
   segs_.reserve(static_cast<size_t>(n_layer) * n_head_kv);
   for (int i = 0; i < n_layer * n_head_kv; ++i) segs_.emplace_back(head_dim, kc, vc, q);
