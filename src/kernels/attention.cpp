@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/quant_dot.h"
+#include "kv/simd.h"
 
 #include <algorithm>
 #include <climits>
@@ -36,23 +37,15 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void axpy_f32(float
 
 namespace {
 
-// The 64-byte vector helpers are always inlined into the multi-versioned kernel, so their
-// nominal (default-target) ABI never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 static_assert(kKVTile == 16, "the kernels below hold one tile of scores in a 16-float vector");
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+// The codecs' 16-lane vector type and loads (always inlined into the per-target kernels).
+namespace simd = kv::simd;
+using simd::v16;
+using v16i = simd::i32x16;
 
 #define KV_INLINE inline __attribute__((always_inline))
 
-KV_INLINE v16 load16(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-KV_INLINE void store16(float* p, const v16& v) { std::memcpy(p, &v, sizeof v); }
 KV_INLINE v16 splat(float f) { return v16{} + f; }
 KV_INLINE v16i splati(int32_t x) { return v16i{} + x; }
 
@@ -106,7 +99,7 @@ KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, in
     for (int t = 0; t < NT; ++t) acc[t][i] = v16{};
   for (int d = 0; d < hd; ++d) {
     v16 k[NT];
-    for (int t = 0; t < NT; ++t) k[t] = load16(kt + (static_cast<size_t>(t) * hd + d) * 16);
+    for (int t = 0; t < NT; ++t) k[t] = simd::load(kt + (static_cast<size_t>(t) * hd + d) * 16);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const v16 q = splat(Q[i * hd + d]);
@@ -115,7 +108,7 @@ KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, in
   }
 #pragma GCC unroll 8
   for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT; ++t) store16(S + i * ss + t * 16, acc[t][i]);
+    for (int t = 0; t < NT; ++t) simd::store(S + i * ss + t * 16, acc[t][i]);
 }
 
 // O[i][c..c+16 CH) += sum_j P[i * ps + j] * V[j][c..c+16 CH) for NR rows, nb value rows; columns
@@ -126,10 +119,10 @@ KV_INLINE void tile_pv(const float* P, int ps, const float* V, int nb, int hd, f
     v16 acc[NR][CH];
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i)
-      for (int h = 0; h < CH; ++h) acc[i][h] = load16(O + i * hd + c + 16 * h);
+      for (int h = 0; h < CH; ++h) acc[i][h] = simd::load(O + i * hd + c + 16 * h);
     for (int j = 0; j < nb; ++j) {
       v16 v[CH];
-      for (int h = 0; h < CH; ++h) v[h] = load16(V + j * hd + c + 16 * h);
+      for (int h = 0; h < CH; ++h) v[h] = simd::load(V + j * hd + c + 16 * h);
 #pragma GCC unroll 8
       for (int i = 0; i < NR; ++i) {
         const v16 p = splat(P[i * ps + j]);
@@ -138,7 +131,7 @@ KV_INLINE void tile_pv(const float* P, int ps, const float* V, int nb, int hd, f
     }
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i)
-      for (int h = 0; h < CH; ++h) store16(O + i * hd + c + 16 * h, acc[i][h]);
+      for (int h = 0; h < CH; ++h) simd::store(O + i * hd + c + 16 * h, acc[i][h]);
   }
 }
 
@@ -205,7 +198,7 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
       v16 sv[2];
       for (int t = 0; t < 2; ++t) {
         valid[t] = lgv[t] < splati(vis[r]);
-        sv[t] = valid[t] ? load16(Sr + 16 * t) : splat(-INFINITY);
+        sv[t] = valid[t] ? simd::load(Sr + 16 * t) : splat(-INFINITY);
       }
       if (raw)
         for (int t = 0; t < nt; ++t)
@@ -213,8 +206,8 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
             if (blk[t].lg[j] < vis[r]) raw[static_cast<size_t>(r) * n + blk[t].lg[j]] = Sr[16 * t + j];
       const float bm = std::max(hmax(sv[0]), hmax(sv[1]));
       if (bm == -INFINITY) {
-        store16(Sr, v16{});
-        store16(Sr + 16, v16{});
+        simd::store(Sr, v16{});
+        simd::store(Sr + 16, v16{});
         continue;
       }
       any = true;
@@ -228,7 +221,7 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
       for (int t = 0; t < 2; ++t) {
         const v16 p = valid[t] ? vexp(sv[t] - m[r]) : v16{};
         l[r] += hsum(p);
-        store16(Sr + 16 * t, p);
+        simd::store(Sr + 16 * t, p);
       }
     }
     if (!any) return;
