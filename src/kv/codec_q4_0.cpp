@@ -93,7 +93,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (size_t b = 0; b < nblocks; ++b, src += 2 + qb / 2, out += qb) {
     uint16_t h;
     std::memcpy(&h, src, 2);
-    const float d = fp16_to_fp32(h);
+    const float d = simd::half(h);
     if (qb % 32 == 0) {
       for (int j = 0; j < qb / 2; j += 16) {
         simd::v16 lo, hi;

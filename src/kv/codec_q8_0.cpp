@@ -83,7 +83,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (size_t b = 0; b < nblocks; ++b, src += 2 + qb, out += qb) {
     uint16_t h;
     std::memcpy(&h, src, 2);
-    const float d = fp16_to_fp32(h);
+    const float d = simd::half(h);
     const auto* q = reinterpret_cast<const int8_t*>(src + 2);
     if (qb % 16 == 0) {
       for (int j = 0; j < qb; j += 32) {

@@ -119,7 +119,7 @@ inline __attribute__((always_inline)) void decode_value(const uint8_t* rec, int 
   const uint8_t* codes = rec + (hd / gv) * 4;
   if (gv % 16 == 0) {
     for (int g = 0; g < hd / gv; ++g) {
-      const float z = fp16_to_fp32(par[2 * g]), s = fp16_to_fp32(par[2 * g + 1]);
+      const float z = simd::half(par[2 * g]), s = simd::half(par[2 * g + 1]);
       for (int c = g * gv; c < (g + 1) * gv; c += 16) {
         const simd::v16 q = bits == 4 ? simd::nib_lanes<0>(simd::load32(codes + c / 2)) : simd::crumbs(codes + c / 4);
         simd::store(out + c, q * s + z);
@@ -266,11 +266,18 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   const size_t cs = code_stride(gn_[g], bits_);
   // t0 is a multiple of kKVTile, so the block's codes start on a byte boundary.
   const size_t first = static_cast<size_t>(t0) * bits_ / 8;
-  float z[64], s[64];
+  alignas(64) float z[64], s[64];
   for (int c0 = 0; c0 < hd_; c0 += 64) {
     const int cn = std::min(64, hd_ - c0);
-    f16_to_f32_n(zero + c0, z, cn);
-    f16_to_f32_n(step + c0, s, cn);
+    if (cn % 16 == 0) {
+      for (int c = 0; c < cn; c += 16) {
+        simd::store(z + c, simd::from_f16(zero + c0 + c));
+        simd::store(s + c, simd::from_f16(step + c0 + c));
+      }
+    } else {
+      f16_to_f32_n(zero + c0, z, cn);
+      f16_to_f32_n(step + c0, s, cn);
+    }
     for (int c = 0; c < cn; ++c) {
       // Lanes past a partial block read neighbouring bytes (or the store's slack): unspecified.
       const uint8_t* src = codes + (c0 + c) * cs + first;

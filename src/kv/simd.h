@@ -68,6 +68,22 @@ KV_SIMD_INLINE void nib_split(const u32x8& W, v16& lo, v16& hi) {
   hi = __builtin_convertvector(reinterpret_cast<i32x16>((r >> (sh + 4)) & 15), v16);
 }
 
+/// One f16 value as a float: vcvtph2ps in the AVX2 / AVX-512 clones (F16C), a libgcc call in the
+/// baseline. Exact, as every f16 value is a float; inlined, unlike kvslim::fp16_to_fp32.
+KV_SIMD_INLINE float half(uint16_t h) {
+  _Float16 f;
+  std::memcpy(&f, &h, sizeof f);
+  return static_cast<float>(f);
+}
+
+/// 16 f16 values as floats (exact, one vcvtph2ps on AVX-512).
+KV_SIMD_INLINE v16 from_f16(const uint16_t* p) {
+  typedef _Float16 h16x16 __attribute__((vector_size(32)));
+  h16x16 h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, v16);
+}
+
 /// 16 bf16 values as floats.
 KV_SIMD_INLINE v16 from_bf16(const uint16_t* p) {
   u16x16 h;
