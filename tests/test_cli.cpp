@@ -207,3 +207,17 @@ TEST(CliErrors, SynthBadOptions) {
                        {"error:", "/nonexistent/v.gguf"});
   expect_clean_failure("synth --shape qwen2.5-0.5b --type q8_0 -o " + quote(out), {"--vocab-from"});
 }
+
+// Regression: a context size above the model's training context was accepted silently. It still
+// runs (RoPE positions past training are valid), with a warning naming both sizes; a context
+// within the training length gives none.
+TEST(CliErrors, ContextAboveTrainingWarns) {
+  Result r = run_cli(gen(kModel, "-p 'Once upon a time' -c 5000"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: the context of 5000 tokens exceeds the model's training context of 2048"),
+            std::string::npos)
+      << r.err;
+  Result ok = run_cli(gen(kModel, "-p 'Once upon a time' -c 256"));
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
+}

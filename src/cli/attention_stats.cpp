@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/context_size.h"
 #include "eval/attention_stats.h"
 #include "kernels/threads.h"
 #include "kvslim/eval.h"
@@ -95,6 +96,7 @@ int run(const StatsArgs& a) {
   std::vector<Token> toks = tok.encode(text, tok.add_bos_default(), false);
   SessionOptions so;
   so.n_ctx = a.ctx;
+  warn_context_size(*model, a.ctx);
   LayerBudgets lb = layer_budgets(*model, toks, a.opt, so);
   const AttentionStats& st = lb.attention;
   const int n_tok = st.context_tokens;

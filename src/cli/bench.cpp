@@ -18,6 +18,7 @@
 
 #include "cli/cache_options.h"
 #include "cli/commands.h"
+#include "cli/context_size.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kvslim/generate.h"
@@ -137,6 +138,7 @@ int run(BenchArgs a) {
   for (int d : a.depths) max_depth = std::max(max_depth, d);
   SessionOptions so;
   so.n_ctx = std::max(a.n_prompt, max_depth + a.n_gen * a.reps + 1);
+  warn_context_size(*model, so.n_ctx);
   so.batch = a.batch;
   so.key_codec = parse_codec(a.cache_type_k);
   so.value_codec = parse_codec(a.cache_type_v);

@@ -14,6 +14,7 @@
 
 #include "cli/cache_options.h"
 #include "cli/commands.h"
+#include "cli/context_size.h"
 #include "kernels/threads.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_report.h"
@@ -191,6 +192,7 @@ int run_fidelity_cmd(const FidelityArgs& a) {
   auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
   set_num_threads(a.threads);
   auto model = Model::load(a.model);
+  warn_context_size(*model, a.ctx);
   FidelitySweep sw;
   sw.context_tokens = a.context_tokens;
   sw.continuation_tokens = a.continuation_tokens;
@@ -286,6 +288,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
   auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
   set_num_threads(a.threads);
   auto model = Model::load(a.model);
+  warn_context_size(*model, a.ctx);
   TaskSweep sw;
   sw.tasks = niah ? std::vector<std::string>{"niah"} : a.tasks;
   sw.lengths = a.lengths;

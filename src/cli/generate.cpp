@@ -7,6 +7,7 @@
 
 #include "cli/cache_options.h"
 #include "cli/commands.h"
+#include "cli/context_size.h"
 #include "kernels/threads.h"
 #include "kvslim/generate.h"
 
@@ -61,6 +62,7 @@ int run(const GenerateArgs& a) {
   opt.sampling = {a.temp, a.top_k, a.top_p, a.seed};
   opt.chunk_size = a.chunk_size;
   opt.session.n_ctx = a.ctx;
+  warn_context_size(*model, a.ctx);
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
