@@ -141,6 +141,32 @@ TEST(EvalE2E, QuantizedCacheFidelityIsMeasuredAgainstFullPrecision) {
   }
 }
 
+// Regression: a sweep sampled its texts with the measured cache, so the same seed gave different
+// texts (full-cache perplexity 3.90 / 4.34 / 4.25 for f16 / KIVI-4 / q8_0): the tables could not
+// be compared row by row. Texts and references now come from the full-precision cache.
+TEST(EvalE2E, FidelitySweepTextsDoNotDependOnTheCacheType) {
+  FidelitySweep sw;
+  sw.context_tokens = 48;
+  sw.continuation_tokens = 8;
+  sw.samples = 2;
+  auto full_ppl = [&](const SessionOptions& so) {
+    FidelitySweep s = sw;
+    s.run.session = so;
+    std::vector<double> ppl;
+    run_fidelity_sweep(stories(), {{"none", 0.0}}, s,
+                       [&](const FidelityRecord& r) { ppl.push_back(r.outcome.metrics.perplexity_full()); });
+    return ppl;
+  };
+  SessionOptions q8;
+  q8.key_codec = q8.value_codec = KVCodec::Q8_0;
+  SessionOptions kivi;
+  kivi.kv_quant.kivi_bits = 4;
+  const std::vector<double> f16 = full_ppl({});
+  ASSERT_EQ(f16.size(), 2u);
+  EXPECT_EQ(full_ppl(q8), f16);
+  EXPECT_EQ(full_ppl(kivi), f16);
+}
+
 TEST(EvalE2E, FidelitySweepRecordsEveryRun) {
   FidelitySweep sw;
   sw.context_tokens = 64;

@@ -365,4 +365,14 @@ TEST(BenchCli, RunsAndWritesJson) {
   std::stringstream err;
   err << std::ifstream(out).rdbuf();
   EXPECT_NE(err.str().find("nosuchpress"), std::string::npos);
+
+  // Regression: an unwritable --json path was found only after the whole run. A run that would
+  // take minutes (depth 100,000) must fail at once (the timeout turns a late failure into 124).
+  const std::string late = "timeout 60 '" + std::string(KVSLIM_CLI) + "' bench -m '" + model +
+                           "' -p 0 --depth 100000 -n 1 --json /nonexistent/dir/b.json > '" + out + "' 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(late.c_str())), 1);
+  std::stringstream err2;
+  err2 << std::ifstream(out).rdbuf();
+  EXPECT_NE(err2.str().find("/nonexistent/dir/b.json: cannot open the JSON output file"), std::string::npos)
+      << err2.str();
 }

@@ -39,7 +39,10 @@ TEST(KVCli, IncompatibleCacheOptionsRejectedAtParse) {
   for (const auto& [args, msg] : bad) {
     std::string out;
     const int rc = run(base + args, out);
-    EXPECT_NE(rc, 0) << args;
+    // Regression: argument errors exited with CLI11's codes (105) and without the "error:" line
+    // every other failure prints.
+    EXPECT_EQ(rc, 1) << args;
+    EXPECT_EQ(out.rfind("error: ", 0), 0u) << args << " printed: " << out;
     EXPECT_NE(out.find(msg), std::string::npos) << args << " printed: " << out;
     EXPECT_EQ(out.find("nonexistent"), std::string::npos) << args << ": the model was opened: " << out;
   }

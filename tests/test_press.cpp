@@ -390,6 +390,11 @@ TEST(PressSpec, BadSpecsRaiseErrorsNamingTheProblem) {
   EXPECT_NE(msg("snapkv:kernel=4").find("kernel=4"), std::string::npos);
   EXPECT_NE(msg("per_layer(knorm)").find("ratios"), std::string::npos);
   EXPECT_NE(msg("adakv(snapkv)x").find("unexpected"), std::string::npos);
+  // Regression: a dangling '+' was reported as "'snapkv+' is not a press name".
+  EXPECT_NE(msg("snapkv+").find("no press after the final '+'"), std::string::npos) << msg("snapkv+");
+  EXPECT_NE(msg("snapkv + ").find("no press after the final '+'"), std::string::npos);
+  EXPECT_NE(msg("+snapkv").find("no press before '+'"), std::string::npos) << msg("+snapkv");
+  EXPECT_EQ(msg("snapkv:window=8+knorm"), "");  // a '+' between two presses is composition
 }
 
 TEST(PressCli, PressesListsEveryPressAndGenerateRejectsBadSpecs) {

@@ -76,9 +76,14 @@ struct FidelityReference {
   int n_vocab = 0;
 };
 
-/// Runs the full cache over prefix + continuation. The full cache is also full precision: the
-/// options' quantized codecs (q8_0, q4_0) become f16 and KIVI / Hadamard are off, so a quantized
-/// cache is measured against the cache it approximates. Throws kvslim::Error when the prefix is
+/// The full-precision cache of `opt`: its quantized codecs (q8_0, q4_0) become f16 and KIVI /
+/// Hadamard are off. Fidelity references, sampled texts and attention statistics use it, so they
+/// are the same whatever cache a sweep measures.
+SessionOptions full_precision(SessionOptions opt);
+
+/// Runs the full cache over prefix + continuation. The full cache is also full precision
+/// (full_precision(opt.session)), so a quantized cache is measured against the cache it
+/// approximates. Throws kvslim::Error when the prefix is
 /// empty, the continuation has fewer than 2 tokens, or the whole does not fit the context size.
 FidelityReference fidelity_reference(const Model& model, std::vector<Token> prefix, std::vector<Token> continuation,
                                      const RunOptions& opt);

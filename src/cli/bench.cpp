@@ -122,6 +122,10 @@ int run(BenchArgs a) {
     if (d < 0) throw Error(fmt::format("bench: --depth {} must be >= 0", d));
   check_ratio(a.ratio, "--compression-ratio");
   for (const std::string& spec : a.presses) make_press(spec, a.ratio);  // reject bad specs before loading
+  if (!a.json.empty()) {  // and an unwritable output before a long run, not after it
+    std::ofstream probe(a.json);
+    if (!probe) throw Error(fmt::format("{}: cannot open the JSON output file", a.json));
+  }
   if (a.threads <= 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
   set_num_threads(a.threads);
   auto model = Model::load(a.model);
@@ -214,15 +218,17 @@ int run(BenchArgs a) {
 
   // The table, llama-bench style.
   const std::string simd = qdot::level_name(qdot::level());
-  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<30} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
-             "size", "params", "type", "threads", "press", "test", "t/s", "KV MiB",
+  size_t pw = 5;  // the press column fits the longest press description (never cut)
+  for (const Result& r : results) pw = std::max(pw, r.press.size());
+  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
+             "size", "params", "type", "threads", "press", pw, "test", "t/s", "KV MiB",
              per_test_peak ? "peak RSS MiB" : "max RSS MiB");
-  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<30} | {:->14} | {:->18} | {:->10} | {:->12} |\n", "",
-             "", "", "", "", "", "", "", "", "");
+  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<{}} | {:->14} | {:->18} | {:->10} | {:->12} |\n", "",
+             "", "", "", "", "", pw, "", "", "", "");
   for (const Result& r : results)
-    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<30} | {:>14} | {:>18} | {:>10.2f} | {:>12.1f} |\n",
+    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10.2f} | {:>12.1f} |\n",
                model_name, human_size(double(size_bytes)), human_params(double(n_params)), model->weight_type(),
-               a.threads, r.press.substr(0, 30), r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
+               a.threads, r.press, pw, r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
                r.kv_bytes / (1024.0 * 1024.0), r.peak_rss / (1024.0 * 1024.0));
   std::string medians;
   for (const Result& r : results)

@@ -12,7 +12,8 @@ void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& ca
   sub->add_option("--cache-type-v", cache_type_v, "KV cache value type (as --cache-type-k)")->capture_default_str();
   sub->add_option("--kivi-bits", q.kivi_bits,
                   "KIVI (arXiv 2402.02750): 2 or 4 bits per code, keys per channel over G tokens, values per token "
-                  "over G channels; 0 = off")
+                  "over G channels; 0 = off. The newest R entries stay f16, so contexts under about R + G tokens "
+                  "take more memory than an f16 cache")
       ->capture_default_str();
   auto* group = sub->add_option("--kivi-group", q.kivi_group,
                                 "KIVI group size G (tokens per key group, channels per value group)")

@@ -21,7 +21,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0 as CLI11 prints them; a bad argument is an error like any other
+    // (one "error:" line, exit 1) rather than CLI11's own format and exit codes (105, 106, ...).
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", e.what());
+    return 1;
   }
   try {
     return action ? action() : 0;

@@ -148,6 +148,13 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
   return out;
 }
 
+SessionOptions full_precision(SessionOptions opt) {
+  for (KVCodec* c : {&opt.key_codec, &opt.value_codec})
+    if (*c == KVCodec::Q8_0 || *c == KVCodec::Q4_0) *c = KVCodec::F16;
+  opt.kv_quant = KVQuantOptions{};
+  return opt;
+}
+
 FidelityReference fidelity_reference(const Model& model, std::vector<Token> prefix, std::vector<Token> continuation,
                                      const RunOptions& opt) {
   if (prefix.empty()) throw Error("fidelity: the context prefix is empty");
@@ -155,11 +162,7 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
     throw Error(fmt::format("fidelity: the continuation has {} tokens, at least 2 are needed", continuation.size()));
   FidelityReference ref;
   ref.n_vocab = model.hparams().n_vocab;
-  SessionOptions full = opt.session;
-  for (KVCodec* c : {&full.key_codec, &full.value_codec})
-    if (*c == KVCodec::Q8_0 || *c == KVCodec::Q4_0) *c = KVCodec::F16;
-  full.kv_quant = KVQuantOptions{};
-  Session s(model, full);
+  Session s(model, full_precision(opt.session));
   check_fits(s, prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
   // The same prefill path as the compressed run, so the "none" press on the same (unquantized)
   // cache compares bit-identical logits.
@@ -342,14 +345,15 @@ void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, c
     if (progress) progress(done, total, fmt::format("sample #{}: full-cache reference", i));
     std::vector<Token> text;
     if (sw.text.empty())
-      text = sample_text(model, static_cast<int>(per), sample_seed(sw.seed, fmt::format("fidelity/{}", i)), sw.run.session);
+      text = sample_text(model, static_cast<int>(per), sample_seed(sw.seed, fmt::format("fidelity/{}", i)),
+                         full_precision(sw.run.session));
     else
       text.assign(sw.text.begin() + i * per, sw.text.begin() + (i + 1) * per);
     std::vector<Token> prefix = with_bos(tok, std::vector<Token>(text.begin(), text.end() - sw.continuation_tokens));
     std::vector<Token> cont(text.end() - sw.continuation_tokens, text.end());
     if (on_stats && sw.lmba_window > 0)
       on_stats(i, attention_stats(model, prefix, std::min<int>(sw.lmba_window, prefix.size()), sw.lmba_tau,
-                                  sw.run.session));
+                                  full_precision(sw.run.session)));
     const FidelityReference ref = fidelity_reference(model, std::move(prefix), std::move(cont), sw.run);
     for (const auto& run : runs) {
       auto press = make_press(run.spec, run.ratio);

@@ -92,7 +92,10 @@ std::vector<std::string> split_top(const std::string& s, char sep, const std::st
     if (split && sep == '+') {
       size_t k = i + 1;
       while (k < s.size() && s[k] == ' ') ++k;
-      split = k < s.size() && (std::isalpha(static_cast<unsigned char>(s[k])) || s[k] == '_');
+      if (k == s.size()) throw Error(fmt::format("press spec '{}': no press after the final '+'", whole));
+      split = std::isalpha(static_cast<unsigned char>(s[k])) || s[k] == '_';
+      if (split && trim(s.substr(start, i - start)).empty())
+        throw Error(fmt::format("press spec '{}': no press before '+'", whole));
     }
     if (split) {
       out.push_back(trim(s.substr(start, i - start)));
