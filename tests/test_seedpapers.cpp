@@ -664,7 +664,7 @@ TEST(SeedRegistry, SpecsParseBackAndBadParametersAreNamed) {
   s.b1 = {{0.0f}};
   const std::string zap = temp_path("zap_rt.gguf");
   s.save(zap, "x");
-  for (const std::string spec : {std::string("kvzip:chunk=512,n_sink=2"), "kvzap:surrogate=" + zap + ",threshold=-3",
+  for (const std::string& spec : {std::string("kvzip:chunk=512,n_sink=2"), "kvzap:surrogate=" + zap + ",threshold=-3",
                                  "duo_attention:labels=" + duo + ",head_ratio=0.25", std::string("clusterkv:budget=64")}) {
     auto p = make_press(spec, 0.5);
     auto q = make_press(p->describe(), 0.0);

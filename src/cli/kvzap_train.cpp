@@ -137,9 +137,11 @@ int run(const TrainArgs& a) {
   for (const std::string& path : a.corpus) {
     std::vector<Token> all = tok.encode(read_file(path), false, false);
     for (size_t b = 0; b + 16 <= all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
+      const size_t e = std::min(all.size(), b + static_cast<size_t>(a.doc_tokens));
       std::vector<Token> doc;
+      doc.reserve(e - b + 1);
       if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());
-      doc.insert(doc.end(), all.begin() + b, all.begin() + std::min(all.size(), b + a.doc_tokens));
+      for (size_t i = b; i < e; ++i) doc.push_back(all[i]);
       docs.push_back(std::move(doc));
     }
   }
