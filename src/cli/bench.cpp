@@ -149,9 +149,11 @@ int run(BenchArgs a) {
   so.kv_quant = a.kv_quant;
   std::mt19937_64 rng(a.seed);
 
-  {  // warm-up: touch every weight once so page faults of the mapping are not timed
+  {  // warm-up, untimed: page faults of the mapping (every weight is touched), the pool's threads
+     // and their per-thread buffers, on both paths (a small prefill batch, then decode steps)
     Session s(*model, so);
-    s.forward({0});
+    s.forward(random_tokens(std::min(64, so.n_ctx - 8), hp.n_vocab, rng));
+    for (int i = 0; i < 4; ++i) s.forward({static_cast<Token>(i)});
   }
 
   std::vector<Result> results;

@@ -226,7 +226,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     const bool want_mass = obs && req && req->attention_mass;
     std::vector<std::vector<float>> mass_part;
     if (want_mass) mass_part.assign(static_cast<size_t>(nkv) * n_tiles, {});
-    parallel_for(static_cast<int64_t>(nkv) * n_tiles, [&](int64_t b, int64_t e) {
+    auto attend_units = [&](int64_t b, int64_t e) {
       std::vector<float> qr, orow;
       std::vector<int32_t> vis;
       for (int64_t w = b; w < e; ++w) {
@@ -262,7 +262,14 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
             std::memcpy(&att[static_cast<size_t>(t) * dq + (h * G + gi) * hd], &orow[static_cast<size_t>((t - t0) * G + gi) * hd],
                         hd * sizeof(float));
       }
-    });
+    };
+    // Multiply-adds of this layer's attention (scores and values over the cache); below about a
+    // quarter of a million, waking the pool costs more than the work (tiny models, short contexts).
+    const int64_t attn_macs = static_cast<int64_t>(n) * nh * hd * 2 * static_cast<int64_t>(cache_.seg(l, 0).size());
+    if (attn_macs < (int64_t{1} << 18))
+      attend_units(0, static_cast<int64_t>(nkv) * n_tiles);
+    else
+      parallel_for(static_cast<int64_t>(nkv) * n_tiles, attend_units);
     if (want_mass)  // summed in a fixed order so results do not depend on the thread count
       for (int h = 0; h < nkv; ++h)
         for (int ti = 0; ti < n_tiles; ++ti) {
