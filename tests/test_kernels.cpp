@@ -366,6 +366,12 @@ TEST(BenchCli, RunsAndWritesJson) {
   err << std::ifstream(out).rdbuf();
   EXPECT_NE(err.str().find("nosuchpress"), std::string::npos);
 
+  // Regression: the warm-up prefilled n_ctx - 8 tokens, negative for a tiny context (-p 2 -n 1),
+  // and failed with "cannot create std::vector larger than max_size()".
+  const std::string tiny = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -p 2 -n 1 -t 1 > '" + out +
+                           "' 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(tiny.c_str())), 0);
+
   // Regression: an unwritable --json path was found only after the whole run. A run that would
   // take minutes (depth 100,000) must fail at once (the timeout turns a late failure into 124).
   const std::string late = "timeout 60 '" + std::string(KVSLIM_CLI) + "' bench -m '" + model +

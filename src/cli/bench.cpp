@@ -152,8 +152,9 @@ int run(BenchArgs a) {
   {  // warm-up, untimed: page faults of the mapping (every weight is touched), the pool's threads
      // and their per-thread buffers, on both paths (a small prefill batch, then decode steps)
     Session s(*model, so);
-    s.forward(random_tokens(std::min(64, so.n_ctx - 8), hp.n_vocab, rng));
-    for (int i = 0; i < 4; ++i) s.forward({static_cast<Token>(i)});
+    const int n_warm = std::clamp(so.n_ctx - 4, 1, 64);  // within the context however small
+    s.forward(random_tokens(n_warm, hp.n_vocab, rng));
+    for (int i = 0; i < 4 && s.next_position() < so.n_ctx; ++i) s.forward({static_cast<Token>(i)});
   }
 
   std::vector<Result> results;
