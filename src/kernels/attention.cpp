@@ -152,15 +152,11 @@ struct BlockRef {
 // fma ports busy. AVX-512 (32 registers): scores of 8 rows x 2 key tiles, values of 8 rows x 2
 // chunks of 16 columns (16 accumulators each). AVX2 (16 registers, a 16-float vector being two):
 // 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of accumulators, no spills).
+// NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile of
+// a lone key tile); CH: 16-column value chunks per probability broadcast.
 template <int NRS, int NRP, int CH>
-struct Tiling {
-  static constexpr int rows_scores = NRS, rows_values = NRP, chunks = CH;
-};
-
-template <class T>
 KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows,
                            const int32_t* vis, float* out, int64_t out_stride, float* raw, Scratch& sc) {
-  constexpr int NRS = T::rows_scores, NRP = T::rows_values, CH = T::chunks;
   const int hd = seg.head_dim();
   const size_t n = seg.size();
   const bool vec_hd = hd % 16 == 0;
@@ -309,12 +305,12 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   const Segment &seg, const int32_t *sel, int n_sel, const float *Q, int rows, const int32_t *vis, float *out, \
       int64_t out_stride, float *raw, Scratch &sc
 __attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
-  attend_body<Tiling<8, 8, 2>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<8, 8, 2>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
 __attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
-  attend_body<Tiling<2, 4, 1>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<2, 4, 1>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
-void attend_default(KV_ATTEND_ARGS) { attend_body<Tiling<2, 4, 1>>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
+void attend_default(KV_ATTEND_ARGS) { attend_body<2, 4, 1>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
 
 // The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
 void attend_core(KV_ATTEND_ARGS) {

@@ -29,10 +29,6 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 // one. Each row is computed the same way whoever takes it, so results do not depend on this.
 constexpr int64_t kRowUnit = 16;
 
-// Products smaller than this many multiply-adds run on the calling thread: waking the pool
-// (about 10 us) would cost more than the work.
-constexpr int64_t kMinParallelMacs = 1 << 18;
-
 void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
   const int nt = num_threads();
   if (nt <= 1 || units < 2 || macs < kMinParallelMacs) {

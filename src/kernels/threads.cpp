@@ -146,4 +146,12 @@ int num_threads() { return pool().size(); }
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) { pool().run(n, fn); }
 
+void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
+  if (macs < kMinParallelMacs) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  pool().run(n, fn);
+}
+
 }  // namespace kvslim

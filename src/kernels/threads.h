@@ -14,4 +14,13 @@ int num_threads();
 /// Results must not depend on the split (each index is handled by exactly one call).
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
+/// Multiply-adds below which a parallel region costs more than it saves: waking the pool takes
+/// about 10 us, more in a virtual machine.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+
+/// parallel_for(n, fn) when the region's work, `macs` multiply-adds, reaches kMinParallelMacs;
+/// else fn(0, n) on the calling thread. Results are the same either way (as for parallel_for,
+/// fn must not depend on the split).
+void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int64_t)>& fn);
+
 }  // namespace kvslim

@@ -263,13 +263,10 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
                         hd * sizeof(float));
       }
     };
-    // Multiply-adds of this layer's attention (scores and values over the cache); below about a
-    // quarter of a million, waking the pool costs more than the work (tiny models, short contexts).
+    // Multiply-adds of this layer's attention (scores and values over the cache): tiny models and
+    // short contexts stay on the calling thread.
     const int64_t attn_macs = static_cast<int64_t>(n) * nh * hd * 2 * static_cast<int64_t>(cache_.seg(l, 0).size());
-    if (attn_macs < (int64_t{1} << 18))
-      attend_units(0, static_cast<int64_t>(nkv) * n_tiles);
-    else
-      parallel_for(static_cast<int64_t>(nkv) * n_tiles, attend_units);
+    parallel_for(static_cast<int64_t>(nkv) * n_tiles, attn_macs, attend_units);
     if (want_mass)  // summed in a fixed order so results do not depend on the thread count
       for (int h = 0; h < nkv; ++h)
         for (int ti = 0; ti < n_tiles; ++ti) {
