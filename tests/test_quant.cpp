@@ -1,5 +1,5 @@
 // Tests of src/gguf/quant.cpp: type facts, fp16/bf16 conversion, and (de)quantization against
-// ggml's own output stored in shared/models/reference/quant-vectors.gguf.
+// ggml's own output stored in tests/data/reference/quant-vectors.gguf.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +17,7 @@ using namespace kvslim;
 
 namespace {
 
-const std::string kVectors = std::string(KVSLIM_SHARED_DIR) + "/models/reference/quant-vectors.gguf";
+const std::string kVectors = std::string(KVSLIM_SOURCE_DIR) + "/tests/data/reference/quant-vectors.gguf";
 
 uint32_t bits(float f) {
   uint32_t u;

@@ -1,6 +1,6 @@
 // The forward pass against llama.cpp's logits and greedy continuations for the bundled model
-// (../shared/models/reference/stories260K.ref.gguf, computed by llama.cpp with f32 weights and an
-// f32 KV cache).
+// (tests/data/reference/stories260K.ref.gguf, computed by llama.cpp with f32 weights and an f32 KV
+// cache; provenance in tests/data/README.md).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +18,7 @@ using namespace kvslim;
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
-const std::string kRef = std::string(KVSLIM_SHARED_DIR) + "/models/reference/stories260K.ref.gguf";
+const std::string kRef = std::string(KVSLIM_SOURCE_DIR) + "/tests/data/reference/stories260K.ref.gguf";
 
 std::vector<int32_t> i32_tensor(const GGUFFile& f, const std::string& name) {
   const TensorInfo& t = f.tensor(name);
