@@ -360,7 +360,7 @@ TEST(EvalReport, SummariesAverageSamples) {
   ASSERT_EQ(coarse.size(), 1u);
   EXPECT_EQ(coarse[0].n, 3);
   EXPECT_NEAR(coarse[0].score, 1.0 / 3, 1e-15);
-  EXPECT_NEAR(coarse[0].compression_ratio, 0.5, 1e-15);
+  EXPECT_NEAR(coarse[0].prefill_compression_ratio, 0.5, 1e-15);
   EXPECT_NEAR(coarse[0].needle_kept, 0.25, 1e-15);
   auto fine = summarize(recs, true);
   ASSERT_EQ(fine.size(), 2u);

@@ -273,11 +273,12 @@ TEST(EvalE2E, CliWritesResultsAndPlots) {
                                        KVSLIM_CLI, kStories, dir);
   ASSERT_EQ(std::system((base + " > " + dir + ".log 2>&1").c_str()), 0) << read(dir + ".log");
   const std::string jsonl = read(dir + "/samples.jsonl");
-  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 2 * 2 * 2);  // lengths x depths x runs
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1 + 2 * 2 * 2);  // the run line, lengths x depths x runs
   EXPECT_NE(read(dir + "/summary.csv").find("niah,streaming_llm,0.5"), std::string::npos);
   EXPECT_NE(read(dir + ".log").find("streaming_llm"), std::string::npos);
   if (!find_gnuplot().empty()) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/score_vs_ratio.svg"));
+    EXPECT_TRUE(std::filesystem::exists(dir + "/score_vs_memory.svg"));
     EXPECT_TRUE(std::filesystem::exists(dir + "/niah_streaming_llm_0.50.svg"));
     EXPECT_TRUE(std::filesystem::exists(dir + "/needle_kept_streaming_llm_0.50.svg"));
   }

@@ -38,6 +38,31 @@ struct CacheCheck {
   double min_needle_kept() const;
 };
 
+/// What the cache holds at the end of a run (after the question and every decoded or
+/// teacher-forced token), measured from the cache. A decoding press evicts during decode, so only
+/// this measurement shows what it saved; for a press that acts on the context alone the context
+/// part equals the CacheCheck taken after prefill.
+struct EndCheck {
+  int context_tokens = 0;
+  int tokens = 0;                   ///< sequence length at the end (context + question + decoded)
+  size_t entries = 0;               ///< entries in the cache (all positions)
+  size_t entries_total = 0;         ///< tokens x layers x KV heads: a full cache at the end
+  size_t context_entries = 0;       ///< entries whose position is inside the context
+  size_t context_entries_total = 0; ///< context tokens x layers x KV heads
+  size_t kv_bytes = 0;
+  size_t full_f16_bytes = 0;        ///< a full f16 cache of all `tokens`
+  /// Fraction of the context's entries removed by the end of the run.
+  double compression_ratio() const {
+    return context_entries_total ? 1.0 - double(context_entries) / context_entries_total : 0.0;
+  }
+  /// Cache bytes at the end / a full f16 cache of the whole sequence.
+  double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
+};
+
+/// Measures `cache` at the end of a run whose context held `context_tokens` tokens at positions
+/// 0..context_tokens-1 and whose sequence is now `tokens` long.
+EndCheck inspect_end(const KVCache& cache, int context_tokens, int tokens);
+
 /// Measures `cache` after compressing a context of `context_tokens` tokens at positions
 /// 0..context_tokens-1; `spans` are needle token spans [begin, end) (= positions).
 CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double requested_ratio,
@@ -56,7 +81,8 @@ struct TaskOutcome {
   double score = 0;         ///< string_match_all or _part, as the sample asks
   int question_tokens = 0;
   int generated_tokens = 0;
-  CacheCheck cache;
+  CacheCheck cache;  ///< after the context was compressed
+  EndCheck end;      ///< after the last decoded token
   double prefill_seconds = 0, press_seconds = 0, decode_seconds = 0;
 };
 
@@ -90,7 +116,8 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
 
 struct FidelityOutcome {
   FidelityAccumulator metrics;
-  CacheCheck cache;
+  CacheCheck cache;  ///< after the context was compressed
+  EndCheck end;      ///< after the last teacher-forced token
   double seconds = 0;
 };
 
@@ -128,6 +155,21 @@ struct PressRun {
 std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const std::vector<double>& ratios,
                                   bool baseline);
 
+/// Which part of a sweep one process runs: the sweep's units (one sample run with one press and
+/// ratio, numbered in the order a single process runs them) are cut into `count` contiguous
+/// blocks and this process runs block `index`. Contiguous blocks keep a sample's units together,
+/// so a fidelity reference is computed by as few shards as possible.
+struct Shard {
+  int index = 0;
+  int count = 1;
+  /// Units [begin, end) of a sweep of `total` units.
+  size_t begin(size_t total) const { return total * index / count; }
+  size_t end(size_t total) const { return total * (index + 1) / count; }
+};
+
+/// Parses "I/N" (0 <= I < N). Throws kvslim::Error naming the text otherwise.
+Shard parse_shard(const std::string& text);
+
 /// Reports progress: runs done, runs in all, and what runs now.
 using ProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
 
@@ -141,10 +183,12 @@ struct TaskSweep {
   TaskText text = TaskText::defaults();
   RulerOptions ruler;
   RunOptions run;
+  Shard shard;  ///< the part of the sweep to run (default: all of it)
 };
 
 /// One task result.
 struct TaskRecord {
+  size_t index = 0;            ///< the unit's place in the whole sweep (the order of a single process)
   std::string task, press, press_spec;
   double ratio = 0;
   int length = 0;              ///< requested context tokens
@@ -157,9 +201,10 @@ struct TaskRecord {
   TaskOutcome outcome;
 };
 
-/// Runs the sweep; `on_record` receives each result as soon as it exists. Samples depend only
+/// Runs the sweep (the shard of it `sweep.shard` names); `on_record` receives each result as soon
+/// as it exists. Returns the number of runs in the whole sweep (all shards). Samples depend only
 /// on (seed, task, length, depth, sample index), so every press sees the same samples.
-void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sweep,
+size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sweep,
                     const std::function<void(const TaskRecord&)>& on_record, const ProgressFn& progress = nullptr);
 
 /// A fidelity sweep over samples of a text.
@@ -174,18 +219,22 @@ struct FidelitySweep {
   int lmba_window = 0;  ///< > 0: also measure AttentionStats of each sample's prefix
   double lmba_tau = 0.9;
   RunOptions run;
+  Shard shard;  ///< the part of the sweep to run (default: all of it)
 };
 
 struct FidelityRecord {
+  size_t index = 0;  ///< the unit's place in the whole sweep (the order of a single process)
   std::string press, press_spec;
   double ratio = 0;
   int sample = 0;
   FidelityOutcome outcome;
 };
 
-/// Runs the sweep. `on_stats` (may be null) receives each sample's AttentionStats when asked.
+/// Runs the sweep (the shard of it `sweep.shard` names) and returns the number of runs in the
+/// whole sweep (all shards). `on_stats` (may be null) receives each sample's AttentionStats when asked (from
+/// the shard that runs the sample's first unit).
 /// Throws kvslim::Error when the text is too short for one sample.
-void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sweep,
+size_t run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sweep,
                         const std::function<void(const FidelityRecord&)>& on_record,
                         const std::function<void(int sample, const AttentionStats&)>& on_stats = nullptr,
                         const ProgressFn& progress = nullptr);

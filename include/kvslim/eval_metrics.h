@@ -37,6 +37,12 @@ class FidelityAccumulator {
   double perplexity_compressed() const;
   double nll_full_sum() const { return nll_full_; }
   double nll_compressed_sum() const { return nll_comp_; }
+  size_t top1_agreements() const { return agree_; }
+  double kl_sum() const { return kl_sum_; }
+  /// Rebuilds an accumulator from its sums (as written to samples.jsonl), so results read back
+  /// from shards summarize bit-identically to the run that produced them.
+  static FidelityAccumulator from_sums(size_t tokens, size_t top1_agreements, double kl_sum, double kl_max,
+                                       double nll_full_sum, double nll_compressed_sum);
 
  private:
   size_t n_ = 0, agree_ = 0;

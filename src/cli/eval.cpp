@@ -1,5 +1,6 @@
-// `kvslim eval fidelity|niah|ruler`: sweeps of presses x compression ratios x samples, written as
-// JSON lines and CSV, summarized on stdout and plotted with gnuplot.
+// `kvslim eval fidelity|niah|ruler|merge`: sweeps of presses x compression ratios x samples, split
+// over MPI ranks or --shard jobs, written as JSON lines and CSV, summarized on stdout and plotted
+// with gnuplot (the library writes the files; this file parses flags and prints).
 #include <unistd.h>
 
 #include <chrono>
@@ -16,8 +17,10 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "kernels/threads.h"
+#include "cli/mpi.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_report.h"
+#include "kvslim/eval_results.h"
 
 namespace kvslim::cli {
 
@@ -36,6 +39,7 @@ struct CommonArgs {
   int threads = 2, ctx = 0, chunk_size = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
+  std::string shard;  ///< "I/N" or empty
 };
 
 struct FidelityArgs : CommonArgs {
@@ -112,6 +116,26 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
   sub->add_option("--chunk-size", a.chunk_size, "compress after every chunk of this many context tokens (0 = once)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   add_cache_options(sub, a.cache_type_k, a.cache_type_v, a.kv_quant);
+  sub->add_option("--shard", a.shard,
+                  "run part I of N of the sweep (0 <= I < N) and write its samples only; join the parts with "
+                  "`kvslim eval merge`");
+}
+
+/// The settings that make a sweep what it is: shards merge only when these match.
+nlohmann::json common_config(const CommonArgs& a, const std::vector<PressRun>& runs) {
+  nlohmann::json r = nlohmann::json::array();
+  for (const auto& run : runs) r.push_back({run.spec, run.ratio});
+  return {{"runs", r},
+          {"samples", a.samples},
+          {"seed", a.seed},
+          {"ctx_size", a.ctx},
+          {"chunk_size", a.chunk_size},
+          {"cache_type_k", a.cache_type_k},
+          {"cache_type_v", a.cache_type_v},
+          {"kivi_bits", a.kv_quant.kivi_bits},
+          {"kivi_group", a.kv_quant.kivi_group},
+          {"kivi_residual", a.kv_quant.kivi_residual},
+          {"kv_hadamard", a.kv_quant.hadamard}};
 }
 
 RunOptions run_options(const CommonArgs& a) {
@@ -124,284 +148,286 @@ RunOptions run_options(const CommonArgs& a) {
   return r;
 }
 
-/// Opens the output files; records are appended and flushed as they come, so an interrupted
-/// sweep keeps what it finished.
-struct Outputs {
-  std::filesystem::path dir;
-  std::ofstream jsonl, csv;
-  explicit Outputs(const std::string& d) : dir(d) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error(fmt::format("{}: cannot create the output directory ({})", d, ec.message()));
-    jsonl.open(dir / "samples.jsonl", std::ios::binary);
-    csv.open(dir / "samples.csv", std::ios::binary);
-    if (!jsonl || !csv) throw Error(fmt::format("{}: cannot write samples.jsonl / samples.csv", d));
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-  void write_text(const std::string& name, const std::string& text) const {
-    std::ofstream f(dir / name, std::ios::binary);
-    if (!f) throw Error(fmt::format("{}: cannot write", path(name)));
-    f << text;
-  }
+/// How this process takes part in a sweep: alone, as one --shard job, or as one MPI rank.
+struct Part {
+  Shard shard;
+  bool mpi = false;
+  bool whole() const { return mpi || shard.count == 1; }  // this process writes summaries and plots
 };
 
-void plot_or_warn(bool ok, const std::string& why, bool& warned) {
-  if (ok || warned) return;
-  fmt::print(stderr, "warning: {}\n", why);
-  warned = true;
-}
-
-void warn_not_as_configured(int bad, size_t total) {
-  if (bad > 0)
-    fmt::print(stderr,
-               "warning: {} of {} runs kept a share of entries that differs from the requested ratio by more than the "
-               "rounding tolerance (protected windows or chunked compression); see compression_ratio and "
-               "as_configured in samples.jsonl\n",
-               bad, total);
-}
-
-std::string ratio_label(double r) { return fmt::format("{:.2f}", r); }
-
-/// Score-against-ratio series, one per press spec; the full-cache baseline is each line's point at 0.
-std::vector<PlotSeries> ratio_series(const std::vector<std::tuple<std::string, double, double>>& pts) {
-  std::vector<PlotSeries> out;
-  std::map<std::string, size_t> idx;
-  double base = 0;
-  bool have_base = false;
-  for (const auto& [spec, r, y] : pts)
-    if (spec.substr(0, spec.find(':')) == "none") {
-      base = y;
-      have_base = true;
-    }
-  for (const auto& [spec, r, y] : pts) {
-    if (spec.substr(0, spec.find(':')) == "none") continue;
-    auto it = idx.find(spec);
-    if (it == idx.end()) {
-      it = idx.emplace(spec, out.size()).first;
-      out.push_back({spec, {}});
-      if (have_base) out.back().points.push_back({0.0, base});
-    }
-    out[it->second].points.push_back({r, y});
+Part part_of(const CommonArgs& a, const MpiWorld& mpi) {
+  Part p;
+  if (!a.shard.empty()) p.shard = parse_shard(a.shard);
+  if (mpi.size() > 1) {
+    if (!a.shard.empty())
+      throw Error(fmt::format("--shard {} with {} MPI ranks: give one or the other", a.shard, mpi.size()));
+    p.shard = {mpi.rank(), mpi.size()};
+    p.mpi = true;
   }
-  for (auto& s : out) std::sort(s.points.begin(), s.points.end());
-  return out;
+  return p;
+}
+
+/// samples.jsonl of a process running alone, appended and flushed as records come, so an
+/// interrupted sweep keeps what it finished; rewritten in full at the end.
+class LiveSamples {
+ public:
+  LiveSamples(const std::string& dir, const RunInfo& info, bool on) {
+    if (!on) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error(fmt::format("{}: cannot create the output directory ({})", dir, ec.message()));
+    const std::string path = (std::filesystem::path(dir) / "samples.jsonl").string();
+    f_.open(path, std::ios::binary);
+    if (!f_) throw Error(fmt::format("{}: cannot write", path));
+    f_ << to_json(info).dump() << "\n" << std::flush;
+  }
+  void add(const nlohmann::json& j) {
+    if (f_.is_open()) f_ << j.dump() << "\n" << std::flush;
+  }
+  void close() {
+    if (f_.is_open()) f_.close();
+  }
+
+ private:
+  std::ofstream f_;
+};
+
+/// Gathers every rank's results on rank 0 and merges them. Returns false on the other ranks.
+bool gather(const MpiWorld& mpi, SweepResults& res) {
+  if (mpi.size() == 1) return true;
+  std::vector<std::string> parts = mpi.gather(results_jsonl(res));
+  if (mpi.rank() != 0) return false;
+  std::vector<SweepResults> rs;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    names.push_back(fmt::format("MPI rank {}", i));
+    rs.push_back(parse_results(parts[i], names.back()));
+  }
+  res = merge_results(rs, names);
+  return true;
+}
+
+void print_warnings(const ResultsReport& rep) {
+  for (const auto& w : rep.warnings) fmt::print(stderr, "warning: {}\n", w);
+  if (!rep.plot_problem.empty()) fmt::print(stderr, "warning: {}\n", rep.plot_problem);
+}
+
+std::string ci(const Interval& i) { return fmt::format("[{:.3g}, {:.3g}]", i.low, i.high); }
+
+void print_fidelity(const SweepResults& res, const ResultsReport& rep, const std::string& out) {
+  int n = rep.fidelity.empty() ? 0 : rep.fidelity.front().samples;
+  int ctx = res.fidelity.empty() ? 0 : res.fidelity[0].outcome.cache.context_tokens;
+  int cont = res.fidelity.empty() ? 0 : static_cast<int>(res.fidelity[0].outcome.metrics.tokens()) + 1;
+  fmt::print("fidelity of {} ({} samples: {} context + {} teacher-forced tokens)\n", res.info.model, n, ctx, cont);
+  fmt::print("{:<32} {:>6} {:>10} {:>21} {:>8} {:>9} {:>9} {:>7} {:>7}\n", "press", "ratio", "KL(nats)", "KL 95% CI",
+             "top-1", "ppl full", "ppl comp", "comp.r", "mem.r");
+  for (const auto& s : rep.fidelity) {
+    const auto& m = s.metrics;
+    fmt::print("{:<32} {:>6.2f} {:>10.4g} {:>21} {:>8.4f} {:>9.3f} {:>9.3f} {:>7.3f} {:>7.3f}\n", s.press_spec, s.ratio,
+               m.mean_kl(), ci(s.kl_ci), m.top1_agreement(), m.perplexity_full(), m.perplexity_compressed(),
+               s.compression_ratio, s.memory_ratio);
+  }
+  fmt::print("(comp.r: fraction of the context's entries removed, mem.r: cache bytes / full f16 cache bytes; both "
+             "measured at the end of each run)\n");
+  if (!rep.lmba.empty()) {
+    std::string lm;
+    for (size_t l = 0; l < rep.lmba.size(); ++l) lm += fmt::format("{}{:.1f}", l ? " " : "", rep.lmba[l]);
+    const AttentionStats& s0 = res.stats.front().second;
+    fmt::print("LMBA per layer (entries for {:.0f}% of the attention of the last {} queries, mean of {} samples): {}\n",
+               100 * s0.tau, s0.window, res.stats.size(), lm);
+  }
+  fmt::print("results: {0}/samples.jsonl, {0}/samples.csv, {0}/summary.csv, {0}/summary.json\n", out);
+}
+
+void print_tasks(const SweepResults& res, const ResultsReport& rep, const std::string& out) {
+  std::set<int> lengths;
+  for (const auto& r : res.tasks) lengths.insert(r.length);
+  fmt::print("{} on {} (lengths", res.info.kind == "niah" ? "needle in a haystack" : "RULER-style tasks",
+             res.info.model);
+  for (int l : lengths) fmt::print(" {}", l);
+  fmt::print(")\n{:<16} {:<32} {:>6} {:>6} {:>15} {:>7} {:>7} {:>7} {:>6}\n", "task", "press", "ratio", "score",
+             "95% CI", "comp.r", "mem.r", "needle", "n");
+  for (const auto& s : rep.task_coarse)
+    fmt::print("{:<16} {:<32} {:>6.2f} {:>6.3f} {:>15} {:>7.3f} {:>7.3f} {:>7.3f} {:>6}\n", s.task, s.press_spec,
+               s.ratio, s.score, fmt::format("[{:.2f}, {:.2f}]", s.score_ci.low, s.score_ci.high), s.compression_ratio,
+               s.memory_ratio, s.needle_kept, s.n);
+  fmt::print("(score: mean string-match score, 95% Wilson interval; comp.r: fraction of the context's entries "
+             "removed and mem.r: cache bytes / full f16 cache bytes, both measured at the end of each run; needle: "
+             "mean fraction of the needle's entries kept, smallest needle of each sample)\n");
+  fmt::print("results: {0}/samples.jsonl, {0}/samples.csv, {0}/summary.csv, {0}/summary.json\n", out);
+}
+
+/// Writes what this process holds: the whole sweep's files, or one shard's samples.
+int finish(const CommonArgs& a, const Part& part, const SweepResults& res) {
+  ResultsOptions o;
+  o.dir = a.out;
+  o.plot_format = a.plot_format;
+  o.plots = !a.no_plot;
+  o.summaries = part.whole();
+  const ResultsReport rep = write_results(res, o);
+  if (!part.whole()) {
+    fmt::print("shard {}/{}: {} of {} runs written to {}/samples.jsonl; join the shards with `kvslim eval merge "
+               "DIR... -o OUT`\n",
+               part.shard.index, part.shard.count, res.tasks.size() + res.fidelity.size(), res.info.units, a.out);
+    return 0;
+  }
+  if (res.info.kind == "fidelity")
+    print_fidelity(res, rep, a.out);
+  else
+    print_tasks(res, rep, a.out);
+  if (o.plots && rep.plot_problem.empty()) fmt::print("plots: {}/*.{}\n", a.out, a.plot_format);
+  print_warnings(rep);
+  return 0;
+}
+
+/// Runs `body` on every rank; an error on one rank ends all of them.
+int on_all_ranks(const MpiWorld& mpi, const std::function<int()>& body) {
+  if (mpi.size() == 1) return body();
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: MPI rank {}: {}\n", mpi.rank(), e.what());
+    std::fflush(stderr);
+    mpi.abort(1);
+  }
 }
 
 int run_fidelity_cmd(const FidelityArgs& a) {
-  check_plot_format(a.plot_format);
-  auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-  set_num_threads(a.threads);
-  auto model = Model::load(a.model);
-  warn_context_size(*model, a.ctx);
-  FidelitySweep sw;
-  sw.context_tokens = a.context_tokens;
-  sw.continuation_tokens = a.continuation_tokens;
-  sw.samples = a.samples;
-  sw.seed = a.seed;
-  sw.lmba_window = a.lmba_window;
-  sw.lmba_tau = a.lmba_tau;
-  sw.run = run_options(a);
-  if (!a.text_file.empty()) {
-    std::ifstream f(a.text_file, std::ios::binary);
-    if (!f) throw Error(fmt::format("{}: cannot open text file", a.text_file));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    sw.text = model->tokenizer().encode(ss.str(), false, false);
-  }
-  Outputs out(a.out);
-  out.csv << csv_header(FidelityRecord{}) << "\n";
-  std::vector<FidelityRecord> recs;
-  std::vector<AttentionStats> stats;
-  ProgressBar bar(!a.no_progress);
-  run_fidelity_sweep(
-      *model, runs, sw,
-      [&](const FidelityRecord& r) {
-        out.jsonl << to_json(r).dump() << "\n" << std::flush;
-        out.csv << csv_row(r) << "\n" << std::flush;
-        recs.push_back(r);
-      },
-      [&](int i, const AttentionStats& s) {
-        out.jsonl << to_json(s, i).dump() << "\n" << std::flush;
-        stats.push_back(s);
-      },
-      [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
-
-  auto sum = summarize(recs);
-  std::string csv = csv_header(FidelitySummary{}) + "\n";
-  for (const auto& s : sum) csv += csv_row(s) + "\n";
-  out.write_text("summary.csv", csv);
-  const int samples = recs.empty() ? 0 : sum.front().samples;
-  fmt::print("fidelity of {} ({} samples: {} context + {} teacher-forced tokens{})\n", a.model, samples,
-             a.context_tokens, a.continuation_tokens, a.text_file.empty() ? ", text sampled from the model" : "");
-  fmt::print("{:<32} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>7}\n", "press", "ratio", "KL(nats)", "top-1", "ppl full",
-             "ppl comp", "comp.r", "mem.r");
-  int bad = 0;
-  for (const auto& s : sum) {
-    const auto& m = s.metrics;
-    fmt::print("{:<32} {:>6.2f} {:>10.4g} {:>8.4f} {:>9.3f} {:>9.3f} {:>7.3f} {:>7.3f}\n", s.press_spec, s.ratio,
-               m.mean_kl(), m.top1_agreement(), m.perplexity_full(), m.perplexity_compressed(), s.compression_ratio,
-               s.memory_ratio);
-    bad += s.not_as_configured;
-  }
-  warn_not_as_configured(bad, recs.size());
-  std::vector<double> lmba;
-  if (!stats.empty()) {
-    lmba.assign(stats[0].lmba.size(), 0.0);
-    for (const auto& s : stats)
-      for (size_t l = 0; l < lmba.size(); ++l) lmba[l] += s.lmba[l] / stats.size();
-    std::string lm;
-    for (size_t l = 0; l < lmba.size(); ++l) lm += fmt::format("{}{:.1f}", l ? " " : "", lmba[l]);
-    fmt::print("LMBA per layer (entries for {:.0f}% of the attention of the last {} queries, mean of {} samples): {}\n",
-               100 * a.lmba_tau, stats[0].window, stats.size(), lm);
-  }
-  fmt::print("results: {}, {}, {}\n", out.path("samples.jsonl"), out.path("samples.csv"), out.path("summary.csv"));
-  if (!a.no_plot) {
-    bool warned = false;
-    std::string why;
-    std::vector<std::tuple<std::string, double, double>> kl, top1, ppl;
-    for (const auto& s : sum) {
-      kl.emplace_back(s.press_spec, s.ratio, s.metrics.mean_kl());
-      top1.emplace_back(s.press_spec, s.ratio, s.metrics.top1_agreement());
-      ppl.emplace_back(s.press_spec, s.ratio, s.metrics.perplexity_compressed());
+  MpiWorld mpi;
+  return on_all_ranks(mpi, [&] {
+    check_plot_format(a.plot_format);
+    const Part part = part_of(a, mpi);
+    auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
+    set_num_threads(a.threads);
+    auto model = Model::load(a.model);
+    if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
+    FidelitySweep sw;
+    sw.context_tokens = a.context_tokens;
+    sw.continuation_tokens = a.continuation_tokens;
+    sw.samples = a.samples;
+    sw.seed = a.seed;
+    sw.lmba_window = a.lmba_window;
+    sw.lmba_tau = a.lmba_tau;
+    sw.run = run_options(a);
+    sw.shard = part.shard;
+    SweepResults res;
+    res.info = make_run_info("fidelity", a.model);
+    res.info.shard_index = part.shard.index;
+    res.info.shard_count = part.shard.count;
+    res.info.config = common_config(a, runs);
+    res.info.config.update({{"context_tokens", a.context_tokens},
+                            {"continuation_tokens", a.continuation_tokens},
+                            {"lmba_window", a.lmba_window},
+                            {"lmba_tau", a.lmba_tau},
+                            {"text", a.text_file}});
+    if (!a.text_file.empty()) {
+      std::ifstream f(a.text_file, std::ios::binary);
+      if (!f) throw Error(fmt::format("{}: cannot open text file", a.text_file));
+      std::stringstream ss;
+      ss << f.rdbuf();
+      sw.text = model->tokenizer().encode(ss.str(), false, false);
+      res.info.config["text_sha256"] = sha256_file(a.text_file);
     }
-    const std::string ext = "." + a.plot_format;
-    plot_or_warn(plot_lines(ratio_series(kl), "KL(full || compressed) per token", "compression ratio", "KL (nats)",
-                            out.path("kl_vs_ratio" + ext), a.plot_format, &why),
-                 why, warned);
-    plot_or_warn(plot_lines(ratio_series(top1), "top-1 agreement with the full cache", "compression ratio",
-                            "top-1 agreement", out.path("top1_vs_ratio" + ext), a.plot_format, &why, true),
-                 why, warned);
-    plot_or_warn(plot_lines(ratio_series(ppl), "perplexity of the continuation", "compression ratio", "perplexity",
-                            out.path("ppl_vs_ratio" + ext), a.plot_format, &why),
-                 why, warned);
-    if (!lmba.empty())
-      plot_or_warn(plot_bars(lmba, fmt::format("LMBA per layer (tau {})", a.lmba_tau), "layer", "entries",
-                             out.path("lmba" + ext), a.plot_format, &why),
-                   why, warned);
-    if (!warned) fmt::print("plots: {}/*{}\n", a.out, ext);
-  }
-  return 0;
+    LiveSamples live(a.out, res.info, !part.mpi);
+    ProgressBar bar(!a.no_progress && mpi.rank() == 0);
+    res.info.units = run_fidelity_sweep(
+        *model, runs, sw,
+        [&](const FidelityRecord& r) {
+          live.add(to_json(r));
+          res.fidelity.push_back(r);
+        },
+        [&](int i, const AttentionStats& s) {
+          live.add(to_json(s, i));
+          res.stats.emplace_back(i, s);
+        },
+        [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
+    live.close();
+    if (!gather(mpi, res)) return 0;
+    return finish(a, part, res);
+  });
 }
 
 int run_task_cmd(const TaskArgs& a, bool niah) {
-  check_plot_format(a.plot_format);
-  auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-  set_num_threads(a.threads);
-  auto model = Model::load(a.model);
-  warn_context_size(*model, a.ctx);
-  TaskSweep sw;
-  sw.tasks = niah ? std::vector<std::string>{"niah"} : a.tasks;
-  sw.lengths = a.lengths;
-  sw.depths = a.depths;
-  sw.samples = a.samples;
-  sw.seed = a.seed;
-  if (!a.text_config.empty()) sw.text = TaskText::from_json_file(a.text_config);
-  sw.ruler = a.ruler;
-  sw.run = run_options(a);
-  sw.run.n_predict = a.n_predict;
-  Outputs out(a.out);
-  out.csv << csv_header(TaskRecord{}) << "\n";
-  std::vector<TaskRecord> recs;
-  ProgressBar bar(!a.no_progress);
-  run_task_sweep(
-      *model, runs, sw,
-      [&](const TaskRecord& r) {
-        out.jsonl << to_json(r).dump() << "\n" << std::flush;
-        out.csv << csv_row(r) << "\n" << std::flush;
-        recs.push_back(r);
-      },
-      [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
+  MpiWorld mpi;
+  return on_all_ranks(mpi, [&] {
+    check_plot_format(a.plot_format);
+    const Part part = part_of(a, mpi);
+    auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
+    set_num_threads(a.threads);
+    auto model = Model::load(a.model);
+    if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
+    TaskSweep sw;
+    sw.tasks = niah ? std::vector<std::string>{"niah"} : a.tasks;
+    sw.lengths = a.lengths;
+    sw.depths = a.depths;
+    sw.samples = a.samples;
+    sw.seed = a.seed;
+    if (!a.text_config.empty()) sw.text = TaskText::from_json_file(a.text_config);
+    sw.ruler = a.ruler;
+    sw.run = run_options(a);
+    sw.run.n_predict = a.n_predict;
+    sw.shard = part.shard;
+    SweepResults res;
+    res.info = make_run_info(niah ? "niah" : "ruler", a.model);
+    res.info.shard_index = part.shard.index;
+    res.info.shard_count = part.shard.count;
+    res.info.config = common_config(a, runs);
+    res.info.config.update({{"tasks", sw.tasks},
+                            {"lengths", a.lengths},
+                            {"depths", a.depths},
+                            {"n_predict", a.n_predict},
+                            {"text_config", a.text_config},
+                            {"ruler",
+                             {a.ruler.multi_keys, a.ruler.multi_values, a.ruler.multi_queries, a.ruler.vt_hops,
+                              a.ruler.vt_chains}}});
+    if (!a.text_config.empty()) res.info.config["text_config_sha256"] = sha256_file(a.text_config);
+    LiveSamples live(a.out, res.info, !part.mpi);
+    ProgressBar bar(!a.no_progress && mpi.rank() == 0);
+    // A full cache that fails the first samples is said at once, not after hours of sweep.
+    std::map<std::string, std::pair<int, int>> base;  // task -> (baseline runs, with score 0)
+    bool told = false;
+    res.info.units = run_task_sweep(
+        *model, runs, sw,
+        [&](const TaskRecord& r) {
+          live.add(to_json(r));
+          res.tasks.push_back(r);
+          if (r.press_spec.substr(0, r.press_spec.find(':')) != "none" || told) return;
+          auto& [n, zero] = base[r.task];
+          ++n;
+          zero += r.outcome.score == 0;
+          if (n == 3 && zero == 3) {
+            told = true;
+            fmt::print(stderr,
+                       "\nwarning: the full cache scored 0 on the first 3 samples of {}: {} probably cannot do this "
+                       "task as set up (see the warning at the end)\n",
+                       r.task, a.model);
+          }
+        },
+        [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
+    live.close();
+    if (!gather(mpi, res)) return 0;
+    return finish(a, part, res);
+  });
+}
 
-  auto fine = summarize(recs, true);
-  auto coarse = summarize(recs, false);
-  std::string csv = csv_header(TaskSummary{}) + "\n";
-  for (const auto& s : coarse) csv += csv_row(s) + "\n";
-  for (const auto& s : fine) csv += csv_row(s) + "\n";
-  out.write_text("summary.csv", csv);
-
-  fmt::print("{} on {} ({} samples per configuration, lengths", niah ? "needle in a haystack" : "RULER-style tasks",
-             a.model, a.samples);
-  for (int l : a.lengths) fmt::print(" {}", l);
-  fmt::print(")\n{:<16} {:<32} {:>6} {:>6} {:>7} {:>7} {:>7} {:>6}\n", "task", "press", "ratio", "score", "comp.r",
-             "mem.r", "needle", "n");
-  int bad = 0;
-  for (const auto& s : coarse) {
-    fmt::print("{:<16} {:<32} {:>6.2f} {:>6.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>6}\n", s.task, s.press_spec, s.ratio,
-               s.score, s.compression_ratio, s.memory_ratio, s.needle_kept, s.n);
-    bad += s.not_as_configured;
-  }
-  fmt::print("(score: mean string-match score; comp.r: measured compression ratio; mem.r: cache bytes / full f16 "
-             "cache bytes; needle: mean fraction of the needle's entries kept, smallest needle of each sample)\n");
-  warn_not_as_configured(bad, recs.size());
-  fmt::print("results: {}, {}, {}\n", out.path("samples.jsonl"), out.path("samples.csv"), out.path("summary.csv"));
-  if (a.no_plot) return 0;
-  bool warned = false;
-  std::string why;
-  const std::string ext = "." + a.plot_format;
-  // Score against ratio, averaged over tasks (the coarse rows of each run).
-  std::map<std::pair<std::string, double>, std::pair<double, int>> avg;
-  std::vector<std::pair<std::string, double>> order;
-  for (const auto& s : coarse) {
-    auto key = std::make_pair(s.press_spec, s.ratio);
-    if (!avg.count(key)) order.push_back(key);
-    avg[key].first += s.score;
-    avg[key].second += 1;
-  }
-  std::vector<std::tuple<std::string, double, double>> pts;
-  for (const auto& k : order) pts.emplace_back(k.first, k.second, avg[k].first / avg[k].second);
-  plot_or_warn(plot_lines(ratio_series(pts), niah ? "needle in a haystack" : "RULER-style tasks (mean over tasks)",
-                          "compression ratio", "score", out.path("score_vs_ratio" + ext), a.plot_format, &why, true),
-               why, warned);
-  if (!niah && sw.tasks.size() > 1)
-    for (const auto& task : sw.tasks) {
-      std::vector<std::tuple<std::string, double, double>> tp;
-      for (const auto& s : coarse)
-        if (s.task == task) tp.emplace_back(s.press_spec, s.ratio, s.score);
-      plot_or_warn(plot_lines(ratio_series(tp), task, "compression ratio", "score",
-                              out.path("score_vs_ratio_" + task + ext), a.plot_format, &why, true),
-                   why, warned);
-    }
-  if (niah && !warned) {
-    // One heat map per run: rows are lengths, columns depths.
-    for (const auto& run : runs) {
-      std::vector<std::vector<double>> z(a.lengths.size(), std::vector<double>(a.depths.size(), 0.0));
-      for (const auto& s : fine)
-        if (s.press_spec == run.spec && s.ratio == run.ratio)
-          for (size_t r = 0; r < a.lengths.size(); ++r)
-            for (size_t c = 0; c < a.depths.size(); ++c)
-              if (s.length == a.lengths[r] && s.depth == a.depths[c]) z[r][c] = s.score;
-      std::vector<std::string> rows, cols;
-      for (int l : a.lengths) rows.push_back(std::to_string(l));
-      for (double d : a.depths) cols.push_back(fmt::format("{:g}", d));
-      plot_or_warn(plot_heatmap(z, rows, cols, fmt::format("NIAH: {} at ratio {}", run.spec, ratio_label(run.ratio)),
-                                "needle depth", "context tokens",
-                                out.path(fmt::format("niah_{}_{}{}", file_safe(run.spec), ratio_label(run.ratio), ext)),
-                                a.plot_format, &why),
-                   why, warned);
-      // What the press left of the needle: explains the score map, and is meaningful even for a
-      // model that cannot retrieve.
-      for (const auto& s : fine)
-        if (s.press_spec == run.spec && s.ratio == run.ratio)
-          for (size_t r = 0; r < a.lengths.size(); ++r)
-            for (size_t c = 0; c < a.depths.size(); ++c)
-              if (s.length == a.lengths[r] && s.depth == a.depths[c]) z[r][c] = s.needle_kept;
-      plot_or_warn(plot_heatmap(z, rows, cols,
-                                fmt::format("needle entries kept: {} at ratio {}", run.spec, ratio_label(run.ratio)),
-                                "needle depth", "context tokens",
-                                out.path(fmt::format("needle_kept_{}_{}{}", file_safe(run.spec),
-                                                     ratio_label(run.ratio), ext)),
-                                a.plot_format, &why, "kept"),
-                   why, warned);
-    }
-  }
-  if (!warned) fmt::print("plots: {}/*{}\n", a.out, ext);
-  return 0;
+int run_merge_cmd(const std::vector<std::string>& dirs, const std::string& out, const std::string& plot_format,
+                  bool no_plot) {
+  check_plot_format(plot_format);
+  std::vector<SweepResults> parts;
+  for (const auto& d : dirs) parts.push_back(read_results(d));
+  SweepResults res = merge_results(parts, dirs);
+  CommonArgs a;
+  a.out = out;
+  a.plot_format = plot_format;
+  a.no_plot = no_plot;
+  return finish(a, Part{}, res);
 }
 
 }  // namespace
 
 void add_eval(CLI::App& app, Action& action) {
-  auto* ev = app.add_subcommand("eval", "evaluate presses: fidelity, needle in a haystack, RULER-style tasks");
+  auto* ev = app.add_subcommand("eval",
+                                "evaluate presses: fidelity, needle in a haystack, RULER-style tasks; merge shards");
   ev->require_subcommand(1);
 
   auto f = std::make_shared<FidelityArgs>();
@@ -450,6 +476,20 @@ void add_eval(CLI::App& app, Action& action) {
   rs->add_option("--vt-hops", r->ruler.vt_hops, "vt: assignments after the first")->capture_default_str();
   rs->add_option("--vt-chains", r->ruler.vt_chains, "vt: chains")->capture_default_str();
   rs->callback([r, &action] { action = [r] { return run_task_cmd(*r, false); }; });
+
+  struct MergeArgs {
+    std::vector<std::string> dirs;
+    std::string out = "eval-out/merged", plot_format = "svg";
+    bool no_plot = false;
+  };
+  auto m = std::make_shared<MergeArgs>();
+  auto* ms = ev->add_subcommand("merge",
+                                "join the --shard parts of one sweep into the results a single process would write");
+  ms->add_option("dirs", m->dirs, "result directories (or their samples.jsonl) of every shard")->required();
+  ms->add_option("-o,--out", m->out, "output directory")->capture_default_str();
+  ms->add_option("--plot-format", m->plot_format, "svg or png")->capture_default_str();
+  ms->add_flag("--no-plot", m->no_plot, "skip the gnuplot plots");
+  ms->callback([m, &action] { action = [m] { return run_merge_cmd(m->dirs, m->out, m->plot_format, m->no_plot); }; });
 }
 
 }  // namespace kvslim::cli

@@ -69,6 +69,18 @@ void FidelityAccumulator::merge(const FidelityAccumulator& o) {
   nll_comp_ += o.nll_comp_;
 }
 
+FidelityAccumulator FidelityAccumulator::from_sums(size_t tokens, size_t top1_agreements, double kl_sum,
+                                                  double kl_max, double nll_full_sum, double nll_compressed_sum) {
+  FidelityAccumulator a;
+  a.n_ = tokens;
+  a.agree_ = top1_agreements;
+  a.kl_sum_ = kl_sum;
+  a.kl_max_ = kl_max;
+  a.nll_full_ = nll_full_sum;
+  a.nll_comp_ = nll_compressed_sum;
+  return a;
+}
+
 double FidelityAccumulator::perplexity_full() const { return n_ ? std::exp(nll_full_ / n_) : 0.0; }
 double FidelityAccumulator::perplexity_compressed() const { return n_ ? std::exp(nll_comp_ / n_) : 0.0; }
 

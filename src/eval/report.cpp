@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -37,6 +39,62 @@ nlohmann::json cache_json(const CacheCheck& c) {
           {"kv_bytes", c.kv_bytes},
           {"full_f16_bytes", c.full_f16_bytes},
           {"memory_ratio", c.memory_ratio()}};
+}
+
+nlohmann::json end_json(const EndCheck& e) {
+  return {{"context_tokens", e.context_tokens},
+          {"tokens", e.tokens},
+          {"entries", e.entries},
+          {"entries_total", e.entries_total},
+          {"context_entries", e.context_entries},
+          {"context_entries_total", e.context_entries_total},
+          {"compression_ratio", e.compression_ratio()},
+          {"kv_bytes", e.kv_bytes},
+          {"full_f16_bytes", e.full_f16_bytes},
+          {"memory_ratio", e.memory_ratio()}};
+}
+
+/// Reads field `k` of `j` as T, naming the record and the field when it is missing or mistyped.
+template <class T>
+T field(const nlohmann::json& j, const char* k, const std::string& what) {
+  auto it = j.find(k);
+  if (it == j.end()) throw Error(fmt::format("{}: field '{}' is missing", what, k));
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: field '{}' has the wrong type ({})", what, k, e.what()));
+  }
+}
+
+CacheCheck cache_from_json(const nlohmann::json& j, const std::string& what) {
+  CacheCheck c;
+  c.context_tokens = field<int>(j, "context_tokens", what);
+  c.requested_ratio = field<double>(j, "requested_ratio", what);
+  c.entries_total = field<size_t>(j, "entries_total", what);
+  c.entries_kept = field<size_t>(j, "entries_kept", what);
+  c.as_configured = field<bool>(j, "as_configured", what);
+  c.kept_per_layer = field<std::vector<size_t>>(j, "kept_per_layer", what);
+  c.kv_bytes = field<size_t>(j, "kv_bytes", what);
+  c.full_f16_bytes = field<size_t>(j, "full_f16_bytes", what);
+  if (j.contains("needle_kept")) c.needle_kept = field<std::vector<double>>(j, "needle_kept", what);
+  if (j.contains("needle_kept_per_layer"))
+    c.needle_kept_per_layer = field<std::vector<std::vector<double>>>(j, "needle_kept_per_layer", what);
+  return c;
+}
+
+EndCheck end_from_json(const nlohmann::json& j, const std::string& what) {
+  const nlohmann::json e = field<nlohmann::json>(j, "end", what);
+  const std::string w = what + " (end)";
+  EndCheck c;
+  c.context_tokens = field<int>(e, "context_tokens", w);
+  c.tokens = field<int>(e, "tokens", w);
+  c.entries = field<size_t>(e, "entries", w);
+  c.entries_total = field<size_t>(e, "entries_total", w);
+  c.context_entries = field<size_t>(e, "context_entries", w);
+  c.context_entries_total = field<size_t>(e, "context_entries_total", w);
+  c.kv_bytes = field<size_t>(e, "kv_bytes", w);
+  c.full_f16_bytes = field<size_t>(e, "full_f16_bytes", w);
+  return c;
 }
 
 std::string csv_quote(const std::string& s) {
@@ -116,6 +174,7 @@ nlohmann::json to_json(const TaskRecord& r) {
   nlohmann::json spans = nlohmann::json::array();
   for (const auto& [b, e] : r.needle_spans) spans.push_back({b, e});
   nlohmann::json j = {{"kind", "task"},
+                      {"index", r.index},
                       {"task", r.task},
                       {"press", r.press},
                       {"press_spec", r.press_spec},
@@ -137,12 +196,44 @@ nlohmann::json to_json(const TaskRecord& r) {
                       {"press_seconds", o.press_seconds},
                       {"decode_seconds", o.decode_seconds}};
   j.update(cache_json(o.cache));
+  j["end"] = end_json(o.end);
   return j;
+}
+
+TaskRecord task_record_from_json(const nlohmann::json& j, const std::string& what) {
+  TaskRecord r;
+  r.index = field<size_t>(j, "index", what);
+  r.task = field<std::string>(j, "task", what);
+  r.press = field<std::string>(j, "press", what);
+  r.press_spec = field<std::string>(j, "press_spec", what);
+  r.ratio = field<double>(j, "ratio", what);
+  r.length = field<int>(j, "length", what);
+  r.depth = field<double>(j, "depth", what);
+  r.measured_depth = field<double>(j, "measured_depth", what);
+  r.sample = field<int>(j, "sample", what);
+  r.seed = field<uint64_t>(j, "seed", what);
+  r.answers = field<std::vector<std::string>>(j, "answers", what);
+  for (const auto& sp : field<std::vector<std::vector<int>>>(j, "needle_spans", what)) {
+    if (sp.size() != 2) throw Error(fmt::format("{}: field 'needle_spans' holds a span without 2 ends", what));
+    r.needle_spans.emplace_back(sp[0], sp[1]);
+  }
+  TaskOutcome& o = r.outcome;
+  o.answer = field<std::string>(j, "answer", what);
+  o.score = field<double>(j, "score", what);
+  o.question_tokens = field<int>(j, "question_tokens", what);
+  o.generated_tokens = field<int>(j, "generated_tokens", what);
+  o.prefill_seconds = field<double>(j, "prefill_seconds", what);
+  o.press_seconds = field<double>(j, "press_seconds", what);
+  o.decode_seconds = field<double>(j, "decode_seconds", what);
+  o.cache = cache_from_json(j, what);
+  o.end = end_from_json(j, what);
+  return r;
 }
 
 nlohmann::json to_json(const FidelityRecord& r) {
   const FidelityAccumulator& m = r.outcome.metrics;
   nlohmann::json j = {{"kind", "fidelity"},
+                      {"index", r.index},
                       {"press", r.press},
                       {"press_spec", r.press_spec},
                       {"ratio", r.ratio},
@@ -153,9 +244,45 @@ nlohmann::json to_json(const FidelityRecord& r) {
                       {"top1_agreement", m.top1_agreement()},
                       {"ppl_full", m.perplexity_full()},
                       {"ppl_compressed", m.perplexity_compressed()},
-                      {"seconds", r.outcome.seconds}};
+                      {"seconds", r.outcome.seconds},
+                      // The accumulator's sums, so summaries of records read back are exact.
+                      {"sums",
+                       {{"top1_agreements", m.top1_agreements()},
+                        {"kl", m.kl_sum()},
+                        {"nll_full", m.nll_full_sum()},
+                        {"nll_compressed", m.nll_compressed_sum()}}}};
   j.update(cache_json(r.outcome.cache));
+  j["end"] = end_json(r.outcome.end);
   return j;
+}
+
+FidelityRecord fidelity_record_from_json(const nlohmann::json& j, const std::string& what) {
+  FidelityRecord r;
+  r.index = field<size_t>(j, "index", what);
+  r.press = field<std::string>(j, "press", what);
+  r.press_spec = field<std::string>(j, "press_spec", what);
+  r.ratio = field<double>(j, "ratio", what);
+  r.sample = field<int>(j, "sample", what);
+  const nlohmann::json sums = field<nlohmann::json>(j, "sums", what);
+  const std::string ws = what + " (sums)";
+  r.outcome.metrics = FidelityAccumulator::from_sums(
+      field<size_t>(j, "tokens", what), field<size_t>(sums, "top1_agreements", ws), field<double>(sums, "kl", ws),
+      field<double>(j, "kl_max", what), field<double>(sums, "nll_full", ws), field<double>(sums, "nll_compressed", ws));
+  r.outcome.seconds = field<double>(j, "seconds", what);
+  r.outcome.cache = cache_from_json(j, what);
+  r.outcome.end = end_from_json(j, what);
+  return r;
+}
+
+AttentionStats attention_stats_from_json(const nlohmann::json& j, int* sample, const std::string& what) {
+  AttentionStats s;
+  if (sample) *sample = field<int>(j, "sample", what);
+  s.context_tokens = field<int>(j, "context_tokens", what);
+  s.window = field<int>(j, "window", what);
+  s.tau = field<double>(j, "tau", what);
+  s.lmba = field<std::vector<double>>(j, "lmba", what);
+  s.mba = field<std::vector<std::vector<int>>>(j, "mba", what);
+  return s;
 }
 
 nlohmann::json to_json(const AttentionStats& s, int sample) {
@@ -166,42 +293,78 @@ nlohmann::json to_json(const AttentionStats& s, int sample) {
 std::string csv_header(const TaskRecord&) {
   return "task,press_spec,press,ratio,length,depth,measured_depth,sample,seed,context_tokens,question_tokens,"
          "generated_tokens,score,answer,answers,entries_kept,entries_total,compression_ratio,as_configured,"
-         "kv_bytes,full_f16_bytes,memory_ratio,needle_kept,kept_per_layer,prefill_seconds,decode_seconds";
+         "kv_bytes,full_f16_bytes,memory_ratio,needle_kept,kept_per_layer,end_tokens,end_compression_ratio,"
+         "end_memory_ratio,prefill_seconds,decode_seconds";
 }
 
 std::string csv_row(const TaskRecord& r) {
   const TaskOutcome& o = r.outcome;
   const CacheCheck& c = o.cache;
-  return fmt::format("{},{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{:.6f},{},{},{},{:.6f},{},{},{:.4f},{:.4f}",
-                     r.task, csv_quote(r.press_spec), csv_quote(r.press), r.ratio, r.length, r.depth,
-                     r.measured_depth, r.sample, r.seed, c.context_tokens, o.question_tokens, o.generated_tokens,
-                     o.score, csv_quote(o.answer), csv_quote(joined(r.answers)), c.entries_kept, c.entries_total,
-                     c.compression_ratio(), c.as_configured ? 1 : 0, c.kv_bytes, c.full_f16_bytes, c.memory_ratio(),
-                     joined(c.needle_kept), joined(c.kept_per_layer), o.prefill_seconds, o.decode_seconds);
+  return fmt::format(
+      "{},{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{:.6f},{},{},{},{:.6f},{},{},{},{:.6f},{:.6f},{:.4f},"
+      "{:.4f}",
+      r.task, csv_quote(r.press_spec), csv_quote(r.press), r.ratio, r.length, r.depth, r.measured_depth, r.sample,
+      r.seed, c.context_tokens, o.question_tokens, o.generated_tokens, o.score, csv_quote(o.answer),
+      csv_quote(joined(r.answers)), c.entries_kept, c.entries_total, c.compression_ratio(), c.as_configured ? 1 : 0,
+      c.kv_bytes, c.full_f16_bytes, c.memory_ratio(), joined(c.needle_kept), joined(c.kept_per_layer), o.end.tokens,
+      o.end.compression_ratio(), o.end.memory_ratio(), o.prefill_seconds, o.decode_seconds);
 }
 
 std::string csv_header(const FidelityRecord&) {
   return "press_spec,press,ratio,sample,tokens,kl,kl_max,top1_agreement,ppl_full,ppl_compressed,context_tokens,"
          "entries_kept,entries_total,compression_ratio,as_configured,kv_bytes,full_f16_bytes,memory_ratio,"
-         "kept_per_layer,seconds";
+         "kept_per_layer,end_tokens,end_compression_ratio,end_memory_ratio,seconds";
 }
 
 std::string csv_row(const FidelityRecord& r) {
   const FidelityAccumulator& m = r.outcome.metrics;
   const CacheCheck& c = r.outcome.cache;
-  return fmt::format("{},{},{},{},{},{:.6g},{:.6g},{:.6f},{:.6f},{:.6f},{},{},{},{:.6f},{},{},{},{:.6f},{},{:.4f}",
-                     csv_quote(r.press_spec), csv_quote(r.press), r.ratio, r.sample, m.tokens(), m.mean_kl(),
-                     m.max_kl(), m.top1_agreement(), m.perplexity_full(), m.perplexity_compressed(), c.context_tokens,
-                     c.entries_kept, c.entries_total, c.compression_ratio(), c.as_configured ? 1 : 0, c.kv_bytes,
-                     c.full_f16_bytes, c.memory_ratio(), joined(c.kept_per_layer), r.outcome.seconds);
+  const EndCheck& e = r.outcome.end;
+  return fmt::format(
+      "{},{},{},{},{},{:.6g},{:.6g},{:.6f},{:.6f},{:.6f},{},{},{},{:.6f},{},{},{},{:.6f},{},{},{:.6f},{:.6f},{:.4f}",
+      csv_quote(r.press_spec), csv_quote(r.press), r.ratio, r.sample, m.tokens(), m.mean_kl(), m.max_kl(),
+      m.top1_agreement(), m.perplexity_full(), m.perplexity_compressed(), c.context_tokens, c.entries_kept,
+      c.entries_total, c.compression_ratio(), c.as_configured ? 1 : 0, c.kv_bytes, c.full_f16_bytes, c.memory_ratio(),
+      joined(c.kept_per_layer), e.tokens, e.compression_ratio(), e.memory_ratio(), r.outcome.seconds);
+}
+
+double student_t975(int df) {
+  static const double table[30] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                   2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                                   2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df < 1) throw Error(fmt::format("Student's t quantile: {} degrees of freedom (need >= 1)", df));
+  if (df <= 30) return table[df - 1];
+  const double z = 1.959964;
+  return z + (z * z * z + z) / (4.0 * df);
+}
+
+Interval wilson_interval(double p, int n) {
+  if (n < 1) return {p, p};
+  const double z = 1.959964, z2 = z * z, nn = n;
+  const double denom = 1.0 + z2 / nn;
+  const double centre = (p + z2 / (2 * nn)) / denom;
+  const double half = z / denom * std::sqrt(std::max(0.0, p * (1 - p) / nn + z2 / (4 * nn * nn)));
+  // At p = 0 (or 1) the bound is exactly 0 (1); rounding would leave 1e-17.
+  return {p <= 0 ? 0.0 : std::max(0.0, centre - half), p >= 1 ? 1.0 : std::min(1.0, centre + half)};
+}
+
+Interval t_interval(const std::vector<double>& v, double centre) {
+  if (v.size() < 2) return {centre, centre};
+  double mean = 0;
+  for (double x : v) mean += x;
+  mean /= v.size();
+  double ss = 0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  const double half = student_t975(static_cast<int>(v.size()) - 1) * std::sqrt(ss / (v.size() - 1) / v.size());
+  return {centre - half, centre + half};
 }
 
 std::vector<TaskSummary> summarize(const std::vector<TaskRecord>& recs, bool by_ld) {
   std::vector<TaskSummary> out;
   std::map<std::tuple<std::string, std::string, double, int, double>, size_t> index;
   for (const auto& r : recs) {
-    const int length = by_ld ? r.length : -1;
-    const double depth = by_ld ? r.depth : -2.0;
+    const int length = by_ld ? r.length : 0;
+    const double depth = by_ld ? r.depth : 0.0;
     auto key = std::make_tuple(r.task, r.press_spec, r.ratio, length, depth);
     auto it = index.find(key);
     if (it == index.end()) {
@@ -210,6 +373,7 @@ std::vector<TaskSummary> summarize(const std::vector<TaskRecord>& recs, bool by_
       s.task = r.task;
       s.press_spec = r.press_spec;
       s.ratio = r.ratio;
+      s.all_lengths = s.all_depths = !by_ld;
       s.length = length;
       s.depth = depth;
       out.push_back(s);
@@ -218,15 +382,20 @@ std::vector<TaskSummary> summarize(const std::vector<TaskRecord>& recs, bool by_
     const CacheCheck& c = r.outcome.cache;
     s.n += 1;
     s.score += r.outcome.score;
-    s.compression_ratio += c.compression_ratio();
-    s.memory_ratio += c.memory_ratio();
+    s.compression_ratio += r.outcome.end.compression_ratio();
+    s.memory_ratio += r.outcome.end.memory_ratio();
+    s.prefill_compression_ratio += c.compression_ratio();
+    s.prefill_memory_ratio += c.memory_ratio();
     s.needle_kept += c.min_needle_kept();
     s.not_as_configured += c.as_configured ? 0 : 1;
   }
   for (auto& s : out) {
     s.score /= s.n;
+    s.score_ci = wilson_interval(s.score, s.n);
     s.compression_ratio /= s.n;
     s.memory_ratio /= s.n;
+    s.prefill_compression_ratio /= s.n;
+    s.prefill_memory_ratio /= s.n;
     s.needle_kept /= s.n;
   }
   return out;
@@ -234,6 +403,7 @@ std::vector<TaskSummary> summarize(const std::vector<TaskRecord>& recs, bool by_
 
 std::vector<FidelitySummary> summarize(const std::vector<FidelityRecord>& recs) {
   std::vector<FidelitySummary> out;
+  std::vector<std::vector<double>> kl, top1, ppl;
   std::map<std::pair<std::string, double>, size_t> index;
   for (const auto& r : recs) {
     auto key = std::make_pair(r.press_spec, r.ratio);
@@ -244,42 +414,65 @@ std::vector<FidelitySummary> summarize(const std::vector<FidelityRecord>& recs) 
       s.press_spec = r.press_spec;
       s.ratio = r.ratio;
       out.push_back(s);
+      kl.emplace_back();
+      top1.emplace_back();
+      ppl.emplace_back();
     }
     FidelitySummary& s = out[it->second];
+    const FidelityAccumulator& m = r.outcome.metrics;
     s.samples += 1;
-    s.metrics.merge(r.outcome.metrics);
-    s.compression_ratio += r.outcome.cache.compression_ratio();
-    s.memory_ratio += r.outcome.cache.memory_ratio();
+    s.metrics.merge(m);
+    kl[it->second].push_back(m.mean_kl());
+    top1[it->second].push_back(m.top1_agreement());
+    ppl[it->second].push_back(m.perplexity_compressed());
+    s.compression_ratio += r.outcome.end.compression_ratio();
+    s.memory_ratio += r.outcome.end.memory_ratio();
+    s.prefill_compression_ratio += r.outcome.cache.compression_ratio();
+    s.prefill_memory_ratio += r.outcome.cache.memory_ratio();
     s.not_as_configured += r.outcome.cache.as_configured ? 0 : 1;
   }
-  for (auto& s : out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto& s = out[i];
     s.compression_ratio /= s.samples;
     s.memory_ratio /= s.samples;
+    s.prefill_compression_ratio /= s.samples;
+    s.prefill_memory_ratio /= s.samples;
+    s.kl_ci = t_interval(kl[i], s.metrics.mean_kl());
+    s.top1_ci = t_interval(top1[i], s.metrics.top1_agreement());
+    s.ppl_ci = t_interval(ppl[i], s.metrics.perplexity_compressed());
   }
   return out;
 }
 
 std::string csv_header(const TaskSummary&) {
-  return "task,press_spec,ratio,length,depth,samples,score,compression_ratio,memory_ratio,needle_kept,"
-         "not_as_configured";
+  return "task,press_spec,ratio,length,depth,samples,score,score_ci_low,score_ci_high,compression_ratio,"
+         "memory_ratio,prefill_compression_ratio,prefill_memory_ratio,needle_kept,not_as_configured";
 }
 
 std::string csv_row(const TaskSummary& s) {
-  return fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{}", s.task, csv_quote(s.press_spec), s.ratio,
-                     s.length, s.depth, s.n, s.score, s.compression_ratio, s.memory_ratio, s.needle_kept,
-                     s.not_as_configured);
+  const std::string length = s.all_lengths ? "all" : std::to_string(s.length);
+  const std::string depth = s.all_depths ? "all" : s.depth < 0 ? "random" : fmt::format("{}", s.depth);
+  return fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}", s.task,
+                     csv_quote(s.press_spec), s.ratio, length, depth, s.n, s.score, s.score_ci.low, s.score_ci.high,
+                     s.compression_ratio, s.memory_ratio, s.prefill_compression_ratio, s.prefill_memory_ratio,
+                     s.needle_kept, s.not_as_configured);
 }
 
 std::string csv_header(const FidelitySummary&) {
-  return "press_spec,ratio,samples,tokens,kl,kl_max,top1_agreement,ppl_full,ppl_compressed,compression_ratio,"
-         "memory_ratio,not_as_configured";
+  return "press_spec,ratio,samples,tokens,kl,kl_ci_low,kl_ci_high,kl_max,top1_agreement,top1_ci_low,top1_ci_high,"
+         "ppl_full,ppl_compressed,ppl_ci_low,ppl_ci_high,compression_ratio,memory_ratio,prefill_compression_ratio,"
+         "prefill_memory_ratio,not_as_configured";
 }
 
 std::string csv_row(const FidelitySummary& s) {
   const FidelityAccumulator& m = s.metrics;
-  return fmt::format("{},{},{},{},{:.6g},{:.6g},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}", csv_quote(s.press_spec),
-                     s.ratio, s.samples, m.tokens(), m.mean_kl(), m.max_kl(), m.top1_agreement(), m.perplexity_full(),
-                     m.perplexity_compressed(), s.compression_ratio, s.memory_ratio, s.not_as_configured);
+  return fmt::format(
+      "{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
+      "{:.4f},{}",
+      csv_quote(s.press_spec), s.ratio, s.samples, m.tokens(), m.mean_kl(), s.kl_ci.low, s.kl_ci.high, m.max_kl(),
+      m.top1_agreement(), s.top1_ci.low, s.top1_ci.high, m.perplexity_full(), m.perplexity_compressed(),
+      s.ppl_ci.low, s.ppl_ci.high, s.compression_ratio, s.memory_ratio, s.prefill_compression_ratio,
+      s.prefill_memory_ratio, s.not_as_configured);
 }
 
 std::string find_gnuplot() {
@@ -309,26 +502,47 @@ std::string file_safe(const std::string& s) {
   return r;
 }
 
-bool plot_lines(const std::vector<PlotSeries>& series, const std::string& title, const std::string& xlabel,
-                const std::string& ylabel, const std::string& out_path, const std::string& format, std::string* why,
-                bool y_unit_range) {
-  std::string s = terminal(format, 800, 500);
-  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path), gp_quote(title),
-                   gp_quote(xlabel), gp_quote(ylabel));
-  s += "set key outside right\nset grid\nset xrange [-0.02:1]\n";
-  if (y_unit_range) s += "set yrange [-0.02:1.02]\n";
-  for (size_t i = 0; i < series.size(); ++i) {
-    s += fmt::format("$s{} << EOD\n", i);
-    for (const auto& [x, y] : series[i].points) s += fmt::format("{} {}\n", x, y);
-    s += "EOD\n";
+bool plot_lines(const LinePlot& p, const std::string& out_path, const std::string& format, std::string* why) {
+  std::string s = terminal(format, 860, 520);
+  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path),
+                   gp_quote(p.title), gp_quote(p.xlabel), gp_quote(p.ylabel));
+  s += "set key outside right\nset grid\n";
+  s += p.x_unit_range ? "set xrange [-0.02:1.02]\n" : "set xrange [0:*]\n";
+  if (p.y_unit_range) s += "set yrange [-0.02:1.02]\n";
+  if (p.log_y) s += "set logscale y\nset format y \"%g\"\n";
+  // On a log axis a non-positive value (a KL of exactly 0) has no place; its bar is cut at the
+  // smallest positive value drawn, divided by 10.
+  double floor_y = 0;
+  if (p.log_y) {
+    double m = 0;
+    for (const auto& se : p.series)
+      for (const auto& pt : se.points)
+        if (pt.y > 0 && (m == 0 || pt.y < m)) m = pt.y;
+    floor_y = m > 0 ? m / 10 : 1e-12;
   }
-  s += "plot ";
-  for (size_t i = 0; i < series.size(); ++i)
+  std::vector<size_t> drawn;
+  for (size_t i = 0; i < p.series.size(); ++i) {
+    std::string rows;
+    for (const auto& pt : p.series[i].points) {
+      if (p.log_y && !(pt.y > 0)) continue;
+      const double lo = p.log_y ? std::max(pt.low, floor_y) : pt.low;
+      rows += fmt::format("{} {} {} {}\n", pt.x, pt.y, lo, pt.high);
+    }
+    if (rows.empty()) continue;
+    s += fmt::format("$s{} << EOD\n{}EOD\n", i, rows);
+    drawn.push_back(i);
+  }
+  std::string plot;
+  for (size_t k = 0; k < drawn.size(); ++k) {
+    const size_t i = drawn[k];
     // Dash and point types vary too, so coinciding lines stay distinguishable.
-    s += fmt::format("{}$s{} using 1:2 with linespoints lw 2 dt {} pt {} title {}", i ? ", " : "", i, i % 5 + 1,
-                     (i % 7) + 4, gp_quote(series[i].name));
-  s += "\n";
-  if (series.empty()) s += "NaN notitle\n";
+    plot += fmt::format("{}$s{} using 1:2:3:4 with yerrorlines lw 2 dt {} pt {} title {}", plot.empty() ? "" : ", ", i,
+                        i % 5 + 1, (i % 7) + 4, gp_quote(p.series[i].name));
+  }
+  if (p.has_baseline && (!p.log_y || p.baseline > 0))
+    plot += fmt::format("{}{} with lines lw 2 dt 2 lc rgb \"black\" title {}", plot.empty() ? "" : ", ", p.baseline,
+                        gp_quote(p.baseline_label));
+  s += plot.empty() ? "plot NaN notitle\n" : "plot " + plot + "\n";
   return run_gnuplot(s, out_path, why);
 }
 

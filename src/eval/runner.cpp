@@ -115,6 +115,41 @@ CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double reques
   return c;
 }
 
+EndCheck inspect_end(const KVCache& cache, int context_tokens, int tokens) {
+  EndCheck e;
+  e.context_tokens = context_tokens;
+  e.tokens = tokens;
+  const size_t LH = static_cast<size_t>(cache.n_layer()) * cache.n_head_kv();
+  e.entries = cache.entries();
+  e.entries_total = static_cast<size_t>(tokens) * LH;
+  e.context_entries_total = static_cast<size_t>(context_tokens) * LH;
+  for (int l = 0; l < cache.n_layer(); ++l)
+    for (int h = 0; h < cache.n_head_kv(); ++h)
+      for (int32_t p : cache.seg(l, h).positions()) e.context_entries += p < context_tokens;
+  e.kv_bytes = cache.bytes();
+  e.full_f16_bytes = cache.full_f16_bytes(tokens);
+  return e;
+}
+
+Shard parse_shard(const std::string& text) {
+  const size_t slash = text.find('/');
+  Shard s;
+  bool ok = slash != std::string::npos && slash > 0 && slash + 1 < text.size();
+  if (ok) {
+    try {
+      size_t a = 0, b = 0;
+      s.index = std::stoi(text.substr(0, slash), &a);
+      s.count = std::stoi(text.substr(slash + 1), &b);
+      ok = a == slash && b == text.size() - slash - 1;
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  if (!ok || s.count < 1 || s.index < 0 || s.index >= s.count)
+    throw Error(fmt::format("shard '{}': expected I/N with 0 <= I < N (e.g. 0/4)", text));
+  return s;
+}
+
 TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample, const TokenizedSample& toks,
                      const std::string& stop, const RunOptions& opt) {
   const Tokenizer& tok = model.tokenizer();
@@ -143,6 +178,7 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
     logits = decode_step(session, &press, t);
   }
   out.decode_seconds = since(t1);
+  out.end = inspect_end(session.cache(), static_cast<int>(toks.context.size()), session.next_position());
   out.score = sample.match_all ? string_match_all(out.answer, sample.answers)
                                : string_match_part(out.answer, sample.answers);
   return out;
@@ -184,6 +220,7 @@ FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityRef
   out.cache = inspect_cache(s.cache(), static_cast<int>(ref.prefix.size()), press.ratio());
   std::vector<float> logits =
       feed_stepwise(s, &press, std::vector<Token>(ref.continuation.begin(), ref.continuation.end() - 1));
+  out.end = inspect_end(s.cache(), static_cast<int>(ref.prefix.size()), s.next_position());
   const size_t V = static_cast<size_t>(ref.n_vocab);
   for (size_t i = 0; i + 1 < ref.continuation.size(); ++i)
     out.metrics.add(ref.logits.data() + i * V, logits.data() + i * V, V, ref.continuation[i + 1]);
@@ -244,7 +281,7 @@ std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const
   return runs;
 }
 
-void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sw,
+size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const TaskSweep& sw,
                     const std::function<void(const TaskRecord&)>& on_record, const ProgressFn& progress) {
   if (sw.samples < 1) throw Error(fmt::format("sweep: samples={} must be >= 1", sw.samples));
   if (sw.tasks.empty() || sw.lengths.empty()) throw Error("sweep: give at least one task and one length");
@@ -259,12 +296,15 @@ void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const
   TokenCounter count = [&](const std::string& s) { return enc.count(s); };
   std::vector<double> depths = sw.depths;
   if (depths.empty()) depths.push_back(-1.0);
-  const size_t total = sw.tasks.size() * sw.lengths.size() * depths.size() * sw.samples * runs.size();
-  size_t done = 0;
+  const size_t units = sw.tasks.size() * sw.lengths.size() * depths.size() * sw.samples * runs.size();
+  const size_t first = sw.shard.begin(units), last = sw.shard.end(units);
+  const size_t total = last - first;
+  size_t done = 0, unit = 0;
   for (const auto& task : sw.tasks)
     for (int length : sw.lengths)
       for (double depth : depths)
-        for (int i = 0; i < sw.samples; ++i) {
+        for (int i = 0; i < sw.samples; ++i, unit += runs.size()) {
+          if (unit + runs.size() <= first || unit >= last) continue;
           // The depth is not part of the seed: at one length, every depth moves the same needle
           // through the same haystack.
           const uint64_t seed = sample_seed(sw.seed, fmt::format("{}/{}/{}", task, length, i));
@@ -277,11 +317,14 @@ void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const
             sample = make_ruler(task, sw.text, sw.ruler, length, depth, seed, count);
           }
           const TokenizedSample toks = tokenize_sample(sample, enc, tok);
-          for (const auto& run : runs) {
+          for (size_t k = 0; k < runs.size(); ++k) {
+            if (unit + k < first || unit + k >= last) continue;
+            const PressRun& run = runs[k];
             auto press = make_press(run.spec, run.ratio);
             if (progress)
               progress(done, total, fmt::format("{} L={} d={} #{} {} r={:.2f}", task, length, depth, i, run.spec, run.ratio));
             TaskRecord rec;
+            rec.index = unit + k;
             rec.task = task;
             rec.press = press->describe();
             rec.press_spec = run.spec;
@@ -299,6 +342,7 @@ void run_task_sweep(const Model& model, const std::vector<PressRun>& runs, const
           }
         }
   if (progress) progress(done, total, "done");
+  return units;
 }
 
 std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const SessionOptions& session) {
@@ -322,7 +366,7 @@ std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const S
   return out;
 }
 
-void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sw,
+size_t run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, const FidelitySweep& sw,
                         const std::function<void(const FidelityRecord&)>& on_record,
                         const std::function<void(int, const AttentionStats&)>& on_stats, const ProgressFn& progress) {
   if (sw.samples < 1) throw Error(fmt::format("fidelity: samples={} must be >= 1", sw.samples));
@@ -339,9 +383,13 @@ void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, c
       throw Error(fmt::format("fidelity: the text has {} tokens, one sample needs {} ({} context + {} continuation)",
                               sw.text.size(), per, sw.context_tokens, sw.continuation_tokens));
   }
-  const size_t total = static_cast<size_t>(samples) * runs.size();
+  const size_t units = static_cast<size_t>(samples) * runs.size();
+  const size_t first = sw.shard.begin(units), last = sw.shard.end(units);
+  const size_t total = last - first;
   size_t done = 0;
   for (int i = 0; i < samples; ++i) {
+    const size_t unit = static_cast<size_t>(i) * runs.size();
+    if (unit + runs.size() <= first || unit >= last) continue;
     if (progress) progress(done, total, fmt::format("sample #{}: full-cache reference", i));
     std::vector<Token> text;
     if (sw.text.empty())
@@ -351,14 +399,17 @@ void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, c
       text.assign(sw.text.begin() + i * per, sw.text.begin() + (i + 1) * per);
     std::vector<Token> prefix = with_bos(tok, std::vector<Token>(text.begin(), text.end() - sw.continuation_tokens));
     std::vector<Token> cont(text.end() - sw.continuation_tokens, text.end());
-    if (on_stats && sw.lmba_window > 0)
+    if (on_stats && sw.lmba_window > 0 && unit >= first)
       on_stats(i, attention_stats(model, prefix, std::min<int>(sw.lmba_window, prefix.size()), sw.lmba_tau,
                                   full_precision(sw.run.session)));
     const FidelityReference ref = fidelity_reference(model, std::move(prefix), std::move(cont), sw.run);
-    for (const auto& run : runs) {
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (unit + k < first || unit + k >= last) continue;
+      const PressRun& run = runs[k];
       auto press = make_press(run.spec, run.ratio);
       if (progress) progress(done, total, fmt::format("sample #{} {} r={:.2f}", i, run.spec, run.ratio));
       FidelityRecord rec;
+      rec.index = unit + k;
       rec.press = press->describe();
       rec.press_spec = run.spec;
       rec.ratio = run.ratio;
@@ -369,6 +420,7 @@ void run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs, c
     }
   }
   if (progress) progress(done, total, "done");
+  return units;
 }
 
 }  // namespace kvslim
