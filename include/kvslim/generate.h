@@ -1,10 +1,12 @@
 #pragma once
-// The main job: prefill a context, compress it with a press, append the question, decode.
+// The main job in one call: prefill a context, compress it with a press, append the question,
+// decode. A thin wrapper over Request (kvslim/request.h), which every job shares.
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "kvslim/press.h"
+#include "kvslim/request.h"
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"
 
@@ -13,45 +15,31 @@ namespace kvslim {
 struct GenerateOptions {
   std::string context;      ///< compressed by the press
   std::string question;     ///< appended after compression, never compressed (may be empty)
-  int n_predict = 64;       ///< tokens to generate; stops early at end-of-generation
+  int n_predict = 64;       ///< tokens to generate; stops early at end-of-generation; < 0: until the context is full
   SamplingParams sampling;
   int chunk_size = 0;       ///< > 0: the press acts after every chunk of this many context tokens
   SessionOptions session;
 };
 
 /// Measured from the cache, never computed from the request.
-struct GenerateStats {
-  int context_tokens = 0;
-  int question_tokens = 0;
-  int generated_tokens = 0;
-  size_t entries_kept = 0;              ///< after compressing the context
-  size_t entries_total = 0;             ///< context tokens x layers x KV heads
-  std::vector<size_t> kept_per_layer;   ///< entries per layer after compression
-  size_t kv_bytes = 0;                  ///< cache bytes after compression
-  size_t full_f16_bytes = 0;            ///< a full f16 cache of the context
-  size_t peak_kv_bytes = 0;             ///< largest cache size seen during prefill
-  size_t final_kv_bytes = 0;            ///< after generation
-  double prefill_seconds = 0, press_seconds = 0, decode_seconds = 0;
-  double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
-  double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
-  double prefill_tps() const;
-  double decode_tps() const;
-};
+using GenerateStats = RequestStats;
 
 struct GenerateResult {
   std::string text;
-  std::vector<Token> tokens;
+  std::vector<Token> tokens;   ///< sampled tokens, end-of-generation included
   GenerateStats stats;
+  FinishReason finish = FinishReason::None;
 };
 
-/// Runs the job. `on_text` receives each generated piece as soon as it is sampled. Throws
-/// kvslim::Error for an empty context or a prompt longer than the context size.
+/// Runs the job through one Request. `on_text` receives each generated piece as soon as it is
+/// sampled. Throws kvslim::Error for an empty context or a prompt longer than the context size.
 GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
                         const std::function<void(const std::string&)>& on_text = nullptr);
 
 /// Prefills `tokens` into `session` and applies `press` (after every `chunk_size` tokens when
-/// > 0, else once at the end). Returns the logits of the last token. `peak_bytes` receives the
-/// largest cache size observed. Used by generate, the evaluation harness and benchmarks.
+/// > 0, else once at the end), resetting the press first: the prefill half of a Request, for
+/// callers that hold a bare Session (press calibration, tests). Returns the logits of the last
+/// token. `peak_bytes` receives the largest cache size observed.
 std::vector<float> prefill_and_compress(Session& session, Press& press, const std::vector<Token>& tokens,
                                         int chunk_size, size_t* peak_bytes = nullptr, double* press_seconds = nullptr);
 

@@ -21,7 +21,7 @@
 #include "cli/context_size.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
-#include "kvslim/generate.h"
+#include "kvslim/request.h"
 
 namespace kvslim::cli {
 
@@ -149,12 +149,16 @@ int run(BenchArgs a) {
   so.kv_quant = a.kv_quant;
   std::mt19937_64 rng(a.seed);
 
+  RequestOptions ro;
+  ro.session = so;
+  ro.chunk_size = a.chunk_size;
   {  // warm-up, untimed: page faults of the mapping (every weight is touched), the pool's threads
      // and their per-thread buffers, on both paths (a small prefill batch, then decode steps)
-    Session s(*model, so);
+    Request w(*model, make_press("none", 0.0), ro);
     const int n_warm = std::clamp(so.n_ctx - 4, 1, 64);  // within the context however small
-    s.forward(random_tokens(n_warm, hp.n_vocab, rng));
-    for (int i = 0; i < 4 && s.next_position() < so.n_ctx; ++i) s.forward({static_cast<Token>(i)});
+    w.set_prompt_tokens(random_tokens(n_warm, hp.n_vocab, rng));
+    w.prefill();
+    for (int i = 0; i < 4 && w.position() < so.n_ctx; ++i) w.advance(static_cast<Token>(i));
   }
 
   std::vector<Result> results;
@@ -166,14 +170,13 @@ int run(BenchArgs a) {
       Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0};
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
-        Session s(*model, so);
-        std::vector<Token> prompt = random_tokens(a.n_prompt, hp.n_vocab, rng);
-        double press_s = 0;
+        Request req(*model, *press, ro);
+        req.set_prompt_tokens(random_tokens(a.n_prompt, hp.n_vocab, rng));
         auto t0 = Clock::now();
-        prefill_and_compress(s, *press, prompt, a.chunk_size, nullptr, &press_s);
+        req.prefill();
         r.tps.push_back(a.n_prompt / since(t0));
-        r.press_seconds += press_s / a.reps;
-        r.kv_bytes = s.cache().bytes();
+        r.press_seconds += req.stats().press_seconds / a.reps;
+        r.kv_bytes = req.cache().bytes();
       }
       r.peak_rss = peak_rss();
       results.push_back(r);
@@ -182,34 +185,32 @@ int run(BenchArgs a) {
       for (int depth : a.depths) {
         Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0};
         reset_peak_rss();
-        Session s(*model, so);
+        Request req(*model, *press, ro);
         if (depth > 0) {
           // The fill itself is a prefill of `depth` tokens (with compression after every chunk
           // when --chunk-size is set): reported as its own row, as it is the long-prompt cost.
           Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0};
-          double press_s = 0;
+          req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng));
           const auto t0 = Clock::now();
-          prefill_and_compress(s, *press, random_tokens(depth, hp.n_vocab, rng), a.chunk_size, nullptr, &press_s);
+          req.prefill();
           fill.tps.push_back(depth / since(t0));
-          fill.press_seconds = press_s;
-          fill.kv_bytes = s.cache().bytes();
+          fill.press_seconds = req.stats().press_seconds;
+          fill.kv_bytes = req.cache().bytes();
           fill.peak_rss = peak_rss();
           results.push_back(fill);
-          r.press_seconds = press_s;
+          r.press_seconds = fill.press_seconds;
         } else {
-          press->reset();
+          press->reset();  // no prefill to reset it: decode starts from an empty cache
         }
-        r.kv_bytes = s.cache().bytes();
-        // Repetitions continue the same context: depth drifts by n_gen per repetition.
-        const ObservationRequest dreq = press->decode_request();
+        r.kv_bytes = req.cache().bytes();
+        // Repetitions continue the same context: depth drifts by n_gen per repetition. The
+        // tokens are fed (not sampled) so every press decodes the same sequence.
         for (int rep = 0; rep < a.reps; ++rep) {
           std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
           auto t0 = Clock::now();
           for (Token t : toks) {
             auto t1 = Clock::now();
-            Observation dobs;
-            s.forward({t}, false, &dreq, &dobs, s.next_position());
-            press->after_decode(s.cache(), *model, dobs);
+            req.advance(t);
             r.token_ms.push_back(1000.0 * since(t1));
           }
           r.tps.push_back(a.n_gen / since(t0));

@@ -10,6 +10,8 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kvslim/press.h"
+#include "kvslim/request.h"
+#include "press/recorder.h"
 
 namespace kvslim {
 
@@ -24,12 +26,17 @@ LayerBudgets layer_budgets(const Model& model, const std::vector<Token>& tokens,
     throw Error(fmt::format("attention-stats: similarity {} is outside (-1, 1]", opt.similarity));
   const HParams& hp = model.hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim, nh = hp.n_head;
-  Session sess(model, session);
-  ObservationRequest req;
-  req.window = opt.window;
-  Observation obs;
+  ObservationRequest rec;
+  rec.window = opt.window;
+  auto recorder = std::make_unique<ObservationRecorder>(rec);
+  const ObservationRecorder& recorded = *recorder;
+  RequestOptions ro;
+  ro.session = session;
+  Request sess(model, std::move(recorder), ro);
   const int n = static_cast<int>(tokens.size());
-  sess.forward(tokens, false, &req, &obs, n - opt.window);
+  sess.set_prompt_tokens(tokens);
+  sess.prefill();
+  const Observation& obs = recorded.observation();
   const int W = obs.n_window();
 
   LayerBudgets out;

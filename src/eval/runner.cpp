@@ -10,7 +10,8 @@
 #include "eval/attention_stats.h"
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
-#include "kvslim/generate.h"
+#include "kvslim/request.h"
+#include "press/recorder.h"
 #include "kvslim/sampling.h"
 
 namespace kvslim {
@@ -50,27 +51,23 @@ std::vector<Token> with_bos(const Tokenizer& tok, std::vector<Token> t) {
   return t;
 }
 
-/// One decode step as generate() takes it: the press records what decode_request() asks and
-/// may evict after the token's entries are in the cache.
-std::vector<float> decode_step(Session& s, Press* press, Token t) {
-  if (!press) return s.forward({t});
-  const ObservationRequest dreq = press->decode_request();
-  const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens;
-  Observation dobs;
-  std::vector<float> l = s.forward({t}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, s.next_position());
-  press->after_decode(s.cache(), s.model(), dobs);
-  return l;
-}
-
-/// Feeds `tokens` after the compressed context one decode step at a time, so a decoding press
-/// acts after each token as it would while generating. Returns the logits of every token fed.
-std::vector<float> feed_stepwise(Session& s, Press* press, const std::vector<Token>& tokens) {
+/// Feeds `tokens` after the prompt one decode step at a time (teacher forcing), so a decoding
+/// press acts after each token as it would while generating. Returns the logits of every token fed.
+std::vector<float> feed_stepwise(Request& req, const std::vector<Token>& tokens) {
   std::vector<float> all;
   for (Token t : tokens) {
-    std::vector<float> l = decode_step(s, press, t);
+    const std::vector<float>& l = req.advance(t);
     all.insert(all.end(), l.begin(), l.end());
   }
   return all;
+}
+
+RequestOptions request_options(const RunOptions& opt, const SessionOptions& session) {
+  RequestOptions ro;
+  ro.session = session;
+  ro.chunk_size = opt.chunk_size;
+  ro.sampling.temp = 0.0f;  // greedy: answers are scored by string match
+  return ro;
 }
 
 }  // namespace
@@ -152,33 +149,27 @@ Shard parse_shard(const std::string& text) {
 
 TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample, const TokenizedSample& toks,
                      const std::string& stop, const RunOptions& opt) {
-  const Tokenizer& tok = model.tokenizer();
   TaskOutcome out;
-  Session session(model, opt.session);
-  check_fits(session, toks.context.size() + toks.question.size(),
+  RequestOptions ro = request_options(opt, opt.session);
+  ro.n_predict = opt.n_predict > 0 ? opt.n_predict : sample.n_predict;
+  Request req(model, press, ro);
+  check_fits(req.session(), toks.context.size() + toks.question.size(),
              fmt::format("task {} sample (context + question)", sample.task));
-  press.reset();
-  auto t0 = Clock::now();
-  std::vector<float> logits =
-      prefill_and_compress(session, press, toks.context, opt.chunk_size, nullptr, &out.press_seconds);
-  out.cache = inspect_cache(session.cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+  req.set_prompt_tokens(toks.context, toks.question);
+  while (!req.context_prefilled()) req.prefill_step();
+  out.cache = inspect_cache(req.cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+  req.prefill();
   out.question_tokens = static_cast<int>(toks.question.size());
-  if (!toks.question.empty()) logits = session.forward(toks.question);
-  out.prefill_seconds = since(t0);
-
-  auto t1 = Clock::now();
-  const int n_predict = opt.n_predict > 0 ? opt.n_predict : sample.n_predict;
-  for (int i = 0; i < n_predict; ++i) {
-    const Token t = argmax(logits.data(), logits.size());
-    if (tok.is_eog(t)) break;
+  req.run([&](const TokenEvent& e) {
     ++out.generated_tokens;
-    out.answer += tok.piece(t);
-    if (cut_at_stop(out.answer, stop)) break;
-    if (i + 1 == n_predict || session.next_position() >= session.n_ctx()) break;
-    logits = decode_step(session, &press, t);
-  }
-  out.decode_seconds = since(t1);
-  out.end = inspect_end(session.cache(), static_cast<int>(toks.context.size()), session.next_position());
+    out.answer += e.piece;
+    return !cut_at_stop(out.answer, stop);
+  });
+  const RequestStats& st = req.stats();
+  out.press_seconds = st.press_seconds;
+  out.prefill_seconds = st.prefill_seconds;
+  out.decode_seconds = st.decode_seconds;
+  out.end = inspect_end(req.cache(), static_cast<int>(toks.context.size()), req.position());
   out.score = sample.match_all ? string_match_all(out.answer, sample.answers)
                                : string_match_part(out.answer, sample.answers);
   return out;
@@ -198,13 +189,13 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
     throw Error(fmt::format("fidelity: the continuation has {} tokens, at least 2 are needed", continuation.size()));
   FidelityReference ref;
   ref.n_vocab = model.hparams().n_vocab;
-  Session s(model, full_precision(opt.session));
-  check_fits(s, prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
-  // The same prefill path as the compressed run, so the "none" press on the same (unquantized)
-  // cache compares bit-identical logits.
-  auto none = make_press("none", 0.0);
-  prefill_and_compress(s, *none, prefix, opt.chunk_size);
-  ref.logits = feed_stepwise(s, nullptr, std::vector<Token>(continuation.begin(), continuation.end() - 1));
+  // The same runner as the compressed run, so the "none" press on the same (unquantized) cache
+  // compares bit-identical logits.
+  Request req(model, make_press("none", 0.0), request_options(opt, full_precision(opt.session)));
+  check_fits(req.session(), prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
+  req.set_prompt_tokens(prefix);
+  req.prefill();
+  ref.logits = feed_stepwise(req, std::vector<Token>(continuation.begin(), continuation.end() - 1));
   ref.prefix = std::move(prefix);
   ref.continuation = std::move(continuation);
   return ref;
@@ -213,14 +204,14 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
 FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityReference& ref, const RunOptions& opt) {
   FidelityOutcome out;
   auto t0 = Clock::now();
-  Session s(model, opt.session);
-  check_fits(s, ref.prefix.size() + ref.continuation.size(), "fidelity sample (context + continuation)");
-  press.reset();
-  prefill_and_compress(s, press, ref.prefix, opt.chunk_size);
-  out.cache = inspect_cache(s.cache(), static_cast<int>(ref.prefix.size()), press.ratio());
+  Request req(model, press, request_options(opt, opt.session));
+  check_fits(req.session(), ref.prefix.size() + ref.continuation.size(), "fidelity sample (context + continuation)");
+  req.set_prompt_tokens(ref.prefix);
+  req.prefill();
+  out.cache = inspect_cache(req.cache(), static_cast<int>(ref.prefix.size()), press.ratio());
   std::vector<float> logits =
-      feed_stepwise(s, &press, std::vector<Token>(ref.continuation.begin(), ref.continuation.end() - 1));
-  out.end = inspect_end(s.cache(), static_cast<int>(ref.prefix.size()), s.next_position());
+      feed_stepwise(req, std::vector<Token>(ref.continuation.begin(), ref.continuation.end() - 1));
+  out.end = inspect_end(req.cache(), static_cast<int>(ref.prefix.size()), req.position());
   const size_t V = static_cast<size_t>(ref.n_vocab);
   for (size_t i = 0; i + 1 < ref.continuation.size(); ++i)
     out.metrics.add(ref.logits.data() + i * V, logits.data() + i * V, V, ref.continuation[i + 1]);
@@ -234,19 +225,24 @@ AttentionStats attention_stats(const Model& model, const std::vector<Token>& tok
   if (!(tau > 0.0 && tau <= 1.0)) throw Error(fmt::format("attention statistics: tau {} is outside (0, 1]", tau));
   if (static_cast<size_t>(window) > tokens.size())
     throw Error(fmt::format("attention statistics: window {} is longer than the {} tokens", window, tokens.size()));
-  Session s(model, session);
-  check_fits(s, tokens.size(), "attention statistics text");
-  ObservationRequest req;
-  req.window = window;
-  Observation obs;
-  s.forward(tokens, false, &req, &obs, static_cast<int32_t>(tokens.size()) - window);
+  ObservationRequest rec;
+  rec.window = window;
+  auto recorder = std::make_unique<ObservationRecorder>(rec);
+  const ObservationRecorder& recorded = *recorder;
+  RequestOptions ro;
+  ro.session = session;
+  Request r(model, std::move(recorder), ro);
+  check_fits(r.session(), tokens.size(), "attention statistics text");
+  r.set_prompt_tokens(tokens);
+  r.prefill();
+  const Observation& obs = recorded.observation();
   const HParams& hp = model.hparams();
   AttentionStats st;
   st.context_tokens = static_cast<int>(tokens.size());
   st.window = window;
   st.tau = tau;
   for (int l = 0; l < hp.n_layer; ++l) {
-    LayerView view(model, s.cache(), obs, l);
+    LayerView view(model, r.cache(), obs, l);
     std::vector<int> mba = query_head_mba(view, view.n_window(), tau);
     double mean = 0;
     for (int v : mba) mean += v;
@@ -347,21 +343,27 @@ size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, con
 
 std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const SessionOptions& session) {
   const Tokenizer& tok = model.tokenizer();
-  Session s(model, session);
-  check_fits(s, static_cast<size_t>(n) + 1, "sampled text");
+  std::vector<Token> start = with_bos(tok, {});
+  if (start.empty()) throw Error("sampled text: the vocabulary has no BOS to start from; give a text file");
+  RequestOptions ro;
+  ro.session = session;
+  Request req(model, make_press("none", 0.0), ro);
+  check_fits(req.session(), static_cast<size_t>(n) + 1, "sampled text");
   std::vector<Token> masked;
   for (Token t = 0; t < model.hparams().n_vocab; ++t)
     if (tok.is_eog(t) || tok.is_control(t)) masked.push_back(t);
+  // The request's decode step with a sampler of its own: end-of-generation and control tokens
+  // are never drawn, so the text always has n tokens.
   Sampler sampler({1.0f, 0, 1.0f, seed});
-  std::vector<Token> start = with_bos(tok, {});
-  if (start.empty()) throw Error("sampled text: the vocabulary has no BOS to start from; give a text file");
-  std::vector<float> logits = s.forward(start);
+  req.set_prompt_tokens(start);
+  req.prefill();
+  std::vector<float> logits = req.logits();
   std::vector<Token> out;
   while (static_cast<int>(out.size()) < n) {
     for (Token t : masked) logits[t] = -std::numeric_limits<float>::infinity();
     const Token t = sampler.sample(logits);
     out.push_back(t);
-    if (static_cast<int>(out.size()) < n) logits = s.forward({t});
+    if (static_cast<int>(out.size()) < n) logits = req.advance(t);
   }
   return out;
 }

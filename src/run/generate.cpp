@@ -1,0 +1,45 @@
+#include "kvslim/generate.h"
+
+#include <algorithm>
+
+#include "run/steps.h"
+
+namespace kvslim {
+
+std::vector<float> prefill_and_compress(Session& session, Press& press, const std::vector<Token>& tokens,
+                                        int chunk_size, size_t* peak_bytes, double* press_seconds) {
+  press.reset();
+  const size_t step = chunk_size > 0 ? static_cast<size_t>(chunk_size) : tokens.size();
+  std::vector<float> logits;
+  size_t peak = 0;
+  for (size_t b = 0; b < tokens.size(); b += step)
+    logits = run::prefill_chunk(session, press, tokens.data() + b, std::min(step, tokens.size() - b), &peak,
+                                press_seconds);
+  if (peak_bytes) *peak_bytes = std::max(*peak_bytes, peak);
+  return logits;
+}
+
+GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
+                        const std::function<void(const std::string&)>& on_text) {
+  RequestOptions ro;
+  ro.session = opt.session;
+  ro.chunk_size = opt.chunk_size;
+  ro.n_predict = opt.n_predict;
+  ro.sampling = opt.sampling;
+  Request req(model, press, ro);
+  req.set_prompt(opt.context, opt.question);
+  TokenCallback cb;
+  if (on_text) cb = [&](const TokenEvent& e) {
+      on_text(e.piece);
+      return true;
+    };
+  req.run(cb);
+  GenerateResult res;
+  res.text = req.text();
+  res.tokens = req.generated();
+  res.stats = req.stats();
+  res.finish = req.finish_reason();
+  return res;
+}
+
+}  // namespace kvslim

@@ -1,0 +1,252 @@
+#include "kvslim/request.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "run/steps.h"
+
+namespace kvslim {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+namespace run {
+
+std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
+                                 double* press_seconds) {
+  const ObservationRequest req = press.request();
+  Observation obs;
+  const int32_t first = session.next_position();
+  int32_t record_from = first + static_cast<int32_t>(n) - std::max(req.window, 0);
+  if (req.hidden_states || req.attention_mass || req.tokens) record_from = first;
+  std::vector<float> logits =
+      session.forward(std::vector<Token>(tokens, tokens + n), false, &req, &obs, std::max(record_from, first));
+  if (peak_bytes) *peak_bytes = std::max(*peak_bytes, session.cache().bytes());
+  const double t0 = now_seconds();
+  press.compress(session.cache(), session.model(), obs);
+  if (press_seconds) *press_seconds += now_seconds() - t0;
+  return logits;
+}
+
+std::vector<float> decode_step(Session& session, Press& press, Token token) {
+  const ObservationRequest dreq = press.decode_request();
+  const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
+                    dreq.on_attention_input || dreq.selector;
+  Observation dobs;
+  std::vector<float> logits =
+      session.forward({token}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, session.next_position());
+  press.after_decode(session.cache(), session.model(), dobs);
+  return logits;
+}
+
+}  // namespace run
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Length: return "length";
+    case FinishReason::EndOfGeneration: return "eog";
+    case FinishReason::ContextFull: return "context_full";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "none";
+}
+
+double RequestStats::prefill_tps() const {
+  return prefill_seconds > 0 ? (context_tokens + question_tokens) / prefill_seconds : 0.0;
+}
+double RequestStats::decode_tps() const {
+  return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0.0;
+}
+
+Request::Request(const Model& model, Press& press, RequestOptions opt)
+    : model_(model), press_(&press), opt_(std::move(opt)),
+      session_(std::make_unique<Session>(model, opt_.session)),
+      sampler_(std::make_unique<Sampler>(opt_.sampling)) {}
+
+Request::Request(const Model& model, std::unique_ptr<Press> press, RequestOptions opt)
+    : model_(model), owned_press_(std::move(press)), press_(owned_press_.get()), opt_(std::move(opt)) {
+  if (!press_) throw Error("request: no press given (use the \"none\" press for a full cache)");
+  session_ = std::make_unique<Session>(model, opt_.session);
+  sampler_ = std::make_unique<Sampler>(opt_.sampling);
+}
+
+Request::~Request() = default;
+
+void Request::set_prompt(const std::string& context, const std::string& question) {
+  const Tokenizer& tok = model_.tokenizer();
+  std::vector<Token> ctx = tok.encode(context, tok.add_bos_default(), false);
+  const size_t n_text = ctx.size() - ((!ctx.empty() && ctx[0] == tok.bos() && tok.add_bos_default()) ? 1 : 0);
+  if (context.empty() || n_text == 0) throw Error("empty prompt: the context has no text");
+  std::vector<Token> q;
+  if (!question.empty()) q = tok.encode(question, false, false);
+  set_prompt_tokens(std::move(ctx), std::move(q));
+}
+
+void Request::set_prompt_tokens(std::vector<Token> context, std::vector<Token> question) {
+  if (context_done_ > 0 || prefilled_) throw Error("request: the prompt is set once, before prefill");
+  if (context.empty()) throw Error("empty prompt: the context has no tokens");
+  if (context.size() + question.size() > static_cast<size_t>(session_->n_ctx()))
+    throw Error(fmt::format("prompt of {} tokens ({} context + {} question) exceeds the context size -c {}",
+                            context.size() + question.size(), context.size(), question.size(), session_->n_ctx()));
+  context_ = std::move(context);
+  question_ = std::move(question);
+  prompt_set_ = true;
+  stats_ = RequestStats{};
+  stats_.context_tokens = static_cast<int>(context_.size());
+  stats_.question_tokens = static_cast<int>(question_.size());
+}
+
+bool Request::prefill_step() {
+  if (!prompt_set_) throw Error("request: no prompt set");
+  if (prefilled_) return true;
+  if (cancel_requested()) {
+    finish(FinishReason::Cancelled);
+    return true;
+  }
+  const double t0 = now_seconds();
+  if (context_done_ < context_.size()) {
+    // A press object may serve several requests in turn: nothing of the previous one may leak.
+    if (context_done_ == 0) press_->reset();
+    const size_t step = opt_.chunk_size > 0 ? static_cast<size_t>(opt_.chunk_size) : context_.size();
+    const size_t n = std::min(step, context_.size() - context_done_);
+    logits_ = run::prefill_chunk(*session_, *press_, context_.data() + context_done_, n, &stats_.peak_kv_bytes,
+                                 &stats_.press_seconds);
+    context_done_ += n;
+    if (context_done_ == context_.size()) {
+      const KVCache& cache = session_->cache();
+      stats_.entries_kept = cache.entries();
+      stats_.entries_total = context_.size() * cache.n_layer() * cache.n_head_kv();
+      stats_.kept_per_layer.clear();
+      for (int l = 0; l < cache.n_layer(); ++l) stats_.kept_per_layer.push_back(cache.entries(l));
+      stats_.kv_bytes = cache.bytes();
+      stats_.full_f16_bytes = cache.full_f16_bytes(context_.size());
+    }
+    stats_.prefill_seconds += now_seconds() - t0;
+    if (context_done_ < context_.size() || !question_.empty()) return false;
+  } else {
+    logits_ = session_->forward(question_);
+    stats_.prefill_seconds += now_seconds() - t0;
+  }
+  prefilled_ = true;
+  return true;
+}
+
+void Request::prefill() {
+  while (!prefill_step()) {
+  }
+}
+
+Token Request::sample() {
+  if (logits_.empty()) throw Error("request: no logits to sample from (prefill or advance first)");
+  return sampler_->sample(logits_);
+}
+
+const std::vector<float>& Request::advance(Token token) {
+  logits_ = run::decode_step(*session_, *press_, token);
+  return logits_;
+}
+
+void Request::finish(FinishReason r) {
+  if (finish_ != FinishReason::None) return;
+  finish_ = r;
+  if (decode_started_) stats_.decode_seconds = now_seconds() - decode_t0_;
+}
+
+bool Request::step() {
+  if (finished()) return false;
+  if (!prefilled_) {
+    prefill();
+    if (finished()) return false;
+  }
+  if (cancel_requested()) {
+    finish(FinishReason::Cancelled);
+    return false;
+  }
+  if (opt_.n_predict >= 0 && static_cast<int>(generated_.size()) >= opt_.n_predict) {
+    finish(FinishReason::Length);
+    return false;
+  }
+  const Token t = sample();
+  if (!decode_started_) {  // decode speed excludes the first token: it comes from the prefill
+    decode_started_ = true;
+    decode_t0_ = now_seconds();
+  }
+  generated_.push_back(t);
+  stats_.generated_tokens = static_cast<int>(generated_.size());
+  const Tokenizer& tok = model_.tokenizer();
+  const bool eog = tok.is_eog(t);
+  const size_t old = text_.size();
+  if (!eog) text_ += tok.piece(t);
+  // A stop string may straddle pieces: search the tail the new piece can complete.
+  size_t cut = std::string::npos;
+  for (const std::string& s : opt_.stop) {
+    if (s.empty()) continue;
+    const size_t from = old >= s.size() ? old - s.size() + 1 : 0;
+    const size_t at = text_.find(s, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  FinishReason done = FinishReason::None;
+  if (eog)
+    done = FinishReason::EndOfGeneration;
+  else if (cut != std::string::npos)
+    done = FinishReason::Stop;
+  else if (opt_.n_predict >= 0 && static_cast<int>(generated_.size()) >= opt_.n_predict)
+    done = FinishReason::Length;
+  else if (session_->next_position() >= session_->n_ctx())
+    done = FinishReason::ContextFull;
+  if (cut != std::string::npos) text_.resize(cut);
+  // Text that may be the start of a stop string is held back until the next piece decides it.
+  size_t release_end = text_.size();
+  if (done == FinishReason::None)
+    for (const std::string& s : opt_.stop)
+      for (size_t len = std::min(s.size() - (s.empty() ? 0 : 1), text_.size() - streamed_); len > 0; --len)
+        if (text_.compare(text_.size() - len, len, s, 0, len) == 0) {
+          release_end = std::min(release_end, text_.size() - len);
+          break;
+        }
+  std::string piece = text_.substr(std::min(streamed_, release_end), release_end > streamed_ ? release_end - streamed_ : 0);
+  streamed_ = std::max(streamed_, release_end);
+  if (on_token_ && (!eog || !piece.empty())) {
+    TokenEvent ev{t, std::move(piece), static_cast<int>(generated_.size()) - 1};
+    if (!on_token_(ev) && done == FinishReason::None) done = FinishReason::Stop;
+  }
+  if (done != FinishReason::None) {
+    finish(done);
+    return false;
+  }
+  advance(t);
+  return true;
+}
+
+const std::string& Request::run(const TokenCallback& on_token) {
+  if (on_token) on_token_ = on_token;
+  while (step()) {
+  }
+  return text_;
+}
+
+void Request::rewind(int32_t position) {
+  session_->rewind(position);
+  logits_.clear();
+  finish_ = FinishReason::None;
+}
+
+const RequestStats& Request::stats() const {
+  stats_.final_kv_bytes = session_->cache().bytes();
+  if (decode_started_ && finish_ == FinishReason::None) stats_.decode_seconds = now_seconds() - decode_t0_;
+  return stats_;
+}
+
+void step_batch(const std::vector<Request*>& requests) {
+  for (Request* r : requests)
+    if (r && !r->finished()) r->step();
+}
+
+}  // namespace kvslim
