@@ -83,26 +83,33 @@ TEST(PressPolicy, AdaKVSharesTheLayerBudgetWithAFloor) {
   EXPECT_EQ(k[0][1], 2);
 }
 
-// 5 layers of one head, n = 100, ratio 0.5, beta 20: avg 50, min 2.5, max 97.5; budgets
-// 97.5, 73.75, 50, 26.25, 2.5 (sum 250) -> floors 97 73 50 26 2 (248) + largest remainders (.75,
-// then the first .5) -> 98 74 50 26 2.
-TEST(PressPolicy, PyramidKVIsLinearInDepth) {
-  KVCache c = sized_cache({{100}, {100}, {100}, {100}, {100}});
+// kvpress's PyramidKVPress.get_layer_budget, by hand (5 layers of one head, beta 20):
+// n = 100, r = 0.5, w = 16: cap = 16 + 50 = 66; min = 50 / 20 = 2.5, max = 100 - 2.5 = 97.5 >=
+// n - w = 84 -> max = 84, min = 100 - 84 = 16; 100 >= 84 >= 16 >= 16 holds; step (84 - 16) / 4
+// = 17 -> 84 67 50 33 16.
+TEST(PressPolicy, PyramidKVFollowsTheReferenceSchedule) {
+  KVCache c = sized_cache({{101}, {101}, {101}, {101}, {101}});
   Scores s = ramp(c, {{1}, {1}, {1}, {1}, {1}});
-  KeepCounts k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.5, 100});
-  EXPECT_EQ(k, (KeepCounts{{98}, {74}, {50}, {26}, {2}}));
-  // ratio 0.2: avg 80, min 4, max 156 > 100 -> max 100, min 60: 100 90 80 70 60.
-  k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.2, 100});
-  EXPECT_EQ(k, (KeepCounts{{100}, {90}, {80}, {70}, {60}}));
-  // A protected floor in the last layer (10 entries) takes from the others in proportion.
-  for (int i = 0; i < 10; ++i) s[4][0][i] = kProtected;
+  KeepCounts k = run_policy("pyramidkv(knorm):beta=20,window=16", s, c, {0.5, 100});
+  EXPECT_EQ(k, (KeepCounts{{84}, {67}, {50}, {33}, {16}}));
+  // r = 0.2: cap 96, min 4, max 156 -> max 84, min 160 - 84 = 76; step 2 -> 84 82 80 78 76.
+  k = run_policy("pyramidkv(knorm):beta=20,window=16", s, c, {0.2, 100});
+  EXPECT_EQ(k, (KeepCounts{{84}, {82}, {80}, {78}, {76}}));
+  // n = 101, r = 0.5: cap - w = 50.5, min 2.525, max 98.475 -> max 85, min 16; step 17.25 ->
+  // 85, 67.75, 50.5, 33.25, 16 -> Python's round (half to even): 85 68 50 33 16.
+  k = run_policy("pyramidkv(knorm):beta=20,window=16", s, c, {0.5, 101});
+  EXPECT_EQ(k, (KeepCounts{{85}, {68}, {50}, {33}, {16}}));
+  // A window of 64 (the default, knorm records none): max 36 < min 64, the pyramid is invalid ->
+  // every layer keeps round(100 x 0.5) = 50 (the SnapKV fallback).
   k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.5, 100});
-  EXPECT_EQ(k[4][0], 10);
-  int total = 0;
-  for (auto& l : k) total += l[0];
-  EXPECT_EQ(total, 250);
-  EXPECT_GT(k[0][0], k[1][0]);
-  EXPECT_GT(k[1][0], k[2][0]);
+  EXPECT_EQ(k, (KeepCounts{{50}, {50}, {50}, {50}, {50}}));
+  // The fallback rounds, it does not floor: n = 101, r = 0.5 -> round(50.5) = 50, r = 0.25 ->
+  // round(75.75) = 76.
+  k = run_policy("pyramidkv(knorm):beta=20", s, c, {0.25, 101});
+  EXPECT_EQ(k, (KeepCounts{{76}, {76}, {76}, {76}, {76}}));
+  // The scorer's window is the pyramid's: snapkv:window=16 gives the first schedule.
+  k = run_policy("pyramidkv(snapkv:window=16):beta=20", s, c, {0.5, 100});
+  EXPECT_EQ(k, (KeepCounts{{84}, {67}, {50}, {33}, {16}}));
 }
 
 // 4 layers, n = 100, ratio 0.5: B_avg 50, reserve 0.2 -> B_bound 10; LMBA 1, 1, 2, 4 ->

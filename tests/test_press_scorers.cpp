@@ -82,7 +82,7 @@ TEST(PressScorer, StreamingLLMProtectsSinksAndRanksByRecency) {
   const auto& pos = L.cache.seg(0, 0).positions();
   for (size_t j = 0; j < pos.size(); ++j) {
     if (j < 4)
-      EXPECT_EQ(s[0][0][j], kProtected);
+      EXPECT_EQ(s[0][0][j], kPreferred);  // chosen first, counted in the budget (kvpress)
     else
       EXPECT_EQ(s[0][0][j], static_cast<float>(pos[j]));
   }
@@ -123,7 +123,7 @@ TEST(PressScorer, SnapKVMatchesFloat64) {
         if (j < prefix)
           expect_close(s[l][h][j], vote[j], 1e-4, "snapkv");
         else
-          EXPECT_EQ(s[l][h][j], kProtected);
+          EXPECT_EQ(s[l][h][j], kPreferred);  // chosen first, counted in the budget (kvpress)
       }
     }
 }
@@ -149,7 +149,7 @@ TEST(PressScorer, TOVAMatchesFloat64) {
     for (int h = 0; h < L.hp.n_head_kv; ++h)
       for (int j = 0; j < 64; ++j) {
         if (j == 63)
-          EXPECT_EQ(s[l][h][j], kProtected);
+          EXPECT_EQ(s[l][h][j], kPreferred);  // chosen first, counted in the budget (kvpress)
         else
           expect_close(s[l][h][j], mean[j], 1e-4, "tova");
       }
@@ -320,7 +320,7 @@ TEST(PressScorer, ExpectedAttentionMatchesFloat64) {
       }
       for (size_t j = 0; j < n; ++j) {
         if (j < static_cast<size_t>(n_sink)) {
-          EXPECT_EQ(s[l][h][j], kProtected);
+          EXPECT_EQ(s[l][h][j], kPreferred);  // chosen first, counted in the budget (kvpress)
           continue;
         }
         double vn = 0;
@@ -356,7 +356,7 @@ TEST(PressScorer, CriticalKVMatchesFloat64) {
       for (int r = 0; r < b1; ++r) first[order[r]] = 1;
       for (size_t j = 0; j < b.size(); ++j) {
         if (b[j] >= kProtected) {
-          EXPECT_EQ(s[l][h][j], kProtected);
+          EXPECT_EQ(s[l][h][j], kPreferred);  // chosen first, counted in the budget (kvpress)
         } else if (first[j]) {
           EXPECT_EQ(s[l][h][j], kPreferred);
         } else {

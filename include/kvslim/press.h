@@ -35,6 +35,11 @@ constexpr float kProtected = 3.0e38f;
 /// Score that ranks an entry above every unprotected score without protecting it (CriticalKV's
 /// first-stage selection): it still counts against the budget.
 constexpr float kPreferred = 1.0e30f;
+/// Score of an entry a press keeps first (observation window, sinks, recent window): kPreferred by
+/// default, as kvpress pads those entries with the largest score + 1 so they are chosen first but
+/// count against the budget (the requested ratio is honoured even when the budget is smaller than
+/// the window); kProtected with kvslim's `protect=1` option (never evicted, even past the budget).
+inline float keep_first_score(bool protect) { return protect ? kProtected : kPreferred; }
 
 /// scores[layer][kv head][entry], aligned with the cache segments.
 using Scores = std::vector<std::vector<std::vector<float>>>;
@@ -173,6 +178,9 @@ class BudgetPolicy {
   /// May mark more entries kProtected before counting (threshold: the sliding window).
   virtual void prepare(Scores& scores, const KVCache& cache, const Target& target) const {}
   virtual KeepCounts keep_counts(const BudgetInput& in) const = 0;
+  /// Told what the scorer it is set on records (ScorerPress::set_policy): PyramidKV sizes its
+  /// layer budgets with the scorer's observation window, as kvpress's PyramidKVPress.
+  virtual void set_scorer_request(const ObservationRequest& scorer) {}
 };
 
 /// Uniform policy: every segment keeps min(size, uniform_keep(n_context, ratio)).
@@ -277,6 +285,8 @@ std::unique_ptr<Press> make_press(const std::string& spec, double ratio);
 double param_double(const PressParams& p, const std::string& press, const std::string& key);
 int param_int(const PressParams& p, const std::string& press, const std::string& key);
 std::string param_str(const PressParams& p, const std::string& press, const std::string& key);
+/// A 0/1 flag; any other value is an error naming the press and the key.
+bool param_bool(const PressParams& p, const std::string& press, const std::string& key);
 /// "0.2/0.5/0.7" -> {0.2, 0.5, 0.7}.
 std::vector<double> param_double_list(const PressParams& p, const std::string& press, const std::string& key);
 /// Checks 0 <= ratio < 1, else kvslim::Error.

@@ -37,6 +37,10 @@ struct ObservationRequest {
   /// (KVzap) without storing hidden states. May throw kvslim::Error (forward passes it on).
   std::function<void(int layer, const float* attn_input, int n, int n_embd, const int32_t* positions)>
       on_attention_input;
+  /// Called for every layer of every batch with the batch's queries before RoPE (biases added),
+  /// [n][n_head][head_dim], and their positions (Expected Attention's query statistics).
+  std::function<void(int layer, const float* queries, int n, int n_head, int head_dim, const int32_t* positions)>
+      on_queries;
   /// Decode-time attention subset (ClusterKV); nullptr = attend to every entry.
   AttentionSelector* selector = nullptr;
 };

@@ -1,9 +1,12 @@
 // `kvslim presses`: every registered press, budget policy and wrapper with its parameters,
 // defaults and source, and the spec syntax `--press` accepts.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "kvslim/press.h"
+#include "press/kvpress_names.h"
 
 namespace kvslim::cli {
 
@@ -19,8 +22,10 @@ constexpr const char* kSyntax = R"(Spec syntax (kvslim generate --press SPEC --c
   Inside the parentheses, key=value items after "name:k=v" stay with the inner press while they
   are its parameters; the first other key and all later ones go to the outer press:
     adakv(snapkv:window=32,alpha=0.3)   window -> snapkv, alpha -> adakv
-    threshold(knorm,window=128)         window -> threshold (the inner spec has no ':' list)
+    threshold(knorm,tau=-4)             tau -> threshold (the inner spec has no ':' list)
     per_layer(knorm,ratios=0.2/0.5/0.5/0.7/0.9)
+  kvpress's class and parameter names are accepted too, e.g.
+    SnapKVPress:compression_ratio=0.5,window_size=32   AdaKVPress(SnapKVPress,alpha_safeguard=0.3)
   R fills every `ratio` the spec leaves unset (each part of a composition gets R unless it sets
   its own); `ratio=` after a policy or wrapper sets the ratio of what it wraps.
   With --chunk-size C the press acts after every chunk, its ratio applying to all context so far.
@@ -36,6 +41,15 @@ void print_group(PressKind kind, const char* title) {
     fmt::print("  {:<20} parameters: {}\n", "", params.empty() ? "none" : params);
     if (!p->default_inner.empty()) fmt::print("  {:<20} default inner press: {}\n", "", p->default_inner);
     fmt::print("  {:<20} source: {}\n", "", p->source);
+    const std::string cls = kvslim::kvpress_class_of(p->name);
+    if (!cls.empty()) {
+      std::string names;
+      if (std::any_of(p->params.begin(), p->params.end(), [](auto& kv) { return kv.first == "ratio"; }))
+        names = "compression_ratio=ratio";
+      for (const auto& [theirs, ours] : kvslim::kvpress_params_of(p->name))
+        names += fmt::format("{}{}={}", names.empty() ? "" : ", ", theirs, ours);
+      fmt::print("  {:<20} kvpress name: {}{}\n", "", cls, names.empty() ? "" : " (" + names + ")");
+    }
   }
 }
 

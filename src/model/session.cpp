@@ -173,6 +173,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
           v[t * dkv + i] += L.bv[i];
         }
       }
+    if (req && req->on_queries) req->on_queries(l, q.data(), n, nh, hd, pos.data());
     for (int t = 0; t < n; ++t) {
       apply_rope(q.data() + t * dq, nh, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
       apply_rope(k.data() + t * dkv, nkv, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);

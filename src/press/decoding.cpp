@@ -2,7 +2,8 @@
 // cache with the inner press to `size` entries per (layer, KV head), or, with size=0, to the
 // inner press's ratio of every token seen so far (context + generated). The inner press scores
 // with the queries of the most recent decode steps as its observation window (the prefill's last
-// window to start with). kvpress's DecodingPress (compression_interval, target_size).
+// window to start with). kvpress's DecodingPress (kvpress/presses/decoding_press.py): defaults
+// compression_interval 512, target_size 2048.
 #include <algorithm>
 #include <cstring>
 
@@ -92,8 +93,8 @@ PressRegistrar reg([] {
   i.name = "decoding";
   i.summary = "wrapper: during decode, every `interval` tokens, compress to `size` entries per KV head "
               "(or, size=0, to the inner press's ratio of all tokens seen)";
-  i.source = "kvpress DecodingPress";
-  i.params = {{"interval", "64"}, {"size", "0"}};
+  i.source = "kvpress DecodingPress (kvpress/presses/decoding_press.py)";
+  i.params = {{"interval", "512"}, {"size", "2048"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

@@ -207,6 +207,12 @@ class DuoAttentionPress : public Press {
         DuoCalibration cal;
         cal.samples = 4;
         cal.length = std::min(cal.length, std::max(1, model.hparams().n_ctx_train - 8));
+        // A model whose context cannot hold the paper's 128 sinks + 256 recent entries (and the
+        // compared window) streams with the same proportions scaled to it.
+        if (cal.sink + cal.recent + cal.window + 64 > cal.length) {
+          cal.sink = std::max(1, cal.length / 8);
+          cal.recent = std::max(1, cal.length / 4);
+        }
         cached = std::make_shared<const DuoLabels>(duo_calibrate(model, cal));
       }
       labels_ = cached;
@@ -258,7 +264,8 @@ PressRegistrar reg([] {
   i.summary = "retrieval heads keep every entry, streaming heads keep sinks + recent (labels from `kvslim "
               "duo-calibrate`, or calibrated on first use)";
   i.source = "Xiao et al. 2024, DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
-             "Heads, arXiv 2410.10819";
+             "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention and "
+             "kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
   i.params = {{"labels", ""}, {"head_ratio", "0.5"}, {"sink", "0"}, {"recent", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     std::string path = param_str(p, "duo_attention", "labels");

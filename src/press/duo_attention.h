@@ -16,16 +16,16 @@ namespace kvslim {
 /// Calibration settings.
 struct DuoCalibration {
   int samples = 8;     ///< passkey prompts
-  int length = 512;    ///< approximate prompt length, tokens
-  int sink = 16;       ///< sink entries a streaming head keeps
-  int recent = 64;     ///< recent entries a streaming head keeps
+  int length = 1024;   ///< approximate prompt length, tokens
+  int sink = 128;      ///< sink entries a streaming head keeps (the paper's and kvpress's 128)
+  int recent = 256;    ///< recent entries a streaming head keeps (the paper's and kvpress's 256)
   int window = 32;     ///< last queries of each prompt that are compared
   uint64_t seed = 7;
 };
 
 /// Per (layer, KV head) retrieval score and the streaming-head shape it was measured for.
 struct DuoLabels {
-  int sink = 16, recent = 64;
+  int sink = 128, recent = 256;
   /// score[layer][kv head]: sum over compared queries of |W_o,g (o_full - o_stream)| divided by the
   /// sum of |W_o,g o_full|, the largest over the GQA group's query heads; higher = retrieval.
   std::vector<std::vector<float>> score;

@@ -240,6 +240,7 @@ ObservationRequest merge_requests(const ObservationRequest& a, const Observation
   r.attention_mass = a.attention_mass || b.attention_mass;
   r.tokens = a.tokens || b.tokens;
   if (!r.on_attention_input) r.on_attention_input = b.on_attention_input;
+  if (!r.on_queries) r.on_queries = b.on_queries;
   if (!r.selector) r.selector = b.selector;
   return r;
 }
@@ -283,6 +284,7 @@ ScorerPress::ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy)
 
 void ScorerPress::set_policy(std::unique_ptr<BudgetPolicy> p) {
   policy_ = p ? std::move(p) : std::make_unique<UniformBudget>();
+  policy_->set_scorer_request(scorer_request());
 }
 
 void ScorerPress::set_ratio(double r) {

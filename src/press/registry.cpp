@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/press.h"
+#include "press/kvpress_names.h"
 #include "press/wrappers.h"
 
 namespace kvslim {
@@ -52,6 +53,12 @@ int param_int(const PressParams& p, const std::string& press, const std::string&
 }
 
 std::string param_str(const PressParams& p, const std::string& press, const std::string& key) { return p.at(key); }
+
+bool param_bool(const PressParams& p, const std::string& press, const std::string& key) {
+  const std::string& s = p.at(key);
+  if (s != "0" && s != "1") throw Error(fmt::format("press {}: parameter {}='{}' must be 0 or 1", press, key, s));
+  return s == "1";
+}
 
 std::vector<double> param_double_list(const PressParams& p, const std::string& press, const std::string& key) {
   const std::string& s = p.at(key);
@@ -123,7 +130,10 @@ void read_params(const std::string& press, const std::vector<std::string>& items
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
       throw Error(fmt::format("press {}: parameter '{}' should be key=value", press, kv));
-    std::string k = trim(kv.substr(0, eq)), v = trim(kv.substr(eq + 1));
+    std::string k = kvpress_param_to_ours(info.name, trim(kv.substr(0, eq))), v = trim(kv.substr(eq + 1));
+    // kvpress users write Python booleans.
+    if (v == "True" || v == "true") v = "1";
+    if (v == "False" || v == "false") v = "0";
     bool known = extra.count(k) > 0;
     for (auto& [pk, pv] : info.params) known = known || pk == k;
     if (!known) {
@@ -138,10 +148,18 @@ void read_params(const std::string& press, const std::vector<std::string>& items
   }
 }
 
-bool has_param(const PressInfo& info, const std::string& key) {
+bool has_param(const PressInfo& info, const std::string& key_in) {
+  const std::string key = kvpress_param_to_ours(info.name, key_in);
   for (auto& [k, v] : info.params)
     if (k == key) return true;
   return false;
+}
+
+/// A press by its kvslim name or its kvpress class name (SnapKVPress -> snapkv); nullptr if none.
+const PressInfo* find_press(const std::string& name) {
+  if (const PressInfo* p = PressRegistry::instance().find(name)) return p;
+  const std::string ours = kvpress_class_to_press(name);
+  return ours.empty() ? nullptr : PressRegistry::instance().find(ours);
 }
 
 std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole);
@@ -177,8 +195,9 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_'))
       throw Error(fmt::format("press spec '{}': '{}' is not a press name", whole, name));
-  const PressInfo* info = PressRegistry::instance().find(name);
+  const PressInfo* info = find_press(name);
   if (!info) throw Error(fmt::format("unknown press '{}' (known: {})", name, known_presses()));
+  name = info->name;
 
   PressParams params;
   for (auto& [k, v] : info->params) params[k] = v;
@@ -203,8 +222,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     if (inner_spec.empty()) throw Error(fmt::format("press {}: empty inner press in '{}'", name, spec));
     // Keys after an inner "name:k=v" list stay with the inner press while they are its parameters.
     const bool simple = inner_spec.find_first_of("(+") == std::string::npos && inner_spec.find(':') != std::string::npos;
-    const PressInfo* in_info = simple ? PressRegistry::instance().find(trim(inner_spec.substr(0, inner_spec.find(':'))))
-                                      : nullptr;
+    const PressInfo* in_info = simple ? find_press(trim(inner_spec.substr(0, inner_spec.find(':')))) : nullptr;
     bool to_inner = in_info != nullptr;
     for (size_t i = 1; i < items.size(); ++i) {
       std::string key = trim(items[i].substr(0, items[i].find('=')));

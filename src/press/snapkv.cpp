@@ -1,8 +1,11 @@
 // SnapKV: the last `window` context queries vote for the entries they attend to; votes are
 // pooled over neighbouring positions and averaged over the GQA group; the window itself is kept.
 // Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", arXiv 2404.14469.
-// As kvpress's SnapKVPress: mean over the window queries, avg_pool1d with zero padding (divisor =
-// kernel), mean over the GQA group; `pooling=max` is the original repository's option.
+// As kvpress's SnapKVPress (kvpress/presses/snapkv_press.py): mean over the window queries,
+// avg_pool1d with zero padding (divisor = kernel), mean over the GQA group; the window is chosen
+// first but counts against the budget (kvpress pads it with the largest score + 1), so the ratio
+// is honoured. kvslim options, off by default: `pooling=max` (the original repository's,
+// github.com/FasterDecoding/SnapKV) and `protect=1` (the window is never evicted).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -14,11 +17,11 @@ namespace {
 
 class SnapKVPress : public ScorerPress {
  public:
-  SnapKVPress(double ratio, int window, int kernel, bool max_pool)
-      : ScorerPress(ratio), window_(window), kernel_(kernel), max_pool_(max_pool) {}
+  SnapKVPress(double ratio, int window, int kernel, bool max_pool, bool protect)
+      : ScorerPress(ratio), window_(window), kernel_(kernel), max_pool_(max_pool), protect_(protect) {}
   std::string describe_scorer() const override {
-    return fmt::format("snapkv:ratio={},window={},kernel={},pooling={}", ratio_, window_, kernel_,
-                       max_pool_ ? "max" : "avg");
+    return fmt::format("snapkv:ratio={},window={},kernel={},pooling={},protect={}", ratio_, window_, kernel_,
+                       max_pool_ ? "max" : "avg", protect_ ? 1 : 0);
   }
   ObservationRequest scorer_request() const override {
     ObservationRequest r;
@@ -53,18 +56,20 @@ class SnapKVPress : public ScorerPress {
           vote[j] += (max_pool_ ? acc : acc / kernel_) / G;
         }
       }
-      for (size_t j = 0; j < n; ++j) out[h][j] = j < n_prefix ? vote[j] : kProtected;
+      const float first = keep_first_score(protect_);
+      for (size_t j = 0; j < n; ++j) out[h][j] = j < n_prefix ? vote[j] : first;
     }
   }
 
  private:
   int window_, kernel_;
-  bool max_pool_;
+  bool max_pool_, protect_;
 };
 
 PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged over the GQA group",
-                    "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation, arXiv 2404.14469",
-                    {{"ratio", "0"}, {"window", "64"}, {"kernel", "5"}, {"pooling", "avg"}},
+                    "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation, arXiv 2404.14469; "
+                    "reference: kvpress/presses/snapkv_press.py (SnapKVPress)",
+                    {{"ratio", "0"}, {"window", "64"}, {"kernel", "5"}, {"pooling", "avg"}, {"protect", "0"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       int w = param_int(p, "snapkv", "window"), k = param_int(p, "snapkv", "kernel");
                       std::string pool = param_str(p, "snapkv", "pooling");
@@ -72,7 +77,8 @@ PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged ov
                       if (k < 1 || k % 2 == 0) throw Error(fmt::format("press snapkv: kernel={} must be odd and >= 1", k));
                       if (pool != "avg" && pool != "max")
                         throw Error(fmt::format("press snapkv: pooling='{}' must be avg or max", pool));
-                      return std::make_unique<SnapKVPress>(param_double(p, "snapkv", "ratio"), w, k, pool == "max");
+                      return std::make_unique<SnapKVPress>(param_double(p, "snapkv", "ratio"), w, k, pool == "max",
+                                                           param_bool(p, "snapkv", "protect"));
                     }});
 
 }  // namespace

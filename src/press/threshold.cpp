@@ -2,7 +2,8 @@
 // an entry outside the window leaves when its score is below tau. The number kept follows from
 // the scores, not from a ratio (the ratio is measured from the cache afterwards). With decode=N
 // it also acts every N decode steps. Łańcucki et al., "Inference-Time Hyper-Scaling with KV Cache
-// Compression" (DMS), arXiv 2506.05345, as kvpress's DMSPress. Deviation: kvpress freezes a
+// Compression" (DMS), arXiv 2506.05345, as kvpress's DMSPress (kvpress/presses/dms_press.py):
+// sliding window 128, and no default threshold (tau must be given: its scale is the scorer's). Deviation: kvpress freezes a
 // token's score when it is computed and decides once, when the token leaves the window; here the
 // scorer re-scores the cache at every compression, so an entry kept once can leave later.
 #include <fmt/format.h>
@@ -51,11 +52,15 @@ PressRegistrar reg([] {
   i.name = "threshold";
   i.summary = "budget policy: outside a sliding window of the newest tokens, entries scoring below tau leave "
               "(no ratio); decode=N also acts every N decode steps";
-  i.source = "Lancucki et al. 2025, Inference-Time Hyper-Scaling with KV Cache Compression (DMS), arXiv 2506.05345";
-  i.params = {{"tau", "0"}, {"window", "64"}, {"decode", "0"}};
+  i.source = "Lancucki et al. 2025, Inference-Time Hyper-Scaling with KV Cache Compression (DMS), arXiv 2506.05345; "
+             "reference: kvpress/presses/dms_press.py (DMSPress)";
+  i.params = {{"tau", ""}, {"window", "128"}, {"decode", "0"}};
   i.kind = PressKind::Policy;
   i.default_inner = "knorm";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {
+    if (p.at("tau").empty())
+      throw Error("press threshold: tau is required (entries scoring below tau leave; its scale is the scorer's, "
+                  "e.g. threshold(knorm):tau=-4)");
     double tau = param_double(p, "threshold", "tau");
     int w = param_int(p, "threshold", "window"), d = param_int(p, "threshold", "decode");
     if (w < 0) throw Error(fmt::format("press threshold: window={} must be >= 0", w));

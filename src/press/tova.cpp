@@ -3,6 +3,8 @@
 // (Token Omission Via Attention), arXiv 2401.06104; as kvpress's TOVAPress, which gives every KV
 // head of a layer the same scores. When the layer's KV heads hold different entries (after a
 // head-adaptive budget), an entry's score is the mean over the query heads whose segment holds it.
+// The newest token is chosen first but counts against the budget (kvpress pads it with the
+// largest score + 1, kvpress/presses/tova_press.py); `protect=1` (kvslim's option) never evicts it.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -14,8 +16,8 @@ namespace {
 
 class TOVAPress : public ScorerPress {
  public:
-  using ScorerPress::ScorerPress;
-  std::string describe_scorer() const override { return fmt::format("tova:ratio={}", ratio_); }
+  TOVAPress(double ratio, bool protect) : ScorerPress(ratio), protect_(protect) {}
+  std::string describe_scorer() const override { return fmt::format("tova:ratio={},protect={}", ratio_, protect_ ? 1 : 0); }
   ObservationRequest scorer_request() const override {
     ObservationRequest r;
     r.window = 1;
@@ -46,16 +48,20 @@ class TOVAPress : public ScorerPress {
       const auto& pos = view.seg(h).positions();
       for (size_t j = 0; j < pos.size(); ++j) {
         size_t u = std::lower_bound(all.begin(), all.end(), pos[j]) - all.begin();
-        out[h][j] = pos[j] >= last ? kProtected : static_cast<float>(sum[u] / cnt[u]);
+        out[h][j] = pos[j] >= last ? keep_first_score(protect_) : static_cast<float>(sum[u] / cnt[u]);
       }
     }
   }
+
+ private:
+  bool protect_;
 };
 
 PressRegistrar reg({"tova", "attention of the newest token, averaged over the layer's query heads",
-                    "Oren et al. 2024, Transformers are Multi-State RNNs (TOVA), arXiv 2401.06104",
-                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
-                      return std::make_unique<TOVAPress>(param_double(p, "tova", "ratio"));
+                    "Oren et al. 2024, Transformers are Multi-State RNNs (TOVA), arXiv 2401.06104; reference: "
+                    "kvpress/presses/tova_press.py (TOVAPress)",
+                    {{"ratio", "0"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                      return std::make_unique<TOVAPress>(param_double(p, "tova", "ratio"), param_bool(p, "tova", "protect"));
                     }});
 
 }  // namespace

@@ -36,7 +36,7 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
 std::vector<float> decode_step(Session& session, Press& press, Token token) {
   const ObservationRequest dreq = press.decode_request();
   const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
-                    dreq.on_attention_input || dreq.selector;
+                    dreq.on_attention_input || dreq.on_queries || dreq.selector;
   Observation dobs;
   std::vector<float> logits =
       session.forward({token}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, session.next_position());

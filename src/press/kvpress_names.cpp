@@ -1,0 +1,80 @@
+// kvpress's names for kvslim's presses and parameters (issue 13): a kvpress user can write
+// `SnapKVPress:compression_ratio=0.5,window_size=32` or `AdaKVPress(SnapKVPress,alpha_safeguard=0.3)`.
+// Class names follow kvpress/presses/*.py at its public snapshot; parameter names are the
+// dataclass fields of those classes.
+#include "press/kvpress_names.h"
+
+#include <map>
+
+namespace kvslim {
+
+namespace {
+
+struct Entry {
+  const char* kvpress;
+  const char* ours;
+  std::map<std::string, std::string> params;  // kvpress field -> our parameter
+};
+
+const std::vector<Entry>& table() {
+  static const std::vector<Entry> t = {
+      {"RandomPress", "random", {}},
+      {"KnormPress", "knorm", {}},
+      {"StreamingLLMPress", "streaming_llm", {}},
+      {"SnapKVPress", "snapkv", {{"window_size", "window"}, {"kernel_size", "kernel"}}},
+      {"TOVAPress", "tova", {}},
+      {"ObservedAttentionPress", "observed_attention", {}},
+      {"ExpectedAttentionPress", "expected_attention",
+       {{"n_future_positions", "n_future"}, {"use_covariance", "covariance"}, {"use_vnorm", "vnorm"}}},
+      {"KeyDiffPress", "keydiff", {}},
+      {"CriticalKVPress", "criticalkv", {{"first_stage_ratio", "first_stage"}}},
+      {"AdaKVPress", "adakv", {{"alpha_safeguard", "alpha"}}},
+      {"PyramidKVPress", "pyramidkv", {{"window_size", "window"}}},
+      {"PerLayerCompressionPress", "per_layer", {{"compression_ratios", "ratios"}}},
+      {"KeyRerotationPress", "key_rerotation", {}},
+      {"DecodingPress", "decoding", {{"compression_interval", "interval"}, {"target_size", "size"}}},
+      {"DMSPress", "threshold", {{"threshold", "tau"}, {"sliding_window_size", "window"}, {"decoding", "decode"}}},
+      {"KVzipPress", "kvzip", {{"kvzip_plus_normalization", "plus"}}},
+      {"KVzapPress", "kvzap", {}},
+      {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
+      {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},
+      {"ChunkPress", "chunk", {{"chunk_length", "chunk"}}},
+      {"BlockPress", "block", {{"block_size", "block"}}},
+      {"LagKVPress", "lagkv", {{"lag_size", "lag"}}},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::string kvpress_class_to_press(const std::string& name) {
+  for (const Entry& e : table())
+    if (name == e.kvpress) return e.ours;
+  return {};
+}
+
+std::string kvpress_class_of(const std::string& press) {
+  for (const Entry& e : table())
+    if (press == e.ours) return e.kvpress;
+  return {};
+}
+
+std::string kvpress_param_to_ours(const std::string& press, const std::string& key) {
+  if (key == "compression_ratio") return "ratio";
+  for (const Entry& e : table())
+    if (press == e.ours) {
+      auto it = e.params.find(key);
+      if (it != e.params.end()) return it->second;
+    }
+  return key;
+}
+
+std::vector<std::pair<std::string, std::string>> kvpress_params_of(const std::string& press) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Entry& e : table())
+    if (press == e.ours)
+      for (const auto& [k, v] : e.params) out.emplace_back(k, v);
+  return out;
+}
+
+}  // namespace kvslim
