@@ -110,7 +110,7 @@ Segment build(const Config& cfg, int hd, int n, uint32_t seed) {
 }  // namespace
 
 // Every SIMD level (each has its own register tiling: 8 or 2/4 rows, one or two key tiles and
-// value chunks at a time), head dims that take the vector path whole (64), with a leftover
+// value chunks at a time, and its own copy of every codec's decoder, chosen by the same level), head dims that take the vector path whole (64), with a leftover
 // 16-column chunk (80) and the scalar path (8), an even and an odd number of blocks (150 and 140
 // entries: the last block then has no partner), and row counts with leftovers of every tiling.
 TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {

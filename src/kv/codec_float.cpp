@@ -1,11 +1,5 @@
 // f32, f16 and bf16 keys (transposed tiles) and values (rows). Exact for f32; f16 and bf16 round
 // to nearest even.
-// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cstring>
 
 #include "kv/codec.h"
@@ -16,49 +10,26 @@ namespace kvslim::kv {
 
 namespace {
 
-__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* s, float* d, size_t n) {
+KV_SIMD_INLINE void f16_to_f32_body(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
-  for (; i < n; ++i) d[i] = fp16_to_fp32(s[i]);
+  for (; i + 16 <= n; i += 16) simd::store(d + i, simd::from_f16(s + i));
+  for (; i < n; ++i) d[i] = simd::half(s[i]);
 }
 
-__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, float* d, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-  for (; i < n; ++i) d[i] = fp16_to_fp32(s[i]);
-}
-
-void f16_to_f32_scalar(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = fp16_to_fp32(s[i]);
-}
-
-using F16Fn = void (*)(const uint16_t*, float*, size_t);
-
-F16Fn pick_f16() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return f16_to_f32_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return f16_to_f32_f16c;
-  return f16_to_f32_scalar;
-}
-
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void bf16_to_f32_n(
-    const uint16_t* s, float* d, size_t n) {
+KV_SIMD_INLINE void bf16_to_f32_body(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) simd::store(d + i, simd::from_bf16(s + i));
   for (; i < n; ++i) d[i] = bf16_to_fp32(s[i]);
 }
+
+KV_SIMD_LEVELS(void, bf16_to_f32_n, (const uint16_t* s, float* d, size_t n), (s, d, n), bf16_to_f32_body)
 
 uint16_t encode16(KVCodec c, float x) { return c == KVCodec::F16 ? fp32_to_fp16(x) : fp32_to_bf16(x); }
 float decode16(KVCodec c, uint16_t h) { return c == KVCodec::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h); }
 
 }  // namespace
 
-void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
-  static const F16Fn fn = pick_f16();
-  fn(src, dst, n);
-}
+KV_SIMD_LEVELS(void, f16_to_f32_n, (const uint16_t* src, float* dst, size_t n), (src, dst, n), f16_to_f32_body)
 
 void float_tile_put(KVCodec c, int hd, uint8_t* tile, int lane, const float* k) {
   if (c == KVCodec::F32) {

@@ -46,14 +46,12 @@ void q8_0_tile_get(int hd, const uint8_t* tile, int lane, float* out) {
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void q8_0_tile_decode(
-    int hd, const uint8_t* tile, float* kt) {
+namespace {
+KV_SIMD_INLINE void tile_decode_body(int hd, const uint8_t* tile, float* kt) {
   const int qb = codec_block(KVCodec::Q8_0, hd), nb = hd / qb;
-  float s[kKVTile];
   const int8_t* c = codes(tile, nb);
   for (int b = 0; b < nb; ++b) {
-    f16_to_f32_n(scales(tile) + b * kKVTile, s, kKVTile);
-    const simd::v16 sv = simd::load(s);
+    const simd::v16 sv = simd::from_f16(scales(tile) + b * kKVTile);
     for (int d = b * qb; d < (b + 1) * qb; d += 2) {  // qb is even: two channels per 32-byte load
       const simd::u32x8 w = simd::load32(c + d * kKVTile);
       simd::store(kt + d * kKVTile, simd::i8_lanes<0>(w) * sv);
@@ -61,6 +59,9 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     }
   }
 }
+}  // namespace
+
+KV_SIMD_LEVELS(void, q8_0_tile_decode, (int hd, const uint8_t* tile, float* kt), (hd, tile, kt), tile_decode_body)
 
 void q8_0_tile_move(int hd, uint8_t* dt, int dl, const uint8_t* st, int sl) {
   const int nb = hd / codec_block(KVCodec::Q8_0, hd);
@@ -76,8 +77,8 @@ void q8_0_row_encode(int hd, const float* x, uint8_t* dst) {
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void q8_0_rows_decode(
-    int hd, const uint8_t* src, float* out, size_t n) {
+namespace {
+KV_SIMD_INLINE void rows_decode_body(int hd, const uint8_t* src, float* out, size_t n) {
   const int qb = codec_block(KVCodec::Q8_0, hd);
   const size_t nblocks = n * (hd / qb);
   for (size_t b = 0; b < nblocks; ++b, src += 2 + qb, out += qb) {
@@ -96,5 +97,10 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     }
   }
 }
+
+}  // namespace
+
+KV_SIMD_LEVELS(void, q8_0_rows_decode, (int hd, const uint8_t* src, float* out, size_t n), (hd, src, out, n),
+               rows_decode_body)
 
 }  // namespace kvslim::kv

@@ -257,42 +257,57 @@ void KVStore::set_group_keys(size_t g, const std::vector<std::pair<int, const fl
   encode_group_keys(k.data(), n, hd_, bits_, g_.data() + gofs_[g]);
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void KVStore::group_block_keys_t(
-    size_t g, int t0, int nb, float* kt) const {
-  const uint8_t* grp = g_.data() + gofs_[g];
+namespace {
+
+// Keys of block [t0, t0 + 16) of a group, transposed: kt[c * kKVTile + j].
+KV_SIMD_INLINE void group_keys_t_body(const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt) {
   const auto* zero = reinterpret_cast<const uint16_t*>(grp);
-  const auto* step = zero + hd_;
-  const uint8_t* codes = grp + static_cast<size_t>(hd_) * 4;
-  const size_t cs = code_stride(gn_[g], bits_);
+  const auto* step = zero + hd;
+  const uint8_t* codes = grp + static_cast<size_t>(hd) * 4;
   // t0 is a multiple of kKVTile, so the block's codes start on a byte boundary.
-  const size_t first = static_cast<size_t>(t0) * bits_ / 8;
+  const size_t first = static_cast<size_t>(t0) * bits / 8;
   alignas(64) float z[64], s[64];
-  for (int c0 = 0; c0 < hd_; c0 += 64) {
-    const int cn = std::min(64, hd_ - c0);
-    if (cn % 16 == 0) {
-      for (int c = 0; c < cn; c += 16) {
-        simd::store(z + c, simd::from_f16(zero + c0 + c));
-        simd::store(s + c, simd::from_f16(step + c0 + c));
-      }
-    } else {
-      f16_to_f32_n(zero + c0, z, cn);
-      f16_to_f32_n(step + c0, s, cn);
+  for (int c0 = 0; c0 < hd; c0 += 64) {
+    const int cn = std::min(64, hd - c0);
+    int c = 0;
+    for (; c + 16 <= cn; c += 16) {
+      simd::store(z + c, simd::from_f16(zero + c0 + c));
+      simd::store(s + c, simd::from_f16(step + c0 + c));
     }
-    for (int c = 0; c < cn; ++c) {
+    for (; c < cn; ++c) {
+      z[c] = simd::half(zero[c0 + c]);
+      s[c] = simd::half(step[c0 + c]);
+    }
+    for (c = 0; c < cn; ++c) {
       // Lanes past a partial block read neighbouring bytes (or the store's slack): unspecified.
       const uint8_t* src = codes + (c0 + c) * cs + first;
-      const simd::v16 q = bits_ == 4 ? simd::nib_lanes<0>(simd::load32(src)) : simd::crumbs(src);
+      const simd::v16 q = bits == 4 ? simd::nib_lanes<0>(simd::load32(src)) : simd::crumbs(src);
       simd::store(kt + (c0 + c) * kKVTile, q * s[c] + z[c]);
     }
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void KVStore::group_block_values(
-    size_t g, int t0, int nb, float* out) const {
+KV_SIMD_LEVELS(void, group_keys_t, (const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt),
+               (grp, hd, bits, cs, t0, kt), group_keys_t_body)
+
+KV_SIMD_INLINE void group_values_body(const uint8_t* rec, size_t vrec, int hd, int gv, int bits, int nb, float* out) {
+  for (int j = 0; j < nb; ++j) decode_value(rec + j * vrec, hd, gv, bits, out + static_cast<size_t>(j) * hd);
+}
+
+KV_SIMD_LEVELS(void, group_values, (const uint8_t* rec, size_t vrec, int hd, int gv, int bits, int nb, float* out),
+               (rec, vrec, hd, gv, bits, nb, out), group_values_body)
+
+}  // namespace
+
+void KVStore::group_block_keys_t(size_t g, int t0, int, float* kt) const {
+  group_keys_t(g_.data() + gofs_[g], hd_, bits_, code_stride(gn_[g], bits_), t0, kt);
+}
+
+void KVStore::group_block_values(size_t g, int t0, int nb, float* out) const {
   const uint8_t* grp = g_.data() + gofs_[g];
   const size_t vrec = static_cast<size_t>(hd_ / gv_) * 4 + static_cast<size_t>(hd_) * bits_ / 8;
   const uint8_t* rec = grp + static_cast<size_t>(hd_) * 4 + hd_ * code_stride(gn_[g], bits_) + t0 * vrec;
-  for (int j = 0; j < nb; ++j) decode_value(rec + j * vrec, hd_, gv_, bits_, out + static_cast<size_t>(j) * hd_);
+  group_values(rec, vrec, hd_, gv_, bits_, nb, out);
 }
 
 }  // namespace kvslim

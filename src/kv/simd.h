@@ -1,9 +1,11 @@
 #pragma once
 // 16-lane helpers for the codecs' decoders (GCC vector extensions). They are always inlined into
-// functions compiled per instruction set (target_clones), so one source serves AVX-512, AVX2 and
-// the SSE2 baseline.
+// functions compiled per instruction set (KV_SIMD_LEVELS below), so one source serves AVX-512,
+// AVX2 and the SSE2 baseline.
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/quant_dot.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector values never cross a non-inlined call
 
@@ -15,6 +17,23 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 #define KV_SIMD_INLINE inline __attribute__((always_inline))
+
+/// Defines `ret name params` as three copies of the always-inline function `body` (called with
+/// `args`) compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA + F16C) and the baseline, and
+/// picks one per call by qdot::level(), the level of the weight kernels. Unlike target_clones
+/// (chosen once by the CPU), this follows KVSLIM_SIMD and qdot::set_level, so forcing a lower
+/// level in a test or a benchmark covers the KV decoders too.
+#define KV_SIMD_LEVELS(ret, name, params, args, body)                                  \
+  __attribute__((target("arch=x86-64-v4"))) static ret name##_v4 params { return body args; } \
+  __attribute__((target("arch=x86-64-v3"))) static ret name##_v3 params { return body args; } \
+  static ret name##_base params { return body args; }                                  \
+  ret name params {                                                                    \
+    switch (::kvslim::qdot::level()) {                                                 \
+      case ::kvslim::qdot::Level::AVX512: return name##_v4 args;                       \
+      case ::kvslim::qdot::Level::AVX2: return name##_v3 args;                         \
+      default: return name##_base args;                                                \
+    }                                                                                  \
+  }
 
 KV_SIMD_INLINE v16 load(const float* p) {
   v16 v;
