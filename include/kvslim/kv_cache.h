@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvslim/error.h"
+#include "kvslim/kv_latent.h"
 
 namespace kvslim {
 
@@ -219,6 +220,19 @@ class Segment {
   /// / (2 * head_dim * size()).
   size_t kv_bytes() const;
 
+  /// Latent mode (Palu / xKV / ThinK; see kv_latent.h): from now on every entry's key is stored as
+  /// codes in `key_basis` and its value in `value_basis` (bits: 0 = f16 codes, 2, 4, 8, 32 = f32), replacing
+  /// the row codecs and KIVI groups. Existing entries are decoded and re-encoded; later appends
+  /// are encoded on arrival. Keys are projected as stored: after RoPE, not Hadamard-rotated.
+  /// clear() returns the segment to its codecs. Throws kvslim::Error for a basis whose head_dim
+  /// differs, bad bits, or a segment with precision tiers.
+  void to_latent(std::shared_ptr<const LatentBasis> key_basis, int key_bits,
+                 std::shared_ptr<const LatentBasis> value_basis, int value_bits);
+  bool latent() const { return latent_; }
+  /// The codes of a latent segment (empty LatentCodes otherwise).
+  const LatentCodes& latent_keys() const { return lk_; }
+  const LatentCodes& latent_values() const { return lv_; }
+
   // ---- Read access for attention kernels ----
   bool rotated() const { return q_.hadamard; }
   /// Applies the key rotation to x[head_dim] (its own inverse); no-op without rotation.
@@ -241,6 +255,9 @@ class Segment {
   // of low-tier entries before it, so an entry's store index is a rank query (1.5 bits/entry).
   std::vector<uint64_t> low_;
   std::vector<uint32_t> low_rank_;
+  // Latent mode: codes replace stores_ (which stay empty).
+  bool latent_ = false;
+  LatentCodes lk_, lv_;
   void set_tiers(const std::vector<uint8_t>& low);
   void drop_tiers();
 };
@@ -263,8 +280,12 @@ class KVCache {
   /// Total entries over all segments.
   size_t entries() const;
   size_t entries(int layer) const;
-  /// Payload bytes over all segments (see Segment::bytes).
+  /// Payload bytes over all segments (see Segment::bytes), plus the latent bases in use, each
+  /// distinct basis counted once however many segments share it.
   size_t bytes() const;
+  /// Bytes of the distinct latent bases in use (0 without latent segments).
+  size_t basis_bytes() const;
+  /// Segment bytes of one layer plus the distinct bases its segments use.
   size_t bytes(int layer) const;
   /// Key and value bytes over all segments (see Segment::kv_bytes).
   size_t kv_bytes() const;

@@ -6,6 +6,7 @@
 // The hot loops use GCC vector extensions (16 floats) inside one function compiled three times
 // (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and chosen at run time.
 #include "kernels/attention.h"
+#include "kernels/attention_latent.h"
 
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"
@@ -347,6 +348,7 @@ void prepare(const Segment& seg, const float* q, int rows, float scale, Scratch&
 void attend_segment(const Segment& seg, const float* q, int n_rows, const int32_t* visible, float scale,
                     float* out, int64_t out_stride, float* mass, float* probs) {
   if (n_rows <= 0) return;
+  if (seg.latent()) return attend_latent(seg, nullptr, 0, q, n_rows, visible, scale, out, out_stride, mass, probs);
   Scratch& sc = tls_scratch;
   prepare(seg, q, n_rows, scale, sc);
   const size_t n = seg.size();
@@ -374,6 +376,8 @@ void attend_segment_subset(const Segment& seg, const int32_t* idx, int n_idx, co
   for (int k = 0; k < n_idx; ++k)
     if (idx[k] < 0 || static_cast<size_t>(idx[k]) >= seg.size() || (k > 0 && idx[k] <= idx[k - 1]))
       throw Error("attend_segment_subset: indices must be increasing and inside the segment");
+  if (seg.latent())
+    return attend_latent(seg, idx, n_idx, q, n_rows, visible, scale, out, out_stride, nullptr, nullptr);
   Scratch& sc = tls_scratch;
   prepare(seg, q, n_rows, scale, sc);
   attend_core(seg, idx, n_idx, sc.Q.data(), n_rows, visible, out, out_stride, nullptr, sc);

@@ -24,6 +24,12 @@ void Segment::rotate(float* x) const {
 }
 
 void Segment::append(const float* k, const float* v, int32_t position) {
+  if (latent_) {
+    lk_.append(k);
+    lv_.append(v);
+    pos_.push_back(position);
+    return;
+  }
   if (q_.hadamard) {
     float buf[512];
     std::vector<float> big;
@@ -85,7 +91,10 @@ void Segment::drop_tiers() {
 
 void Segment::retain(const std::vector<int32_t>& idx) {
   check_indices(idx, "retain");
-  if (low_.empty()) {
+  if (latent_) {
+    lk_.retain(idx);
+    lv_.retain(idx);
+  } else if (low_.empty()) {
     stores_[0].retain(idx);
   } else {
     std::vector<int32_t> per[2];
@@ -122,6 +131,7 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
     throw Error("precision tiers need row codecs (f32, f16, bf16, q8_0, q4_0): KIVI's token groups cannot be "
                 "split by tier");
   if (!any_low && low_.empty()) return retain(idx);
+  if (latent_) throw Error("precision tiers need row codecs: a latent segment stores codes in its bases");
   const KVQuantOptions plain{};  // tiers hold row codecs only
   KVStore hi(head_dim_, stores_[0].key_codec(), stores_[0].value_codec(), plain);
   KVStore lo(head_dim_, low_key, low_value, plain);
@@ -147,6 +157,9 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
 }
 
 void Segment::clear() {
+  latent_ = false;
+  lk_ = LatentCodes();
+  lv_ = LatentCodes();
   stores_.erase(stores_.begin() + 1, stores_.end());
   stores_[0].clear();
   std::vector<int32_t>().swap(pos_);
@@ -154,6 +167,7 @@ void Segment::clear() {
 }
 
 void Segment::key(size_t i, float* out) const {
+  if (latent_) return lk_.decode(i, out);
   int s;
   size_t j;
   locate(i, s, j);
@@ -162,6 +176,7 @@ void Segment::key(size_t i, float* out) const {
 }
 
 void Segment::value(size_t i, float* out) const {
+  if (latent_) return lv_.decode(i, out);
   int s;
   size_t j;
   locate(i, s, j);
@@ -173,7 +188,7 @@ void Segment::keys(size_t b, size_t e, float* out) const {
 }
 
 void Segment::values(size_t b, size_t e, float* out) const {
-  if (low_.empty() && stores_[0].group_entries() <= b) {
+  if (!latent_ && low_.empty() && stores_[0].group_entries() <= b) {
     const KVStore& st = stores_[0];
     kv::rows_decode(st.vc_, head_dim_, st.v_.data() + (b - st.n_group_) * st.vrow_, out, e - b);
     return;
@@ -183,7 +198,7 @@ void Segment::values(size_t b, size_t e, float* out) const {
 
 const float* Segment::values_f32() const {
   const KVStore& st = stores_[0];
-  if (stores_.size() > 1 || st.group_entries() > 0 || st.value_codec() != KVCodec::F32) return nullptr;
+  if (latent_ || stores_.size() > 1 || st.group_entries() > 0 || st.value_codec() != KVCodec::F32) return nullptr;
   return reinterpret_cast<const float*>(st.v_.data());
 }
 
@@ -192,6 +207,10 @@ void Segment::set_key(size_t i, const float* k) { set_keys(i, i + 1, k); }
 void Segment::set_keys(size_t b, size_t e, const float* rows) {
   if (b > e || e > size())
     throw Error(fmt::format("Segment::set_keys: range [{}, {}) is outside the segment (size {})", b, e, size()));
+  if (latent_) {
+    for (size_t i = b; i < e; ++i) lk_.set(i, rows + (i - b) * head_dim_);
+    return;
+  }
   std::vector<float> r;
   if (q_.hadamard) {
     r.assign(rows, rows + (e - b) * head_dim_);
@@ -208,15 +227,40 @@ void Segment::set_keys(size_t b, size_t e, const float* rows) {
 }
 
 size_t Segment::kv_bytes() const {
-  size_t n = 0;
+  size_t n = lk_.bytes() + lv_.bytes();
   for (const KVStore& s : stores_) n += s.kv_bytes();
   return n;
 }
 
 size_t Segment::bytes() const {
-  size_t n = pos_.size() * sizeof(int32_t) + low_.size() * sizeof(uint64_t) + low_rank_.size() * sizeof(uint32_t);
+  size_t n = pos_.size() * sizeof(int32_t) + low_.size() * sizeof(uint64_t) + low_rank_.size() * sizeof(uint32_t) +
+             lk_.bytes() + lv_.bytes();
   for (const KVStore& s : stores_) n += s.kv_bytes() + s.meta_bytes();
   return n;
+}
+
+void Segment::to_latent(std::shared_ptr<const LatentBasis> kb, int key_bits, std::shared_ptr<const LatentBasis> vb,
+                        int value_bits) {
+  for (const auto* b : {&kb, &vb}) {
+    if (!*b) throw Error("Segment::to_latent: missing basis");
+    if ((*b)->head_dim != head_dim_)
+      throw Error(fmt::format("Segment::to_latent: basis head_dim {} differs from the segment's {}", (*b)->head_dim,
+                              head_dim_));
+  }
+  LatentCodes nk(std::move(kb), key_bits), nv(std::move(vb), value_bits);
+  std::vector<float> k(head_dim_), v(head_dim_);
+  for (size_t i = 0; i < size(); ++i) {
+    key(i, k.data());
+    value(i, v.data());
+    nk.append(k.data());
+    nv.append(v.data());
+  }
+  lk_ = std::move(nk);
+  lv_ = std::move(nv);
+  latent_ = true;
+  stores_.erase(stores_.begin() + 1, stores_.end());
+  stores_[0].clear();
+  drop_tiers();
 }
 
 std::vector<int32_t> Segment::store_entries(int s) const {
@@ -262,14 +306,35 @@ size_t KVCache::entries(int layer) const {
   for (int h = 0; h < n_head_kv_; ++h) n += seg(layer, h).size();
   return n;
 }
-size_t KVCache::bytes() const {
+namespace {
+// Adds the bytes of every basis of `s` not yet in `seen`.
+size_t new_basis_bytes(const Segment& s, std::vector<const LatentBasis*>& seen) {
   size_t n = 0;
+  if (!s.latent()) return 0;
+  for (const LatentBasis* b : {&s.latent_keys().basis(), &s.latent_values().basis()}) {
+    if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+    seen.push_back(b);
+    n += b->bytes();
+  }
+  return n;
+}
+}  // namespace
+
+size_t KVCache::basis_bytes() const {
+  std::vector<const LatentBasis*> seen;
+  size_t n = 0;
+  for (const Segment& s : segs_) n += new_basis_bytes(s, seen);
+  return n;
+}
+size_t KVCache::bytes() const {
+  size_t n = basis_bytes();
   for (const Segment& s : segs_) n += s.bytes();
   return n;
 }
 size_t KVCache::bytes(int layer) const {
+  std::vector<const LatentBasis*> seen;
   size_t n = 0;
-  for (int h = 0; h < n_head_kv_; ++h) n += seg(layer, h).bytes();
+  for (int h = 0; h < n_head_kv_; ++h) n += seg(layer, h).bytes() + new_basis_bytes(seg(layer, h), seen);
   return n;
 }
 size_t KVCache::kv_bytes() const {

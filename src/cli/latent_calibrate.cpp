@@ -1,0 +1,85 @@
+// `kvslim latent-calibrate`: fits latent (low-rank) bases of every (layer, KV head)'s keys and
+// values on calibration text and writes them to a GGUF file that `--press latent:file=...` loads.
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "kernels/threads.h"
+#include "press/latent.h"
+
+namespace kvslim::cli {
+
+namespace {
+
+struct CalibArgs {
+  std::string model = "models/stories260K.gguf";
+  std::vector<std::string> text;
+  std::string out;
+  int doc_tokens = 512;
+  int max_docs = 16;
+  LatentCalibration opt;
+  int threads = 2;
+};
+
+int run(const CalibArgs& a) {
+  if (a.text.empty()) throw Error("give at least one --text FILE");
+  if (a.out.empty()) throw Error("give --out BASES.gguf");
+  if (!(a.opt.energy > 0.0 && a.opt.energy <= 1.0))
+    throw Error(fmt::format("--energy {} must be in (0, 1]", a.opt.energy));
+  if (a.opt.memory_ratio < 0.0 || a.opt.memory_ratio > 1.0)
+    throw Error(fmt::format("--memory-ratio {} must be in (0, 1] (0 = off)", a.opt.memory_ratio));
+  set_num_threads(a.threads);
+  auto model = Model::load(a.model);
+  const Tokenizer& tok = model->tokenizer();
+  std::vector<std::vector<Token>> docs;
+  for (const std::string& path : a.text) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw Error(fmt::format("{}: cannot open --text file", path));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::vector<Token> all = tok.encode(ss.str(), false, false);
+    for (size_t b = 0; b < all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
+      std::vector<Token> doc;
+      if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());
+      doc.insert(doc.end(), all.begin() + b, all.begin() + std::min(all.size(), b + a.doc_tokens));
+      docs.push_back(std::move(doc));
+    }
+  }
+  std::vector<std::string> report;
+  LatentBases bases = calibrate_latent(*model, docs, a.opt, &report);
+  for (const auto& line : report) fmt::print("{}\n", line);
+  bases.save(a.out, a.model);
+  fmt::print("wrote {} (use --press latent:file={})\n", a.out, a.out);
+  return 0;
+}
+
+}  // namespace
+
+void add_latent_calibrate(CLI::App& app, Action& action) {
+  auto a = std::make_shared<CalibArgs>();
+  auto* sub = app.add_subcommand("latent-calibrate",
+                                 "fit low-rank (latent) bases of keys and values on calibration text for the latent press");
+  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  sub->add_option("--text", a->text, "calibration text files")->expected(1, -1);
+  sub->add_option("-o,--out", a->out, "bases file to write (GGUF)");
+  sub->add_option("--doc-tokens", a->doc_tokens, "tokens per calibration document (each run from position 0)")
+      ->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--k-rank", a->opt.k_rank, "key rank for every segment (0 = chosen)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--v-rank", a->opt.v_rank, "value rank for every segment (0 = chosen)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--energy", a->opt.energy, "without ranks: keep this fraction of each segment's variance")
+      ->capture_default_str();
+  sub->add_option("--memory-ratio", a->opt.memory_ratio,
+                  "choose ranks so an entry takes at most this fraction of its f16 bytes (bases excluded; 0 = off)")
+      ->capture_default_str();
+  sub->add_option("--k-bits", a->opt.k_bits, "key code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
+  sub->add_option("--v-bits", a->opt.v_bits, "value code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
+  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+}
+
+}  // namespace kvslim::cli

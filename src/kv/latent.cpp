@@ -1,0 +1,290 @@
+// Latent bases and latent codes of a segment (see include/kvslim/kv_latent.h).
+#include "kvslim/kv_latent.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kvslim/error.h"
+#include "kvslim/quant.h"
+
+// LAPACK's symmetric eigensolver, exported by Debian's OpenBLAS (Fortran calling convention).
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
+
+namespace kvslim {
+
+void LatentBasis::encode(const float* x, float* code) const {
+  const int r = rank();
+  if (is_selection()) {
+    for (int i = 0; i < r; ++i) code[i] = x[channels[i]] - (mean.empty() ? 0.0f : mean[channels[i]]);
+    return;
+  }
+  for (int i = 0; i < r; ++i) {
+    const float* p = proj.data() + static_cast<size_t>(i) * head_dim;
+    float s = 0.0f;
+    if (mean.empty())
+      for (int d = 0; d < head_dim; ++d) s += p[d] * x[d];
+    else
+      for (int d = 0; d < head_dim; ++d) s += p[d] * (x[d] - mean[d]);
+    code[i] = s;
+  }
+}
+
+void LatentBasis::decode(const float* code, float* x) const {
+  if (mean.empty())
+    std::fill(x, x + head_dim, 0.0f);
+  else
+    std::copy(mean.begin(), mean.end(), x);
+  const int r = rank();
+  if (is_selection()) {
+    for (int i = 0; i < r; ++i) x[channels[i]] += code[i];
+    return;
+  }
+  for (int i = 0; i < r; ++i) {
+    const float* p = proj.data() + static_cast<size_t>(i) * head_dim;
+    const float c = code[i];
+    for (int d = 0; d < head_dim; ++d) x[d] += c * p[d];
+  }
+}
+
+void LatentBasis::project(const float* q, float* out) const {
+  const int r = rank();
+  if (is_selection()) {
+    for (int i = 0; i < r; ++i) out[i] = q[channels[i]];
+    return;
+  }
+  for (int i = 0; i < r; ++i) {
+    const float* p = proj.data() + static_cast<size_t>(i) * head_dim;
+    float s = 0.0f;
+    for (int d = 0; d < head_dim; ++d) s += p[d] * q[d];
+    out[i] = s;
+  }
+}
+
+size_t LatentBasis::bytes() const {
+  return proj.size() * sizeof(float) + channels.size() * sizeof(int32_t) + mean.size() * sizeof(float) +
+         scale.size() * sizeof(float);
+}
+
+void LatentBasis::validate() const {
+  if (head_dim < 1) throw Error(fmt::format("latent basis: head_dim {} must be positive", head_dim));
+  if (proj.empty() == channels.empty())
+    throw Error("latent basis: exactly one of a projection matrix and a channel list must be given");
+  if (!proj.empty() && proj.size() % head_dim)
+    throw Error(fmt::format("latent basis: projection has {} values, not a multiple of head_dim {}", proj.size(),
+                            head_dim));
+  const int r = rank();
+  if (r < 1 || r > head_dim) throw Error(fmt::format("latent basis: rank {} is outside [1, {}]", r, head_dim));
+  for (size_t i = 0; i < channels.size(); ++i)
+    if (channels[i] < 0 || channels[i] >= head_dim || (i && channels[i] <= channels[i - 1]))
+      throw Error(fmt::format("latent basis: channel {} at {} is out of range or not increasing", channels[i], i));
+  if (!mean.empty() && static_cast<int>(mean.size()) != head_dim)
+    throw Error(fmt::format("latent basis: mean has {} values, expected head_dim {}", mean.size(), head_dim));
+  if (!scale.empty() && static_cast<int>(scale.size()) != r)
+    throw Error(fmt::format("latent basis: {} scales for rank {}", scale.size(), r));
+  for (const auto* v : {&proj, &mean, &scale})
+    for (float x : *v)
+      if (!std::isfinite(x)) throw Error("latent basis: a value is not finite");
+  for (float s : scale)
+    if (!(s > 0.0f)) throw Error(fmt::format("latent basis: scale {} must be positive", s));
+}
+
+std::shared_ptr<const LatentBasis> identity_basis(int head_dim) {
+  auto b = std::make_shared<LatentBasis>();
+  b->head_dim = head_dim;
+  b->channels.resize(head_dim);
+  for (int d = 0; d < head_dim; ++d) b->channels[d] = d;
+  return b;
+}
+
+Pca pca(const float* rows, size_t n, int hd) {
+  if (n == 0) throw Error("pca: no rows");
+  Pca out;
+  out.head_dim = hd;
+  out.mean.assign(hd, 0.0);
+  std::vector<double> cov(static_cast<size_t>(hd) * hd, 0.0);
+  for (size_t j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) out.mean[d] += rows[j * hd + d];
+  for (double& m : out.mean) m /= static_cast<double>(n);
+  std::vector<double> x(hd);
+  for (size_t j = 0; j < n; ++j) {
+    for (int d = 0; d < hd; ++d) x[d] = rows[j * hd + d] - out.mean[d];
+    for (int a = 0; a < hd; ++a) {
+      const double xa = x[a];
+      double* c = cov.data() + static_cast<size_t>(a) * hd;
+      for (int b = a; b < hd; ++b) c[b] += xa * x[b];  // upper triangle in row-major = lower in LAPACK's
+    }
+  }
+  for (double& c : cov) c /= static_cast<double>(n);
+  // Eigenvalues ascending; eigenvectors as columns of the column-major result = rows here.
+  std::vector<double> w(hd);
+  int info = 0, lwork = -1, liwork = -1, iwq = 0;
+  double wq = 0;
+  const char jobz = 'V', uplo = 'L';
+  dsyevd_(&jobz, &uplo, &hd, cov.data(), &hd, w.data(), &wq, &lwork, &iwq, &liwork, &info);
+  lwork = static_cast<int>(wq);
+  liwork = iwq;
+  std::vector<double> work(std::max(1, lwork));
+  std::vector<int> iwork(std::max(1, liwork));
+  dsyevd_(&jobz, &uplo, &hd, cov.data(), &hd, w.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+  if (info != 0) throw Error(fmt::format("pca: LAPACK dsyevd failed (info {})", info));
+  out.axes.resize(static_cast<size_t>(hd) * hd);
+  out.var.resize(hd);
+  for (int i = 0; i < hd; ++i) {
+    const int src = hd - 1 - i;  // largest eigenvalue first
+    out.var[i] = std::max(w[src], 0.0);
+    std::copy(cov.begin() + static_cast<size_t>(src) * hd, cov.begin() + static_cast<size_t>(src + 1) * hd,
+              out.axes.begin() + static_cast<size_t>(i) * hd);
+  }
+  return out;
+}
+
+int Pca::rank_for_energy(double energy) const {
+  double total = 0, acc = 0;
+  for (double v : var) total += v;
+  for (int i = 0; i < head_dim; ++i) {
+    acc += var[i];
+    if (acc >= energy * total) return i + 1;
+  }
+  return head_dim;
+}
+
+std::shared_ptr<const LatentBasis> Pca::basis(int rank) const {
+  rank = std::clamp(rank, 1, head_dim);
+  auto b = std::make_shared<LatentBasis>();
+  b->head_dim = head_dim;
+  b->proj.assign(axes.begin(), axes.begin() + static_cast<size_t>(rank) * head_dim);
+  b->mean.assign(mean.begin(), mean.end());
+  b->scale.resize(rank);
+  for (int i = 0; i < rank; ++i) b->scale[i] = static_cast<float>(std::max(std::sqrt(var[i]), 1e-6));
+  return b;
+}
+
+std::shared_ptr<const LatentBasis> pca_basis(const float* rows, size_t n, int hd, int rank, double energy) {
+  const Pca p = pca(rows, n, hd);
+  if (rank <= 0 && energy > 0.0 && energy < 1.0) rank = p.rank_for_energy(energy);
+  return p.basis(rank);
+}
+
+// ---- LatentCodes ----
+
+LatentCodes::LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits) : basis_(std::move(basis)), bits_(bits) {
+  if (!basis_) throw Error("latent codes: no basis");
+  if (bits != 0 && bits != 2 && bits != 4 && bits != 8 && bits != 32)
+    throw Error(fmt::format("latent codes: bits {} is not supported (expected 0 = f16, 2, 4, 8 or 32 = f32)", bits));
+  rank_ = basis_->rank();
+  if (bits == 32)
+    row_ = rank_ * sizeof(float);
+  else
+    row_ = bits ? (static_cast<size_t>(rank_) * bits + 7) / 8 + sizeof(uint16_t) : rank_ * sizeof(uint16_t);
+}
+
+void LatentCodes::put(uint8_t* dst, const float* x) const {
+  float c[1024];
+  std::vector<float> big;
+  float* code = c;
+  if (rank_ > 1024) {
+    big.resize(rank_);
+    code = big.data();
+  }
+  basis_->encode(x, code);
+  if (bits_ == 32) {
+    std::memcpy(dst, code, rank_ * sizeof(float));
+    return;
+  }
+  if (bits_ == 0) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+    for (int i = 0; i < rank_; ++i) {
+      const uint16_t v = fp32_to_fp16(code[i]);
+      std::memcpy(h + i, &v, sizeof v);
+    }
+    return;
+  }
+  const std::vector<float>& sc = basis_->scale;
+  float amax = 0.0f;
+  for (int i = 0; i < rank_; ++i) {
+    if (!sc.empty()) code[i] /= sc[i];
+    amax = std::max(amax, std::fabs(code[i]));
+  }
+  const int levels = (1 << bits_) - 1;
+  const float qmax = 0.5f * levels;
+  const uint16_t sh = fp32_to_fp16(amax / qmax);
+  const float s = fp16_to_fp32(sh);
+  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+  uint8_t* q = dst + sizeof(uint16_t);
+  std::memcpy(dst, &sh, sizeof sh);
+  std::memset(q, 0, row_ - sizeof(uint16_t));
+  for (int i = 0; i < rank_; ++i) {
+    // Levels sit at half-integers (q - qmax), so the nearest one is q = round(c / s + qmax).
+    int v = static_cast<int>(std::lround(code[i] * inv + qmax));
+    v = std::clamp(v, 0, levels);
+    const size_t bit = static_cast<size_t>(i) * bits_;
+    q[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
+  }
+}
+
+void LatentCodes::append(const float* x) {
+  data_.resize((n_ + 1) * row_);
+  put(data_.data() + n_ * row_, x);
+  ++n_;
+}
+
+void LatentCodes::set(size_t i, const float* x) { put(data_.data() + i * row_, x); }
+
+void LatentCodes::retain(const std::vector<int32_t>& idx) {
+  for (size_t j = 0; j < idx.size(); ++j)
+    if (static_cast<size_t>(idx[j]) != j) std::memcpy(data_.data() + j * row_, data_.data() + idx[j] * row_, row_);
+  n_ = idx.size();
+  data_.resize(n_ * row_);
+  data_.shrink_to_fit();
+}
+
+void LatentCodes::clear() {
+  std::vector<uint8_t>().swap(data_);
+  n_ = 0;
+}
+
+void LatentCodes::coords(size_t b, size_t e, float* out) const {
+  const std::vector<float>& sc = basis_->scale;
+  const int levels = (1 << bits_) - 1;
+  const float qmax = 0.5f * levels;
+  for (size_t j = b; j < e; ++j) {
+    const uint8_t* src = data_.data() + j * row_;
+    float* o = out + (j - b) * rank_;
+    if (bits_ == 32) {
+      std::memcpy(o, src, rank_ * sizeof(float));
+      continue;
+    }
+    if (bits_ == 0) {
+      for (int i = 0; i < rank_; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, sizeof h);
+        o[i] = fp16_to_fp32(h);
+      }
+      continue;
+    }
+    uint16_t sh;
+    std::memcpy(&sh, src, sizeof sh);
+    const float s = fp16_to_fp32(sh);
+    const uint8_t* q = src + sizeof(uint16_t);
+    const int mask = levels;
+    // Codes never straddle a byte: bits is 2, 4 or 8.
+    for (int i = 0; i < rank_; ++i) {
+      const size_t bit = static_cast<size_t>(i) * bits_;
+      const int v = (q[bit / 8] >> (bit % 8)) & mask;
+      o[i] = s * (static_cast<float>(v) - qmax);
+      if (!sc.empty()) o[i] *= sc[i];
+    }
+  }
+}
+
+void LatentCodes::decode(size_t i, float* x) const {
+  std::vector<float> c(rank_);
+  coords(i, i + 1, c.data());
+  basis_->decode(c.data(), x);
+}
+
+}  // namespace kvslim

@@ -1,0 +1,59 @@
+#pragma once
+// Latent bases of a whole model: one key and one value basis per (layer, KV head), from
+// calibration activations, saved to and loaded from GGUF (kvslim latent-calibrate writes them,
+// the `latent` press loads them).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvslim/kv_latent.h"
+#include "kvslim/model.h"
+
+namespace kvslim {
+
+/// Bases and code bits per (layer, KV head); layer-major vectors of n_layer * n_head_kv.
+/// Segments whose bases are the same object share them (cross-layer sharing counts them once).
+struct LatentBases {
+  int n_layer = 0, n_head_kv = 0, head_dim = 0;
+  std::vector<std::shared_ptr<const LatentBasis>> key, value;
+  std::vector<int> key_bits, value_bits;
+
+  /// GGUF layout: general.architecture "kvslim-latent", latent.{n_layer,n_head_kv,head_dim},
+  /// latent.key_bits / latent.value_bits (i32 arrays), latent.key_source / latent.value_source
+  /// (i32 arrays: the index of the (layer, head) whose basis a segment reuses, its own index when
+  /// it has its own), and for every own basis tensors latent.{l}.{h}.{k|v}.{proj,mean,scale}
+  /// (proj: [head_dim, rank] in ggml order). `model_desc` is recorded as latent.base_model.
+  void save(const std::string& path, const std::string& model_desc) const;
+  /// Throws kvslim::Error naming the file and the field for a missing or malformed entry.
+  static LatentBases load(const std::string& path);
+  /// Throws kvslim::Error when the shape differs from the model's, naming `what`.
+  void check(const HParams& hp, const std::string& what) const;
+};
+
+}  // namespace kvslim
+
+namespace kvslim {
+
+/// How kvslim latent-calibrate chooses ranks.
+struct LatentCalibration {
+  int k_rank = 0, v_rank = 0;  ///< fixed ranks for every segment (0 = chosen below)
+  double energy = 0.99;        ///< without fixed ranks or a memory ratio: keep this fraction of variance
+  /// > 0: ranks chosen so that the cache's bytes per entry (codes, per-entry code scales and the
+  /// position; bases excluded) are at most this fraction of the f16 entry (2 * 2 * head_dim + 4
+  /// bytes), spending dimensions where they keep the largest share of a segment's variance.
+  double memory_ratio = 0.0;
+  int k_bits = 0, v_bits = 0;  ///< code bits (0 = f16, 2, 4, 8, 32 = f32)
+};
+
+/// Bytes of one entry's codes of `rank` coordinates at `bits` (LatentCodes::row_bytes).
+size_t latent_row_bytes(int rank, int bits);
+
+/// Runs the model over `docs` (each from position 0, f32 cache), gathers every segment's keys
+/// (after RoPE) and values, and fits one basis per (layer, KV head) and side by PCA with the
+/// ranks `opt` asks for. `report` (optional) receives one line per segment (ranks, variance kept)
+/// and a summary with the predicted memory ratio. Throws kvslim::Error for no tokens, bad bits, or
+/// a memory ratio too small for rank 1 everywhere.
+LatentBases calibrate_latent(const Model& model, const std::vector<std::vector<Token>>& docs,
+                             const LatentCalibration& opt, std::vector<std::string>* report = nullptr);
+
+}  // namespace kvslim

@@ -1,0 +1,105 @@
+// The latent press (per-request PCA or calibrated bases from a GGUF file) and latent calibration.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "press/latent.h"
+#include "test_press_util.h"
+
+using namespace press_test;
+
+namespace {
+
+std::vector<Token> story_tokens(int n) {
+  std::vector<Token> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<Token>(10 + (i * 13) % 300));
+  return t;
+}
+
+TEST(PressLatent, PerRequestPcaStoresCodesWithExactBytes) {
+  const Model& model = bundled_model();
+  const HParams& hp = model.hparams();
+  Session s(model, SessionOptions{});
+  auto press = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8", 0.0);
+  press->reset();
+  prefill_and_compress(s, *press, story_tokens(80), 0, nullptr, nullptr);
+  const KVCache& c = s.cache();
+  const size_t segs = static_cast<size_t>(hp.n_layer) * hp.n_head_kv;
+  // Per entry: 3 four-bit key codes (2 bytes) + scale, 5 eight-bit value codes + scale, position.
+  const size_t per_entry = (2 + 2) + (5 + 2) + 4;
+  // Per segment: two dense bases (rank x head_dim matrix, mean, scales; f32).
+  const size_t basis = ((3 * hp.head_dim + hp.head_dim + 3) + (5 * hp.head_dim + hp.head_dim + 5)) * 4;
+  EXPECT_EQ(c.bytes(), segs * 80 * per_entry + segs * basis);
+  for (float x : s.forward({5, 6})) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(c.bytes(), segs * 82 * per_entry + segs * basis);
+  EXPECT_THROW(make_press("latent:k_bits=3", 0.0), Error);
+  EXPECT_THROW(make_press("latent:energy=1.5", 0.0), Error);
+  EXPECT_THROW(make_press("latent:file=/nonexistent/bases.gguf", 0.0), Error);
+}
+
+TEST(PressLatent, FullRankCodesReproduceTheFullCacheLogits) {
+  // Rank head_dim with f32 codes is an orthogonal change of basis: logits equal the f32 cache's.
+  const Model& model = bundled_model();
+  SessionOptions so;
+  so.key_codec = so.value_codec = KVCodec::F32;
+  Session full(model, so), lat(model, so);
+  auto none = make_press("none", 0.0);
+  const int hd = model.hparams().head_dim;
+  auto press = make_press(fmt::format("latent:k_rank={},v_rank={},k_bits=32,v_bits=32", hd, hd), 0.0);
+  auto toks = story_tokens(60);
+  prefill_and_compress(full, *none, toks, 0, nullptr, nullptr);
+  prefill_and_compress(lat, *press, toks, 0, nullptr, nullptr);
+  auto a = full.forward({7, 8, 9}), b = lat.forward({7, 8, 9});
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3f);
+}
+
+TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
+  const Model& model = bundled_model();
+  const HParams& hp = model.hparams();
+  LatentCalibration opt;
+  opt.memory_ratio = 0.3;
+  opt.k_bits = 4;
+  opt.v_bits = 4;
+  std::vector<std::string> report;
+  LatentBases b = calibrate_latent(model, {story_tokens(100), story_tokens(50)}, opt, &report);
+  ASSERT_EQ(b.key.size(), static_cast<size_t>(hp.n_layer * hp.n_head_kv));
+  size_t entry = 0;
+  for (size_t u = 0; u < b.key.size(); ++u)
+    entry += latent_row_bytes(b.key[u]->rank(), 4) + latent_row_bytes(b.value[u]->rank(), 4) + 4;
+  const double f16 = b.key.size() * (4.0 * hp.head_dim + 4);
+  EXPECT_LE(entry / f16, 0.3 + 1e-9);
+  EXPECT_GT(entry / f16, 0.2);  // the budget is spent, not left unused
+  EXPECT_EQ(report.size(), b.key.size() + 1);
+  const std::string path = (std::filesystem::temp_directory_path() / "kvslim_latent_test.gguf").string();
+  b.save(path, "stories260K");
+  LatentBases r = LatentBases::load(path);
+  ASSERT_EQ(r.key.size(), b.key.size());
+  for (size_t u = 0; u < b.key.size(); ++u) {
+    EXPECT_EQ(r.key[u]->proj, b.key[u]->proj);
+    EXPECT_EQ(r.value[u]->mean, b.value[u]->mean);
+    EXPECT_EQ(r.key_bits[u], 4);
+  }
+  Session s(model, SessionOptions{});
+  auto press = make_press("latent:file=" + path, 0.0);
+  prefill_and_compress(s, *press, story_tokens(40), 0, nullptr, nullptr);
+  EXPECT_EQ(s.cache().seg(1, 2).latent_keys().rank(), b.key[1 * hp.n_head_kv + 2]->rank());
+  opt.memory_ratio = 0.01;
+  EXPECT_THROW(calibrate_latent(model, {story_tokens(20)}, opt), Error);
+  // A file for another shape is refused when applied.
+  LatentBases other = b;
+  other.n_layer = 1;
+  other.key.resize(hp.n_head_kv);
+  other.value.resize(hp.n_head_kv);
+  other.key_bits.resize(hp.n_head_kv);
+  other.value_bits.resize(hp.n_head_kv);
+  other.save(path, "x");
+  auto bad = make_press("latent:file=" + path, 0.0);
+  Session s2(model, SessionOptions{});
+  EXPECT_THROW(prefill_and_compress(s2, *bad, story_tokens(20), 0, nullptr, nullptr), Error);
+  std::remove(path.c_str());
+}
+
+}  // namespace
