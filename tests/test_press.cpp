@@ -17,7 +17,8 @@ const std::vector<std::string> kAllSpecs = {
     "pyramidkv(snapkv:window=16)", "adakv(snapkv:window=16)", "zigzagkv(snapkv:window=16)",
     "global(knorm)", "uniform(keydiff)", "per_layer(knorm,ratios=0.1/0.2/0.3/0.4/0.5)",
     "threshold(knorm):tau=-3,window=16", "snapkv:window=16+knorm", "key_rerotation(streaming_llm)",
-    "key_rerotation(adakv(snapkv:window=16))", "decoding(knorm):interval=4,size=32"};
+    "key_rerotation(adakv(snapkv:window=16))", "decoding(knorm):interval=4,size=32",
+    "lagkv:lag=16", "chunkkv(snapkv:window=16)"};
 
 // Presses whose keep-count is the uniform floor(n (1 - r)) with nothing protected at these sizes.
 // Since the window, sinks and recent entries count against the budget (kvpress), the window presses
@@ -30,7 +31,7 @@ const std::vector<std::string> kUniformSpecs = {"random", "knorm", "keydiff", "o
 TEST(PressRules, RegistryListsEveryMethod) {
   for (const char* n : {"none", "random", "knorm", "streaming_llm", "snapkv", "tova", "h2o", "observed_attention",
                         "expected_attention", "criticalkv", "keydiff", "uniform", "pyramidkv", "adakv", "zigzagkv",
-                        "global", "threshold", "per_layer", "key_rerotation", "decoding"}) {
+                        "global", "threshold", "per_layer", "key_rerotation", "decoding", "lagkv", "chunkkv"}) {
     const PressInfo* p = PressRegistry::instance().find(n);
     ASSERT_NE(p, nullptr) << n;
     EXPECT_FALSE(p->source.empty()) << n;

@@ -112,6 +112,38 @@ TEST(PressPolicy, PyramidKVFollowsTheReferenceSchedule) {
   EXPECT_EQ(k, (KeepCounts{{84}, {67}, {50}, {33}, {16}}));
 }
 
+// kvpress's ChunkKVPress by hand: one layer, two KV heads of 10 entries, chunk 4 -> chunks [0,4),
+// [4,8), [8,10). Head scores a = 5 0 0 0 | 1 1 1 1 | 0 9 and b = 0 0 0 3 | 1 1 1 1 | 0 0; summed
+// 5 0 0 3 | 2 2 2 2 | 0 9 -> chunk means 2, 2, 4.5. Ratio 0.5: max(1, int(3 x 0.5)) = 1 chunk ->
+// entries 8, 9 in both heads. Ratio 0.3: int(2.1) = 2 chunks -> 4.5, then the tie 2 = 2 goes to the
+// later chunk: entries 4..9.
+TEST(PressPolicy, ChunkKVKeepsWholeChunksByMeanScoreSummedOverHeads) {
+  KVCache c = sized_cache({{10, 10}});
+  Scores s(1, std::vector<std::vector<float>>(2));
+  s[0][0] = {5, 0, 0, 0, 1, 1, 1, 1, 0, 9};
+  s[0][1] = {0, 0, 0, 3, 1, 1, 1, 1, 0, 0};
+  auto run = [&](double r) {
+    auto p = scorer("chunkkv(knorm):chunk=4", r);
+    Scores sc = s;
+    Target t{r, 10};
+    p->policy().prepare(sc, c, t);
+    KeepCounts k = p->policy().keep_counts(BudgetInput{sc, c, t, {0.0}});
+    std::vector<std::vector<int32_t>> kept;
+    for (int h = 0; h < 2; ++h) kept.push_back(select_top(sc[0][h], k[0][h]));
+    return kept;
+  };
+  EXPECT_EQ(run(0.5), (std::vector<std::vector<int32_t>>{{8, 9}, {8, 9}}));
+  EXPECT_EQ(run(0.3), (std::vector<std::vector<int32_t>>{{4, 5, 6, 7, 8, 9}, {4, 5, 6, 7, 8, 9}}));
+  // Fewer entries than one chunk: the scorer's own top-k (floor(3 x 0.5) = 1: the highest score).
+  KVCache small = sized_cache({{3}});
+  Scores t3(1, std::vector<std::vector<float>>(1, std::vector<float>{2, 7, 1}));
+  auto p = scorer("chunkkv(knorm):chunk=4", 0.5);
+  Target t{0.5, 3};
+  p->policy().prepare(t3, small, t);
+  KeepCounts k = p->policy().keep_counts(BudgetInput{t3, small, t, {0.0}});
+  EXPECT_EQ(select_top(t3[0][0], k[0][0]), (std::vector<int32_t>{1}));
+}
+
 // 4 layers, n = 100, ratio 0.5: B_avg 50, reserve 0.2 -> B_bound 10; LMBA 1, 1, 2, 4 ->
 // u = 1/8, 1/8, 1/4, 1/2 -> 10 + 40 * 4 * u = 30, 30, 50, 90.
 TEST(PressPolicy, ZigZagKVFollowsLMBAWithAReserve) {

@@ -284,3 +284,65 @@ TEST(PressReference, KvpressNamesAreAliases) {
 }
 
 }  // namespace
+
+namespace {
+
+/// LagKV (arXiv 2504.04704, kvpress's LagKVPress), recomputed in float64 from the reference's
+/// formula: partitions of `lag` after the sinks, each normalised by the next partition's per-channel
+/// range, unbiased std over channels, softmax over the partition, keys and values averaged, then
+/// rank / lag; sinks and the last partition + remainder score 1.
+std::vector<double> lagkv_reference(const Segment& seg, int n_sink, int lag) {
+  auto K = keys_of(seg), V = values_of(seg);
+  const int n = static_cast<int>(K.size()), d = static_cast<int>(K[0].size());
+  std::vector<double> out(n, 1.0);
+  auto part = [&](const std::vector<std::vector<double>>& X, int b) {
+    std::vector<double> sc(lag);
+    for (int i = 0; i < lag; ++i) {
+      std::vector<double> z(d);
+      double mean = 0;
+      for (int c = 0; c < d; ++c) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int j = b + lag; j < b + 2 * lag; ++j) lo = std::min(lo, X[j][c]), hi = std::max(hi, X[j][c]);
+        z[c] = (X[b + i][c] - lo) / (hi - lo);
+        mean += z[c] / d;
+      }
+      double ss = 0;
+      for (double x : z) ss += (x - mean) * (x - mean);
+      sc[i] = std::sqrt(ss / (d - 1));
+    }
+    double sum = 0;
+    for (double x : sc) sum += std::exp(x);
+    for (double& x : sc) x = std::exp(x) / sum;
+    return sc;
+  };
+  const int parts = (n - n_sink) / lag;
+  for (int p = 0; p + 1 < parts; ++p) {
+    const int b = n_sink + p * lag;
+    auto sk = part(K, b), sv = part(V, b);
+    for (int i = 0; i < lag; ++i) {
+      const double mine = (sk[i] + sv[i]) / 2;
+      int below = 0;
+      for (int j = 0; j < lag; ++j) below += (sk[j] + sv[j]) / 2 < mine;
+      out[b + i] = double(below) / lag;
+    }
+  }
+  return out;
+}
+
+TEST(PressReference, LagKVMatchesFloat64) {
+  const Model& m = bundled_model();
+  KVCache cache = random_cache(m, 33, 5);  // 4 sinks + 3 partitions of 8 + 5
+  auto p = scorer("lagkv:lag=8", 0.5);
+  Scores s = p->score_all(cache, m, Observation{}, Target{0.5, 33});
+  for (int l = 0; l < cache.n_layer(); ++l)
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      auto want = lagkv_reference(cache.seg(l, h), 4, 8);
+      for (int j = 0; j < 33; ++j) EXPECT_NEAR(s[l][h][j], want[j], 1e-6) << "l" << l << " h" << h << " j" << j;
+    }
+  // Shorter than n_sink + 2 lag: recency (i - n_sink) / (n - n_sink) after sinks scoring 1.
+  KVCache small = random_cache(m, 12, 6);
+  Scores t = p->score_all(small, m, Observation{}, Target{0.5, 12});
+  for (int j = 0; j < 12; ++j) EXPECT_NEAR(t[0][0][j], j < 4 ? 1.0 : (j - 4) / 8.0, 1e-7);
+}
+
+}  // namespace

@@ -597,17 +597,75 @@ TEST(SeedClusterKV, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
   EXPECT_GT(ckv->work_saved(), 0.2);
   EXPECT_LT(ckv->work_saved(), 1.0);
 
-  // One selection by hand: sinks, whole clusters, then every entry after the context.
-  std::vector<float> q(static_cast<size_t>(hp.n_head) * hp.head_dim, 0.3f);
+  // One selection: per query head (the authors' default), the sinks, the best clusters' entries
+  // cut at exactly budget - sinks = 12, then every entry after the context.
+  std::vector<float> q(static_cast<size_t>(hp.n_head) * hp.head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.7 * i);
   std::vector<std::vector<int32_t>> sub(hp.n_head_kv);
   ASSERT_TRUE(ckv->select(2, q.data(), 1, s.cache(), sub));
-  for (int h = 0; h < hp.n_head_kv; ++h) {
-    const auto& v = sub[h];
+  ASSERT_EQ(sub.size(), static_cast<size_t>(hp.n_head));
+  for (int r = 0; r < hp.n_head; ++r) {
+    const auto& v = sub[r];
+    const int h = r / hp.n_group();
     ASSERT_TRUE(std::is_sorted(v.begin(), v.end()));
     for (int i = 0; i < 4; ++i) EXPECT_EQ(v[i], i);
     const size_t n_old = s.cache().seg(2, h).size() - 1;
     for (size_t i = n; i < n_old; ++i) EXPECT_TRUE(std::binary_search(v.begin(), v.end(), static_cast<int32_t>(i)));
-    EXPECT_LT(v.size(), n_old);
+    EXPECT_EQ(v.size(), 16 + (n_old - n)) << "query head " << r;
+  }
+  // gqa=mean (the authors' qavg): one list per KV head.
+  auto pm = make_press("clusterkv:budget=16,sink=4,clusters=5,full_layers=1,gqa=mean", 0.0);
+  auto* cm = dynamic_cast<ClusterKVPress*>(pm.get());
+  pm->reset();
+  pm->apply(s.cache(), model(), Observation{}, Target{});
+  std::vector<std::vector<int32_t>> sub2(hp.n_head_kv);
+  ASSERT_TRUE(cm->select(2, q.data(), 1, s.cache(), sub2));
+  ASSERT_EQ(sub2.size(), static_cast<size_t>(hp.n_head_kv));
+  for (const auto& v : sub2) EXPECT_EQ(v.size(), 16u);  // the cache holds the context only (apply after decode)
+}
+
+// ClusterKV's selection by the reference rule, recomputed here: per query head, clusters ranked by
+// q . centroid (centroids = mean key of each cluster), their members in index order, cut at budget
+// - sinks; sinks first.
+TEST(SeedClusterKV, PerQueryHeadSelectionMatchesTheReferenceRule) {
+  const HParams& hp = model().hparams();
+  std::vector<Token> ctx = story_tokens();
+  const int n = static_cast<int>(ctx.size()), sink = 4, budget = 20, k = 6;
+  auto p = make_press(fmt::format("clusterkv:budget={},sink={},clusters={},full_layers=0", budget, sink, k), 0.0);
+  auto* ckv = dynamic_cast<ClusterKVPress*>(p.get());
+  Session s(model(), exact_f32());
+  p->reset();
+  prefill_and_compress(s, *p, ctx, 0);
+  std::vector<float> q(static_cast<size_t>(hp.n_head) * hp.head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(1.3 * i);
+  // A decode step's own entry is in the cache when select runs.
+  std::vector<float> kz(hp.head_dim, 0.0f), vz(hp.head_dim, 0.0f);
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h) s.cache().seg(l, h).append(kz.data(), vz.data(), n);
+  std::vector<std::vector<int32_t>> sub;
+  const int layer = 1;
+  ASSERT_TRUE(ckv->select(layer, q.data(), 1, s.cache(), sub));
+  ASSERT_EQ(sub.size(), static_cast<size_t>(hp.n_head));
+  for (int r = 0; r < hp.n_head; ++r) {
+    const Segment& seg = s.cache().seg(layer, r / hp.n_group());
+    std::vector<float> keys(static_cast<size_t>(n - sink) * hp.head_dim);
+    seg.keys(sink, n, keys.data());
+    std::vector<int> assign;
+    std::vector<float> cen;
+    kmeans_cosine(keys.data(), n - sink, hp.head_dim, k, 20, assign, cen);
+    std::vector<std::pair<double, int>> rank;
+    for (int j = 0; j < k; ++j) {
+      double dot = 0;
+      for (int c = 0; c < hp.head_dim; ++c) dot += double(q[static_cast<size_t>(r) * hp.head_dim + c]) * cen[j * hp.head_dim + c];
+      rank.push_back({-dot, j});
+    }
+    std::stable_sort(rank.begin(), rank.end(), [](auto a, auto b) { return a.first < b.first; });
+    std::vector<int32_t> want = {0, 1, 2, 3};
+    for (auto [negdot, j] : rank)
+      for (int i = 0; i < n - sink && static_cast<int>(want.size()) < budget; ++i)
+        if (assign[i] == j) want.push_back(sink + i);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(sub[r], want) << "query head " << r;
   }
 }
 

@@ -20,7 +20,9 @@ class AttentionSelector {
   /// `q` holds the batch's queries, [n][n_head][head_dim], RoPE applied. Return false to attend to
   /// every entry. Otherwise fill subset[h] (one list per KV head, resized by the caller to
   /// n_head_kv) with strictly increasing indices of entries that existed before the batch; the
-  /// batch's own entries are always attended (causally), whatever the subset says.
+  /// batch's own entries are always attended (causally), whatever the subset says. A selector may
+  /// instead resize `subset` to n_head: one list per query head (query head q reads KV head
+  /// q / group).
   virtual bool select(int layer, const float* q, int n, const KVCache& cache,
                       std::vector<std::vector<int32_t>>& subset) = 0;
 };

@@ -249,7 +249,15 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
           mp.assign(s.size(), 0.0f);
           mass = mp.data();
         }
-        if (use_subset) {
+        if (use_subset && subset.size() == static_cast<size_t>(nh)) {
+          // One subset per query head (ClusterKV's default): each row attends to its own.
+          for (int r = 0; r < rows; ++r) {
+            std::vector<int32_t> idx = subset[h * G + r % G];
+            for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
+            attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data() + static_cast<size_t>(r) * hd,
+                                  1, vis.data() + r, scale, orow.data() + static_cast<size_t>(r) * hd, hd);
+          }
+        } else if (use_subset) {
           // The selected old entries, then the batch's own entries (always attended, causally).
           std::vector<int32_t> idx = subset[h];
           for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));

@@ -1,7 +1,9 @@
 // ClusterKV: decode-time attention over whole key clusters chosen per query, nothing evicted.
 // Liu et al., "ClusterKV: Manipulating LLM KV Cache in Semantic Space for Recallable Compression",
-// arXiv 2412.03213 (defaults from the authors' code: 16 sinks, 20 k-means rounds, cosine distance,
-// the first 2 layers dense, queries of a GQA group averaged).
+// arXiv 2412.03213; reference: github.com/sjtu-zhao-lab/ClusterKV accuracy/cluster_attention.py and
+// accuracy/patch.py (defaults: 16 sinks, 400 clusters, 20 k-means rounds, cosine distance, the
+// first 2 layers dense, clusters ranked per query head (gqa_policy None), the selection cut at
+// exactly budget - sinks entries ("truc")). `gqa=mean` is the authors' "qavg" option.
 #include "press/clusterkv.h"
 
 #include <algorithm>
@@ -94,12 +96,14 @@ void kmeans_cosine(const float* x, int n, int d, int k, int iters, std::vector<i
       centroids[static_cast<size_t>(j) * d + c] = count[j] ? static_cast<float>(mean[static_cast<size_t>(j) * d + c] / count[j]) : 0.0f;
 }
 
-ClusterKVPress::ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers)
-    : ratio_(ratio), budget_(budget), sink_(sink), clusters_(clusters), iters_(iters), full_layers_(full_layers) {}
+ClusterKVPress::ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers,
+                               bool per_query_head)
+    : ratio_(ratio), budget_(budget), sink_(sink), clusters_(clusters), iters_(iters), full_layers_(full_layers),
+      per_query_head_(per_query_head) {}
 
 std::string ClusterKVPress::describe() const {
-  return fmt::format("clusterkv:ratio={},budget={},sink={},clusters={},iters={},full_layers={}", ratio_, budget_, sink_,
-                     clusters_, iters_, full_layers_);
+  return fmt::format("clusterkv:ratio={},budget={},sink={},clusters={},iters={},full_layers={},gqa={}", ratio_, budget_,
+                     sink_, clusters_, iters_, full_layers_, per_query_head_ ? "head" : "mean");
 }
 
 void ClusterKVPress::set_ratio(double r) {
@@ -141,11 +145,15 @@ bool ClusterKVPress::select(int layer, const float* q, int n, const KVCache& cac
   size_t avail = 0;
   for (int h = 0; h < H; ++h) avail += cache.seg(layer, h).size() - std::min<size_t>(n, cache.seg(layer, h).size());
   available_ += avail;
-  if (n != 1 || layer < full_layers_ || (budget_ <= 0 && ratio_ <= 0.0)) {
+  // The authors cluster from layer 2 on; a model with no more layers than that still clusters its
+  // last layer.
+  const int dense = std::min(full_layers_, cache.n_layer() - 1);
+  if (n != 1 || layer < dense || (budget_ <= 0 && ratio_ <= 0.0)) {
     attended_ += avail;
     return false;
   }
-  // Budget per KV head: entries of the context it may attend to, sinks included.
+  // Budget per KV head: entries of the context it may attend to, sinks included; a context no
+  // longer than the budget is attended in full (the reference's dense path).
   bool any = false;
   for (int h = 0; h < H; ++h) {
     const size_t m = std::min(ctx_[layer][h], cache.seg(layer, h).size() - 1);
@@ -156,24 +164,31 @@ bool ClusterKVPress::select(int layer, const float* q, int n, const KVCache& cac
     return false;
   }
   if (index_[layer].empty()) build(layer, cache);
+  const int G = group_, rows = per_query_head_ ? H * G : H;
+  subset.assign(rows, {});
   std::vector<float> qa(hd);
-  for (int h = 0; h < H; ++h) {
+  double read = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int h = per_query_head_ ? r / G : r;
     const Segment& s = cache.seg(layer, h);
     const size_t n_old = s.size() - 1;
     const size_t m = std::min(ctx_[layer][h], n_old);
-    auto& out = subset[h];
-    out.clear();
+    auto& out = subset[r];
     const size_t budget = static_cast<size_t>(budget_for(m));
     const Index& ix = index_[layer][h];
     if (budget >= m || ix.members.empty()) {
       for (size_t i = 0; i < n_old; ++i) out.push_back(static_cast<int32_t>(i));
-      attended_ += out.size();
+      read += per_query_head_ ? double(out.size()) / G : out.size();
       continue;
     }
-    // The GQA group's queries, averaged (the authors' "qavg" policy).
-    std::fill(qa.begin(), qa.end(), 0.0f);
-    for (int g = 0; g < group_; ++g)
-      for (int c = 0; c < hd; ++c) qa[c] += q[static_cast<size_t>(h * group_ + g) * hd + c] / group_;
+    // The query of this query head (the authors' default), or the GQA group's mean ("qavg").
+    if (per_query_head_) {
+      std::copy(q + static_cast<size_t>(r) * hd, q + static_cast<size_t>(r + 1) * hd, qa.begin());
+    } else {
+      std::fill(qa.begin(), qa.end(), 0.0f);
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < hd; ++c) qa[c] += q[static_cast<size_t>(h * G + g) * hd + c] / G;
+    }
     const int k = static_cast<int>(ix.members.size());
     std::vector<std::pair<float, int>> rank(k);
     for (int j = 0; j < k; ++j) {
@@ -184,20 +199,21 @@ bool ClusterKVPress::select(int layer, const float* q, int n, const KVCache& cac
     std::stable_sort(rank.begin(), rank.end(), [](auto a, auto b) { return a.first > b.first; });
     const size_t sinks = std::min<size_t>(sink_, m);
     const size_t room = budget > sinks ? budget - sinks : 0;
-    size_t used = 0;
     for (size_t i = 0; i < sinks; ++i) out.push_back(static_cast<int32_t>(i));
-    for (int r = 0; r < k; ++r) {
-      const auto& mem = ix.members[rank[r].second];
-      // Whole clusters only; the best one always, even when it alone exceeds the budget.
-      if (r > 0 && used + mem.size() > room) continue;
-      out.insert(out.end(), mem.begin(), mem.end());
-      used += mem.size();
-      if (used >= room) break;
+    // Clusters in rank order, each cluster's entries in index order, cut at exactly `room`
+    // entries (the reference truncates the last cluster it needs).
+    size_t used = 0;
+    for (int j = 0; j < k && used < room; ++j) {
+      const auto& mem = ix.members[rank[j].second];
+      const size_t take = std::min(mem.size(), room - used);
+      out.insert(out.end(), mem.begin(), mem.begin() + take);
+      used += take;
     }
     for (size_t i = m; i < n_old; ++i) out.push_back(static_cast<int32_t>(i));
     std::sort(out.begin(), out.end());
-    attended_ += out.size();
+    read += per_query_head_ ? double(out.size()) / G : out.size();
   }
+  attended_ += static_cast<size_t>(std::llround(read));
   return true;
 }
 
@@ -217,8 +233,8 @@ void ClusterKVPress::build(int layer, const KVCache& cache) {
       if (n <= 0) continue;
       std::vector<float> keys(static_cast<size_t>(n) * hd);
       s.keys(sinks, m, keys.data());
-      // The authors use 400 clusters for 32K tokens: about 80 keys per cluster.
-      const int k = clusters_ > 0 ? clusters_ : std::max(1, (n + 79) / 80);
+      // The authors' 400 clusters (nlist), or fewer when there are fewer keys.
+      const int k = std::min(clusters_, n);
       std::vector<int> assign;
       Index& ix = index_[layer][h];
       kmeans_cosine(keys.data(), n, hd, k, iters_, assign, ix.centroids);
@@ -233,20 +249,26 @@ namespace {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "clusterkv";
-  i.summary = "decode-time attention over whole key clusters (cosine k-means) ranked by q.centroid, up to a budget, "
-              "plus sinks and new entries; nothing evicted (budget=0: (1 - ratio) of the context)";
+  i.summary = "decode-time attention over key clusters (cosine k-means) ranked by q.centroid per query head, cut at "
+              "the budget, plus sinks and new entries; nothing evicted (budget=0: (1 - ratio) of the context)";
   i.source = "Liu et al. 2024, ClusterKV: Manipulating LLM KV Cache in Semantic Space for Recallable Compression, "
-             "arXiv 2412.03213";
-  i.params = {{"ratio", "0"}, {"budget", "0"}, {"sink", "16"}, {"clusters", "0"}, {"iters", "20"}, {"full_layers", "2"}};
+             "arXiv 2412.03213; reference: github.com/sjtu-zhao-lab/ClusterKV accuracy/cluster_attention.py";
+  i.params = {{"ratio", "0"},  {"budget", "0"},      {"sink", "16"}, {"clusters", "400"},
+              {"iters", "20"}, {"full_layers", "2"}, {"gqa", "head"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const char* n = "clusterkv";
     int budget = param_int(p, n, "budget"), sink = param_int(p, n, "sink"), clusters = param_int(p, n, "clusters"),
         iters = param_int(p, n, "iters"), full = param_int(p, n, "full_layers");
+    const std::string gqa = param_str(p, n, "gqa");
+    if (gqa != "head" && gqa != "mean")
+      throw Error(fmt::format("press clusterkv: gqa='{}' must be head (per query head) or mean (qavg)", gqa));
+    if (clusters < 1) throw Error(fmt::format("press clusterkv: clusters={} must be >= 1", clusters));
     if (budget < 0 || sink < 0 || clusters < 0 || full < 0)
       throw Error(fmt::format("press clusterkv: budget={}, sink={}, clusters={}, full_layers={} must be >= 0", budget,
                               sink, clusters, full));
     if (iters < 1) throw Error(fmt::format("press clusterkv: iters={} must be >= 1", iters));
-    return std::make_unique<ClusterKVPress>(param_double(p, n, "ratio"), budget, sink, clusters, iters, full);
+    return std::make_unique<ClusterKVPress>(param_double(p, n, "ratio"), budget, sink, clusters, iters, full,
+                                            gqa == "head");
   };
   return i;
 }());

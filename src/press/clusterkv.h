@@ -24,16 +24,17 @@ void kmeans_cosine(const float* x, int n, int d, int k, int iters, std::vector<i
                    std::vector<float>& centroids);
 
 /// The press ("clusterkv"): compress() evicts nothing and marks the context; the first decode step
-/// clusters each (layer, KV head)'s context keys after the sinks (k = `clusters`, or one cluster
-/// per 80 keys as the authors' 400 clusters for 32K tokens); each decode step then, per KV head,
-/// averages the GQA group's queries, ranks clusters by query . centroid and attends to the sinks,
-/// the best whole clusters while they fit in `budget` - sinks (the best one always), and every
-/// entry added after the context. budget = 0 means floor((1 - ratio) x context entries). Layers
-/// below `full_layers` and heads whose budget covers their context attend to everything, so a
-/// budget of at least the sequence length is exactly full attention.
+/// clusters each (layer, KV head)'s context keys after the sinks (k = min(`clusters`, keys), the
+/// authors' 400); each decode step then, per query head (or, gqa=mean, per KV head with the GQA
+/// group's mean query), ranks clusters by query . centroid and attends to the sinks, the best
+/// clusters' entries cut at exactly `budget` - sinks, and every entry added after the context.
+/// budget = 0 means floor((1 - ratio) x context entries). Layers below min(`full_layers`,
+/// n_layer - 1) and heads whose budget covers their context attend to everything, so a budget of
+/// at least the sequence length is exactly full attention.
 class ClusterKVPress : public Press, public AttentionSelector {
  public:
-  ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers);
+  ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers,
+                 bool per_query_head = true);
   std::string describe() const override;
   double ratio() const override { return 0.0; }  // nothing is evicted
   void set_ratio(double r) override;
@@ -61,6 +62,7 @@ class ClusterKVPress : public Press, public AttentionSelector {
 
   double ratio_;
   int budget_, sink_, clusters_, iters_, full_layers_;
+  bool per_query_head_;
   int group_ = 1;
   std::vector<std::vector<size_t>> ctx_;   // [layer][kv head]: context entries (clustered)
   std::vector<std::vector<Index>> index_;  // [layer][kv head]; empty layer = not built yet

@@ -38,8 +38,6 @@ const std::vector<Entry>& table() {
       {"KVzapPress", "kvzap", {}},
       {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
       {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},
-      {"ChunkPress", "chunk", {{"chunk_length", "chunk"}}},
-      {"BlockPress", "block", {{"block_size", "block"}}},
       {"LagKVPress", "lagkv", {{"lag_size", "lag"}}},
   };
   return t;
