@@ -75,6 +75,21 @@ def commands(root):
                     yield f, line
 
 
+def python_blocks(text):
+    """The ```python blocks of a document, in order (a notebook: later cells use earlier names)."""
+    blocks, cur = [], None
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if cur is None and stripped.startswith("```python"):
+            cur = []
+        elif cur is not None and stripped.startswith("```"):
+            blocks.append("\n".join(cur))
+            cur = None
+        elif cur is not None:
+            cur.append(raw)
+    return blocks
+
+
 def synopsis(tokens):
     for t in tokens:
         if "|" in t or t.startswith("[") or t.endswith("]") or "..." in t or PLACEHOLDER.match(t):
@@ -147,6 +162,8 @@ def main():
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     help="where README.md, docs/ and models/*.md are read (default: this repository)")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--python-path", default="",
+                    help="PYTHONPATH holding the kvslim package: also run the ```python blocks of the docs")
     a = ap.parse_args()
     kvslim = os.path.abspath(a.kvslim)
     scratch = tempfile.mkdtemp(prefix="kvslim_docs_")
@@ -200,6 +217,21 @@ def main():
             failed.append((f, line, f"exit {r.returncode}: {r.stderr.strip()[-400:]}"))
         elif "THE FULL CACHE SCORED 0" in r.stderr:
             failed.append((f, line, "the full cache scored 0 (wrong model or task text for the task)"))
+    if a.python_path and not a.list:
+        for base, _, names in os.walk(os.path.join(a.root, "docs")):
+            for n in sorted(names):
+                if not n.endswith(".md"):
+                    continue
+                f = os.path.relpath(os.path.join(base, n), a.root)
+                code = "\n\n".join(python_blocks(open(os.path.join(base, n), encoding="utf-8").read()))
+                if not code:
+                    continue
+                ran += 1
+                env = dict(os.environ, PYTHONPATH=a.python_path)
+                r = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, capture_output=True, text=True,
+                                   timeout=300)
+                if r.returncode != 0:
+                    failed.append((f, "python blocks", f"exit {r.returncode}: {r.stderr.strip()[-600:]}"))
     for f, line, why in skipped:
         print(f"skipped  {f}: {line[:100]}  -- {why}")
     for f, line, why in failed:

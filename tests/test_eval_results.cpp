@@ -370,3 +370,23 @@ TEST(EvalResults, CliShardsMergeAndMpiMatchOneProcess) {
   std::filesystem::remove_all(dir);
   std::filesystem::remove(dir + ".log");
 }
+
+// Regression: the fidelity intervals reached below 0 for KL and above 1 for top-1 agreement.
+TEST(EvalStats, FidelityIntervalsStayInTheMetricsRange) {
+  std::vector<FidelityRecord> recs(2);
+  for (int i = 0; i < 2; ++i) {
+    recs[i].press_spec = "knorm";
+    recs[i].ratio = 0.5;
+    recs[i].sample = i;
+  }
+  recs[0].outcome.metrics = FidelityAccumulator::from_sums(10, 10, 0.0, 0.0, 5.0, 5.0);
+  recs[1].outcome.metrics = FidelityAccumulator::from_sums(10, 5, 1.0, 0.3, 5.0, 6.0);
+  const auto s = summarize(recs);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_DOUBLE_EQ(s[0].metrics.mean_kl(), 0.05);
+  EXPECT_EQ(s[0].kl_ci.low, 0.0);
+  // Half width t(1) * sd / sqrt(2) with sd of {0, 0.1} = 0.1 / sqrt(2): 12.706 * 0.05.
+  EXPECT_NEAR(s[0].kl_ci.high, 0.05 + 12.706 * 0.05, 1e-12);
+  EXPECT_EQ(s[0].top1_ci.high, 1.0);
+  EXPECT_GE(s[0].ppl_ci.low, 1.0);
+}

@@ -67,7 +67,8 @@ struct TaskSummary {
 std::vector<TaskSummary> summarize(const std::vector<TaskRecord>& recs, bool by_length_depth);
 
 /// Fidelity averaged over samples for one (press spec, ratio), token-weighted; intervals from
-/// the spread of the per-sample means (t_interval).
+/// the spread of the per-sample means (t_interval), cut to each metric's range (KL >= 0, top-1 in
+/// [0, 1], perplexity >= 1).
 struct FidelitySummary {
   std::string press_spec;
   double ratio = 0;

@@ -437,9 +437,13 @@ std::vector<FidelitySummary> summarize(const std::vector<FidelityRecord>& recs) 
     s.memory_ratio /= s.samples;
     s.prefill_compression_ratio /= s.samples;
     s.prefill_memory_ratio /= s.samples;
+    // A t interval knows nothing of the metric's range: KL >= 0, top-1 in [0, 1], perplexity >= 1.
     s.kl_ci = t_interval(kl[i], s.metrics.mean_kl());
+    s.kl_ci.low = std::max(0.0, s.kl_ci.low);
     s.top1_ci = t_interval(top1[i], s.metrics.top1_agreement());
+    s.top1_ci = {std::max(0.0, s.top1_ci.low), std::min(1.0, s.top1_ci.high)};
     s.ppl_ci = t_interval(ppl[i], s.metrics.perplexity_compressed());
+    s.ppl_ci.low = std::max(1.0, s.ppl_ci.low);
   }
   return out;
 }

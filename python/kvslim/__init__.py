@@ -1,0 +1,100 @@
+"""kvslim from Python: a kvpress-style pipeline over the kvslim engine (GGUF models, CPU).
+
+    import kvslim
+    pipe = kvslim.pipeline("kv-press-text-generation", model="models/stories260K.gguf")
+    out = pipe(context, question=" What happened next?", press=kvslim.SnapKVPress(compression_ratio=0.5))
+    out["answer"], out["stats"]["memory_ratio"]
+
+As in kvpress, the context is compressed by the press and the question is appended afterwards,
+never compressed. Unlike kvpress, the answer comes with what was measured from the cache
+(entries kept per layer, bytes, compression and memory ratio, timings). ``kvslim.eval`` runs the
+evaluation sweeps (fidelity, needle in a haystack, RULER-style tasks).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Union
+
+from . import _kvslim
+from ._kvslim import KvslimError, Model
+from .presses import *  # noqa: F401,F403  (the press classes are the package's API)
+from .presses import BasePress, Press, __all__ as _press_names
+from . import eval  # noqa: E402  (kvslim.eval.niah / ruler / fidelity)
+
+__version__ = _kvslim.__version__
+
+__all__ = ["pipeline", "KVPressTextGenerationPipeline", "Model", "KvslimError", "available_presses", "set_threads",
+           "eval"] + list(_press_names)
+
+
+def available_presses() -> List[dict]:
+    """Every press, budget policy and wrapper the engine has, with parameters, defaults and paper."""
+    return _kvslim.presses()
+
+
+def set_threads(n: int) -> None:
+    """Threads the engine uses (>= 1)."""
+    _kvslim.set_threads(int(n))
+
+
+def _press_of(press: Union[None, str, BasePress]) -> BasePress:
+    if press is None:
+        return Press("none")
+    if isinstance(press, str):
+        return Press(press)
+    if not isinstance(press, BasePress):
+        raise TypeError(f"press must be a kvslim press or a spec string, got {type(press).__name__}")
+    return press
+
+
+class KVPressTextGenerationPipeline:
+    """Context + question -> answer, with the context's KV cache compressed by a press.
+
+    Mirrors kvpress's pipeline call: ``pipe(context, question=..., questions=[...], press=...,
+    max_new_tokens=..., answer_prefix=...)`` returns ``{"answer": str}`` (or ``{"answers": [...]}``
+    for several questions), plus ``"stats"`` (one dict per question): what the cache held after
+    compression, measured. Generation is greedy unless ``temperature`` > 0.
+    """
+
+    def __init__(self, model: Union[str, Model], threads: Optional[int] = None, n_ctx: int = 0,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", chunk_size: int = 0):
+        self.model = model if isinstance(model, Model) else Model(str(model))
+        if threads is not None:
+            set_threads(threads)
+        self.n_ctx = n_ctx
+        self.cache_type_k = cache_type_k
+        self.cache_type_v = cache_type_v
+        self.chunk_size = chunk_size
+
+    def __call__(self, context: str, question: str = "", questions: Optional[Sequence[str]] = None,
+                 press: Union[None, str, BasePress] = None, max_new_tokens: int = 50, answer_prefix: str = "",
+                 temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, seed: int = 0,
+                 **unsupported) -> Dict:
+        if unsupported:
+            raise TypeError(f"unsupported argument(s): {', '.join(sorted(unsupported))}")
+        p = _press_of(press)
+        spec, ratio = p.spec(), p.ratio
+        asked = list(questions) if questions is not None else [question]
+        answers, stats = [], []
+        for q in asked:
+            # Each question gets the same compressed context (the press sees only the context).
+            r = _kvslim.run(self.model, context, q + answer_prefix, spec, ratio, int(max_new_tokens),
+                            float(temperature), int(top_k), float(top_p), int(seed), int(self.chunk_size),
+                            int(self.n_ctx), self.cache_type_k, self.cache_type_v)
+            answers.append(r["answer"])
+            stats.append(r["stats"])
+        if questions is not None:
+            return {"answers": answers, "stats": stats}
+        return {"answer": answers[0], "stats": stats[0]}
+
+
+def pipeline(task: str = "kv-press-text-generation", model: Union[str, Model] = "models/stories260K.gguf",
+             **kwargs) -> KVPressTextGenerationPipeline:
+    """kvpress's ``pipeline("kv-press-text-generation", model=...)`` with a GGUF file as the model.
+    Keyword arguments: threads, n_ctx, cache_type_k, cache_type_v, chunk_size; ``device`` and
+    ``model_kwargs`` (transformers arguments) are accepted and ignored: kvslim runs on the CPU."""
+    if task != "kv-press-text-generation":
+        raise ValueError(f"task '{task}' is not supported (only 'kv-press-text-generation')")
+    kwargs.pop("device", None)
+    kwargs.pop("model_kwargs", None)
+    kwargs.pop("torch_dtype", None)
+    return KVPressTextGenerationPipeline(model, **kwargs)
