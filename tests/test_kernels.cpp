@@ -379,6 +379,6 @@ TEST(BenchCli, RunsAndWritesJson) {
   EXPECT_EQ(WEXITSTATUS(std::system(late.c_str())), 1);
   std::stringstream err2;
   err2 << std::ifstream(out).rdbuf();
-  EXPECT_NE(err2.str().find("/nonexistent/dir/b.json: cannot open the JSON output file"), std::string::npos)
+  EXPECT_NE(err2.str().find("--json /nonexistent/dir/b.json: cannot open for writing"), std::string::npos)
       << err2.str();
 }

@@ -5,9 +5,11 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/options.h"
 #include "eval/attention_stats.h"
 #include "kernels/threads.h"
 #include "kvslim/eval.h"
@@ -18,10 +20,10 @@ namespace kvslim::cli {
 namespace {
 
 struct StatsArgs {
-  std::string model = "models/stories260K.gguf";
-  std::string prompt, prompt_file, plot;
+  std::string model;
+  std::string prompt, prompt_file, plot, json;
   LayerBudgetOptions opt;
-  int threads = 2;
+  int threads = 0;
   int ctx = 0;
 };
 
@@ -82,16 +84,10 @@ int run(const StatsArgs& a) {
     format = dot == std::string::npos ? "" : a.plot.substr(dot + 1);
     check_plot_format(format);
   }
-  set_num_threads(a.threads);
+  check_json_output(a.json);
+  std::string text = a.prompt_file.empty() ? a.prompt : read_text_input(a.prompt_file, "-f");
+  apply_threads(a.threads);
   auto model = Model::load(a.model);
-  std::string text = a.prompt;
-  if (!a.prompt_file.empty()) {
-    std::ifstream f(a.prompt_file, std::ios::binary);
-    if (!f) throw Error(fmt::format("{}: cannot open prompt file", a.prompt_file));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
   const Tokenizer& tok = model->tokenizer();
   std::vector<Token> toks = tok.encode(text, tok.add_bos_default(), false);
   SessionOptions so;
@@ -101,22 +97,37 @@ int run(const StatsArgs& a) {
   const AttentionStats& st = lb.attention;
   const int n_tok = st.context_tokens;
   const HParams& hp = model->hparams();
-  fmt::print("model       {} ({} layers, {} query heads, {} KV heads)\n", a.model, hp.n_layer, hp.n_head, hp.n_head_kv);
-  fmt::print("prompt      {} tokens; observation window {} queries\n", n_tok, st.window);
-  fmt::print("MBA         fewest entries holding {:.0f}% of a head's window attention\n", 100 * st.tau);
-  fmt::print("LMBO        smallest per-KV-head budget keeping the layer's attention output at cosine >= {}\n\n",
+  // The table is the result (stdout); with --json - stdout holds only the JSON.
+  std::FILE* out = a.json == "-" ? stderr : stdout;
+  fmt::print(out, "model       {} ({} layers, {} query heads, {} KV heads)\n", a.model, hp.n_layer, hp.n_head, hp.n_head_kv);
+  fmt::print(out, "prompt      {} tokens; observation window {} queries\n", n_tok, st.window);
+  fmt::print(out, "MBA         fewest entries holding {:.0f}% of a head's window attention\n", 100 * st.tau);
+  fmt::print(out, "LMBO        smallest per-KV-head budget keeping the layer's attention output at cosine >= {}\n\n",
              lb.similarity);
-  fmt::print("{:>5} {:>8} {:>7} {:>8} {:>7}  MBA per query head\n", "layer", "LMBA", "LMBA%", "LMBO", "LMBO%");
+  fmt::print(out, "{:>5} {:>8} {:>7} {:>8} {:>7}  MBA per query head\n", "layer", "LMBA", "LMBA%", "LMBO", "LMBO%");
   for (int l = 0; l < hp.n_layer; ++l) {
     std::string heads;
     for (int v : st.mba[l]) heads += fmt::format("{} ", v);
-    fmt::print("{:>5} {:>8.1f} {:>6.1f}% {:>8} {:>6.1f}%  {}\n", l, st.lmba[l], 100.0 * st.lmba[l] / n_tok,
+    fmt::print(out, "{:>5} {:>8.1f} {:>6.1f}% {:>8} {:>6.1f}%  {}\n", l, st.lmba[l], 100.0 * st.lmba[l] / n_tok,
                lb.lmbo[l], 100.0 * lb.lmbo[l] / n_tok, heads);
   }
   if (!a.plot.empty()) {
     std::string why;
     if (!plot_budgets(st, lb.lmbo, lb.similarity, a.plot, format, &why)) throw Error(fmt::format("cannot draw {}: {}", a.plot, why));
-    fmt::print("\nplot        {} (gnuplot script {}.gp)\n", a.plot, a.plot);
+    fmt::print(out, "\nplot        {} (gnuplot script {}.gp)\n", a.plot, a.plot);
+  }
+  if (!a.json.empty()) {
+    nlohmann::ordered_json j = {{"command", "attention-stats"},
+                                {"model", a.model},
+                                {"context_tokens", n_tok},
+                                {"window", st.window},
+                                {"mass", st.tau},
+                                {"similarity", lb.similarity},
+                                {"lmba", st.lmba},
+                                {"lmbo", lb.lmbo},
+                                {"mba", st.mba}};
+    if (!a.plot.empty()) j["plot"] = a.plot;
+    write_json(a.json, j);
   }
   return 0;
 }
@@ -127,9 +138,9 @@ void add_attention_stats(CLI::App& app, Action& action) {
   auto a = std::make_shared<StatsArgs>();
   auto* sub = app.add_subcommand("attention-stats",
                                  "ZigZagKV's attention statistics of a prompt: MBA per head, LMBA and LMBO per layer");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a->model);
   sub->add_option("-p,--prompt", a->prompt, "prompt text");
-  sub->add_option("-f,--file", a->prompt_file, "read the prompt from a file");
+  sub->add_option("-f,--file", a->prompt_file, "read the prompt from a file ('-' = standard input)");
   sub->add_option("--window", a->opt.window, "observation window: last prompt tokens whose queries are analysed")
       ->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--mass", a->opt.mass, "attention mass an MBA must hold")->capture_default_str()
@@ -137,7 +148,8 @@ void add_attention_stats(CLI::App& app, Action& action) {
   sub->add_option("--similarity", a->opt.similarity, "cosine similarity an LMBO budget must reach")
       ->capture_default_str()->check(CLI::Range(-1.0, 1.0));
   sub->add_option("--plot", a->plot, "draw LMBA and LMBO per layer with gnuplot into this .png or .svg");
-  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_threads_option(sub, a->threads);
+  add_json_option(sub, a->json);
   sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });

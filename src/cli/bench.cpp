@@ -19,6 +19,8 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/options.h"
+#include "cli/progress.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kvslim/request.h"
@@ -39,6 +41,7 @@ struct BenchArgs {
   std::vector<std::string> presses{"none"};
   double ratio = 0.5;
   std::string json;
+  bool ratio_given = false, no_progress = false;
   uint64_t seed = 42;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
@@ -122,12 +125,13 @@ int run(BenchArgs a) {
     if (d < 0) throw Error(fmt::format("bench: --depth {} must be >= 0", d));
   check_ratio(a.ratio, "--compression-ratio");
   for (const std::string& spec : a.presses) make_press(spec, a.ratio);  // reject bad specs before loading
-  if (!a.json.empty()) {  // and an unwritable output before a long run, not after it
-    std::ofstream probe(a.json);
-    if (!probe) throw Error(fmt::format("{}: cannot open the JSON output file", a.json));
-  }
-  if (a.threads <= 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
-  set_num_threads(a.threads);
+  if (a.ratio_given && std::all_of(a.presses.begin(), a.presses.end(), [](const std::string& p) { return p == "none"; }))
+    throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
+  check_json_output(a.json);  // an unwritable output fails before a long run, not after it
+  a.threads = apply_threads(a.threads);
+  // The table is the result (stdout); with --json - stdout holds only the JSON and the table moves to stderr.
+  std::FILE* text_out = a.json == "-" ? stderr : stdout;
+  Progress progress(!a.no_progress);
   auto model = Model::load(a.model);
   const HParams& hp = model->hparams();
 
@@ -163,11 +167,16 @@ int run(BenchArgs a) {
 
   std::vector<Result> results;
   const bool per_test_peak = reset_peak_rss();
+  const size_t n_tests = a.presses.size() * ((a.n_prompt > 0 ? 1 : 0) + (a.n_gen > 0 ? a.depths.size() : 0));
+  auto report = [&](const std::string& pname, const std::string& test) {
+    progress.update(results.size(), n_tests, fmt::format("{} {}", pname, test));
+  };
   for (const std::string& spec : a.presses) {
     std::unique_ptr<Press> press = make_press(spec, a.ratio);
     const std::string pname = press->describe();
     if (a.n_prompt > 0) {
       Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0};
+      report(pname, r.test);
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
         Request req(*model, *press, ro);
@@ -184,6 +193,7 @@ int run(BenchArgs a) {
     if (a.n_gen > 0)
       for (int depth : a.depths) {
         Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0};
+        report(pname, r.test);
         reset_peak_rss();
         Request req(*model, *press, ro);
         if (depth > 0) {
@@ -220,25 +230,26 @@ int run(BenchArgs a) {
       }
   }
 
+  progress.clear();
   // The table, llama-bench style.
   const std::string simd = qdot::level_name(qdot::level());
   size_t pw = 5;  // the press column fits the longest press description (never cut)
   for (const Result& r : results) pw = std::max(pw, r.press.size());
-  fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
+  fmt::print(text_out, "| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
              "size", "params", "type", "threads", "press", pw, "test", "t/s", "KV MiB",
              per_test_peak ? "peak RSS MiB" : "max RSS MiB");
-  fmt::print("| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<{}} | {:->14} | {:->18} | {:->10} | {:->12} |\n", "",
+  fmt::print(text_out, "| {:-<24} | {:->10} | {:->10} | {:->6} | {:->7} | {:-<{}} | {:->14} | {:->18} | {:->10} | {:->12} |\n", "",
              "", "", "", "", "", pw, "", "", "", "");
   for (const Result& r : results)
-    fmt::print("| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10.2f} | {:>12.1f} |\n",
+    fmt::print(text_out, "| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10.2f} | {:>12.1f} |\n",
                model_name, human_size(double(size_bytes)), human_params(double(n_params)), model->weight_type(),
                a.threads, r.press, pw, r.test, fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()),
                r.kv_bytes / (1024.0 * 1024.0), r.peak_rss / (1024.0 * 1024.0));
   std::string medians;
   for (const Result& r : results)
     if (!r.token_ms.empty()) medians += fmt::format("{}{} {}: {:.2f}", medians.empty() ? "" : ", ", r.press, r.test, r.median_tps());
-  if (!medians.empty()) fmt::print("\nmedian single-token decode t/s (robust to other load): {}\n", medians);
-  fmt::print("simd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
+  if (!medians.empty()) fmt::print(text_out, "\nmedian single-token decode t/s (robust to other load): {}\n", medians);
+  fmt::print(text_out, "simd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
 
@@ -269,10 +280,7 @@ int run(BenchArgs a) {
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},
                      {"peak_rss_per_test", per_test_peak}});
-    std::ofstream f(a.json);
-    if (!f) throw Error(fmt::format("{}: cannot open the JSON output file", a.json));
-    f << out.dump(2) << "\n";
-    if (!f) throw Error(fmt::format("{}: write failed", a.json));
+    write_json(a.json, out);
   }
   return 0;
 }
@@ -282,14 +290,13 @@ int run(BenchArgs a) {
 void add_bench(CLI::App& app, Action& action) {
   auto a = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench", "measure prefill and decode speed, memory and KV bytes (llama-bench style)");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+  add_model_option(sub, a->model);
   sub->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens of the prefill test (0 = skip)")->capture_default_str();
   sub->add_option("--depth", a->depths, "context depths of the decode tests (comma-separated)")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("-n,--gen", a->n_gen, "decoded tokens per decode test (0 = skip)")->capture_default_str();
-  sub->add_option("-t,--threads", a->threads, "threads (0 = all cores)")->capture_default_str()
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(sub, a->threads);
   sub->add_option("-r,--repetitions", a->reps, "repetitions of each test")->capture_default_str();
   sub->add_option("-b,--batch", a->batch, "tokens per forward batch during prefill")->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -297,12 +304,17 @@ void add_bench(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--press", a->presses, "press spec, repeatable (see `kvslim presses`)")->capture_default_str();
-  sub->add_option("--compression-ratio", a->ratio, "fraction of context entries each press removes, in [0, 1)")
-      ->capture_default_str();
-  sub->add_option("--json", a->json, "also write the results as JSON to this file");
+  auto* ratio_opt = sub->add_option("--compression-ratio", a->ratio,
+                                    "fraction of context entries each press removes, in [0, 1) (needs --press)")
+                        ->capture_default_str();
+  add_json_option(sub, a->json);
+  add_no_progress_flag(sub, a->no_progress);
   sub->add_option("-s,--seed", a->seed, "seed of the random token ids")->capture_default_str();
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
-  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+  sub->callback([a, &action, ratio_opt] {
+    a->ratio_given = ratio_opt->count() > 0;
+    action = [a] { return run(*a); };
+  });
 }
 
 }  // namespace kvslim::cli

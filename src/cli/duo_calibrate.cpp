@@ -3,8 +3,11 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
+#include "cli/progress.h"
 #include "kernels/threads.h"
 #include "press/duo_attention.h"
 
@@ -13,39 +16,51 @@ namespace kvslim::cli {
 namespace {
 
 struct DuoArgs {
-  std::string model = "models/stories260K.gguf";
-  std::string out;
+  std::string model;
+  std::string out, json;
   DuoCalibration cal;
   double head_ratio = 0.5;
-  int threads = 2;
+  int threads = 0;
+  bool no_progress = false;
 };
 
 int run(const DuoArgs& a) {
   if (a.out.empty()) throw Error("give --out LABELS.gguf");
   if (!(a.head_ratio >= 0 && a.head_ratio <= 1)) throw Error(fmt::format("--head-ratio {} is outside [0, 1]", a.head_ratio));
-  set_num_threads(a.threads);
+  check_json_output(a.json);
+  apply_threads(a.threads);
   auto model = Model::load(a.model);
-  DuoLabels labels = duo_calibrate(*model, a.cal, [](int i, int n) {
-    fmt::print(stderr, "\rcalibrating: prompt {}/{}", i, n);
-    if (i == n) fmt::print(stderr, "\n");
+  Progress progress(!a.no_progress);
+  DuoLabels labels = duo_calibrate(*model, a.cal, [&](int i, int n) {
+    progress.update(static_cast<size_t>(i), static_cast<size_t>(n), "calibrating: passkey prompts");
   });
+  progress.clear();
   labels.base_model = a.model;
   labels.save(a.out);
   const HParams& hp = model->hparams();
   auto streaming = labels.streaming(a.head_ratio);
-  fmt::print("model       {} ({} layers x {} KV heads)\n", a.model, hp.n_layer, hp.n_head_kv);
-  fmt::print("prompts     {} passkey prompts of about {} tokens; {} last queries compared\n", a.cal.samples,
+  // The table is the result (stdout); with --json - stdout holds only the JSON.
+  std::FILE* o = a.json == "-" ? stderr : stdout;
+  fmt::print(o, "model       {} ({} layers x {} KV heads)\n", a.model, hp.n_layer, hp.n_head_kv);
+  fmt::print(o, "prompts     {} passkey prompts of about {} tokens; {} last queries compared\n", a.cal.samples,
              a.cal.length, a.cal.window);
-  fmt::print("streaming   sinks {} + recent {}; score = relative change of the head's output (higher = retrieval)\n",
+  fmt::print(o, "streaming   sinks {} + recent {}; score = relative change of the head's output (higher = retrieval)\n",
              labels.sink, labels.recent);
-  fmt::print("head ratio  {} -> S = streaming head, R = retrieval head\n\n", a.head_ratio);
+  fmt::print(o, "head ratio  {} -> S = streaming head, R = retrieval head\n\n", a.head_ratio);
   for (int l = 0; l < hp.n_layer; ++l) {
-    fmt::print("layer {:>3}:", l);
+    fmt::print(o, "layer {:>3}:", l);
     for (int h = 0; h < hp.n_head_kv; ++h)
-      fmt::print(" {:.3f}{}", labels.score[l][h], streaming[l][h] ? 'S' : 'R');
-    fmt::print("\n");
+      fmt::print(o, " {:.3f}{}", labels.score[l][h], streaming[l][h] ? 'S' : 'R');
+    fmt::print(o, "\n");
   }
-  fmt::print("\nlabels      {}\n", a.out);
+  fmt::print(o, "\nlabels      {}\n", a.out);
+  if (!a.json.empty()) {
+    nlohmann::ordered_json j = {{"command", "duo-calibrate"}, {"model", a.model},   {"labels", a.out},
+                                {"samples", a.cal.samples},   {"length", a.cal.length}, {"sink", labels.sink},
+                                {"recent", labels.recent},    {"head_ratio", a.head_ratio}, {"score", labels.score},
+                                {"streaming", streaming}};
+    write_json(a.json, j);
+  }
   return 0;
 }
 
@@ -55,7 +70,7 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<DuoArgs>();
   auto* sub = app.add_subcommand("duo-calibrate",
                                  "label retrieval and streaming heads for DuoAttention on synthetic passkey prompts");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a->model);
   sub->add_option("-o,--out", a->out, "labels file to write (GGUF)")->required();
   sub->add_option("--samples", a->cal.samples, "passkey prompts")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--length", a->cal.length, "prompt length, tokens")->capture_default_str()->check(CLI::PositiveNumber);
@@ -68,7 +83,9 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
   sub->add_option("--head-ratio", a->head_ratio, "fraction of heads shown as streaming in the summary")
       ->capture_default_str();
   sub->add_option("-s,--seed", a->cal.seed, "random seed (pass keys)")->capture_default_str();
-  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_threads_option(sub, a->threads);
+  add_json_option(sub, a->json);
+  add_no_progress_flag(sub, a->no_progress);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

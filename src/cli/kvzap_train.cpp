@@ -10,8 +10,10 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "kernels/threads.h"
 #include "kvslim/generate.h"
 #include "press/kvzap.h"
@@ -21,7 +23,8 @@ namespace kvslim::cli {
 namespace {
 
 struct TrainArgs {
-  std::string model = "models/stories260K.gguf";
+  std::string model;
+  std::string json;
   std::vector<std::string> corpus;
   std::string out;
   std::string type = "mlp";
@@ -38,7 +41,7 @@ struct TrainArgs {
   bool bench_only = false;
   int bench_tokens = 256;
   uint64_t seed = 42;
-  int threads = 2;
+  int threads = 0;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -115,9 +118,10 @@ int bench_only(const TrainArgs& a, const Model& model) {
   return 0;
 }
 
-int run(const TrainArgs& a) {
+/// Trains (or, with --bench-only, times), printing the report on stdout; fills `summary` for --json.
+int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   if (a.bench_only) {
-    set_num_threads(a.threads);
+    apply_threads(a.threads);
     auto model = Model::load(a.model);
     return bench_only(a, *model);
   }
@@ -126,7 +130,7 @@ int run(const TrainArgs& a) {
   if (a.type != "mlp" && a.type != "linear") throw Error(fmt::format("--type '{}' must be mlp or linear", a.type));
   if (!(a.test_fraction > 0 && a.test_fraction < 1))
     throw Error(fmt::format("--test-fraction {} must be in (0, 1)", a.test_fraction));
-  set_num_threads(a.threads);
+  apply_threads(a.threads);
   auto model = Model::load(a.model);
   const HParams& hp = model->hparams();
   const Tokenizer& tok = model->tokenizer();
@@ -229,7 +233,30 @@ int run(const TrainArgs& a) {
              a.threshold, a.window, 1.0 - double(kept) / total, kept, total);
 
   if (a.bench) print_cost(chosen.kind_name(), *model, chosen, static_cast<int>(docs.front().size()));
+  summary = {{"command", "kvzap-train"},
+             {"model", a.model},
+             {"surrogate", a.out},
+             {"type", chosen.kind_name()},
+             {"documents", docs.size()},
+             {"held_out_documents", n_test_docs},
+             {"pearson_linear", r_lin},
+             {"pearson_mlp", r_mlp},
+             {"threshold", a.threshold},
+             {"window", a.window},
+             {"held_out_compression_ratio", 1.0 - double(kept) / total}};
   return 0;
+}
+
+int run(const TrainArgs& a) {
+  check_json_output(a.json);
+  nlohmann::ordered_json summary = {{"command", "kvzap-train"}, {"model", a.model}, {"bench_only", true}};
+  int rc;
+  {
+    StdoutToStderr report_to_stderr(a.json == "-");  // stdout holds only the JSON then
+    rc = train(a, summary);
+  }
+  if (!a.json.empty()) write_json(a.json, summary);
+  return rc;
 }
 
 }  // namespace
@@ -238,7 +265,7 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   auto a = std::make_shared<TrainArgs>();
   auto* sub = app.add_subcommand("kvzap-train",
                                  "train a KVzap surrogate of KVzip+ scores from text files (ridge and MLP) and save it");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a->model);
   sub->add_option("--corpus", a->corpus, "text files to learn from")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "surrogate file to write (GGUF)");
   sub->add_option("--type", a->type, "surrogate to save: mlp or linear (both are fitted and reported)")
@@ -266,7 +293,8 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   sub->add_option("--bench-tokens", a->bench_tokens, "tokens of the --bench-only forward pass")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("-s,--seed", a->seed, "random seed (token sampling, MLP)")->capture_default_str();
-  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_threads_option(sub, a->threads);
+  add_json_option(sub, a->json);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

@@ -1,14 +1,18 @@
 // kvslim: command-line entry point. Library errors become one line on stderr and exit code 1.
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "kvslim/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvslim: long-context LLM inference with KV-cache compression"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "kvslim " KVSLIM_VERSION);
   kvslim::cli::Action action;
   kvslim::cli::add_generate(app, action);
   kvslim::cli::add_presses(app, action);
@@ -20,7 +24,11 @@ int main(int argc, char** argv) {
   kvslim::cli::add_eval(app, action);
   kvslim::cli::add_bench(app, action);
   try {
-    app.parse(argc, argv);
+    // llama.cpp's -ctk/-ctv would otherwise reach CLI11 as "-c tk".
+    std::vector<std::string> args = kvslim::cli::rewrite_llama_short_flags(argc, argv);
+    std::vector<char*> ptrs;
+    for (std::string& s : args) ptrs.push_back(s.data());
+    app.parse(static_cast<int>(ptrs.size()), ptrs.data());
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0 as CLI11 prints them; a bad argument is an error like any other
     // (one "error:" line, exit 1) rather than CLI11's own format and exit codes (105, 106, ...).

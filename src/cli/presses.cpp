@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "kvslim/press.h"
 #include "press/kvpress_names.h"
 
@@ -53,12 +55,38 @@ void print_group(PressKind kind, const char* title) {
   }
 }
 
+const char* kind_name(PressKind k) {
+  switch (k) {
+    case PressKind::Scorer: return "scorer";
+    case PressKind::Policy: return "policy";
+    case PressKind::Wrapper: return "wrapper";
+  }
+  return "?";
+}
+
 }  // namespace
 
 void add_presses(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("presses", "list the presses with their parameters and source papers");
-  sub->callback([&action] {
-    action = [] {
+  auto json = std::make_shared<std::string>();
+  add_json_option(sub, *json);
+  sub->callback([&action, json] {
+    action = [json] {
+      if (!json->empty()) {
+        nlohmann::ordered_json list = nlohmann::ordered_json::array();
+        for (const PressInfo* p : PressRegistry::instance().all()) {
+          nlohmann::ordered_json params = nlohmann::ordered_json::object();
+          for (auto& [k, v] : p->params) params[k] = v;
+          list.push_back({{"name", p->name},
+                          {"kind", kind_name(p->kind)},
+                          {"summary", p->summary},
+                          {"parameters", params},
+                          {"default_inner", p->default_inner},
+                          {"source", p->source}});
+        }
+        write_json(*json, nlohmann::ordered_json{{"command", "presses"}, {"presses", list}});
+        if (*json == "-") return 0;
+      }
       print_group(PressKind::Scorer, "Presses (scorers; uniform budget unless a policy wraps them):");
       print_group(PressKind::Policy, "\nBudget policies (POLICY(SCORER)):");
       print_group(PressKind::Wrapper, "\nWrappers (WRAPPER(SPEC)):");

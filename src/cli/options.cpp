@@ -1,0 +1,115 @@
+#include "cli/options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kernels/threads.h"
+#include "kvslim/error.h"
+
+namespace kvslim::cli {
+
+CLI::Option* add_model_option(CLI::App* sub, std::string& model) {
+  return sub->add_option("-m,--model", model, "GGUF model file (e.g. models/stories260K.gguf)")->required();
+}
+
+CLI::Option* add_threads_option(CLI::App* sub, int& threads) {
+  return sub->add_option("-t,--threads", threads, "threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+}
+
+int apply_threads(int threads) {
+  const int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_num_threads(n);
+  return n;
+}
+
+CLI::Option* add_json_option(CLI::App* sub, std::string& path) {
+  return sub->add_option("--json", path, "write a JSON summary to FILE, or to stdout with '-' (stdout then holds only the JSON)")
+      ->type_name("FILE|-");
+}
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error(fmt::format("--json {}: cannot open for writing", path));
+  f << text;
+  f.close();
+  if (!f) throw Error(fmt::format("--json {}: write failed", path));
+}
+
+}  // namespace
+
+// Generated text cut mid-character (-n reached inside a multi-byte sequence) is not valid UTF-8:
+// such bytes become U+FFFD rather than an exception after the whole run.
+void write_json(const std::string& path, const nlohmann::json& j) {
+  write_text(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+void write_json(const std::string& path, const nlohmann::ordered_json& j) {
+  write_text(path, j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+}
+
+void check_json_output(const std::string& path) {
+  if (path.empty() || path == "-") return;
+  std::ofstream f(path, std::ios::binary | std::ios::app);
+  if (!f) throw Error(fmt::format("--json {}: cannot open for writing", path));
+}
+
+StdoutToStderr::StdoutToStderr(bool active) {
+  if (!active) return;
+  std::fflush(stdout);
+  saved_ = dup(STDOUT_FILENO);
+  if (saved_ >= 0) dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
+StdoutToStderr::~StdoutToStderr() {
+  if (saved_ < 0) return;
+  std::fflush(stdout);
+  dup2(saved_, STDOUT_FILENO);
+  close(saved_);
+}
+
+CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress) {
+  return sub->add_flag("--no-progress", no_progress,
+                       "no progress line on stderr (none is drawn when stderr is not a terminal)");
+}
+
+std::string read_text_input(const std::string& path, const std::string& flag) {
+  std::stringstream ss;
+  if (path == "-") {
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) throw Error(fmt::format("{} -: cannot read standard input", flag));
+    return ss.str();
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{} {}: cannot open file", flag, path));
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv) {
+  std::vector<std::string> out(argv, argv + argc);
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i] == "--") break;
+    if (out[i] == "-ctk") out[i] = "--cache-type-k";
+    else if (out[i] == "-ctv") out[i] = "--cache-type-v";
+  }
+  return out;
+}
+
+}  // namespace kvslim::cli

@@ -1,0 +1,55 @@
+#pragma once
+// Flags every subcommand shares, with one name, one meaning and one default across the CLI
+// (llama.cpp's short forms and meanings where they overlap), and the stdout/stderr convention:
+// generated text and results on stdout, everything else (statistics, warnings, progress) on stderr.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvslim::cli {
+
+/// "-m,--model FILE": required in every subcommand that runs a model (no default path).
+CLI::Option* add_model_option(CLI::App* sub, std::string& model);
+
+/// "-t,--threads N": 0 (the default everywhere) = all cores.
+CLI::Option* add_threads_option(CLI::App* sub, int& threads);
+/// Sets the thread pool (and OpenBLAS) to `threads`, 0 meaning all cores; returns the count used.
+int apply_threads(int threads);
+
+/// "--json FILE|-": a JSON summary of the run; "-" writes it to stdout, which then carries nothing else.
+CLI::Option* add_json_option(CLI::App* sub, std::string& path);
+/// Writes `j` (indented, newline-terminated) to `path`, or to stdout for "-". An unwritable file
+/// -> kvslim::Error naming it.
+void write_json(const std::string& path, const nlohmann::json& j);
+/// The same as write_json above, keeping the keys in insertion order.
+void write_json(const std::string& path, const nlohmann::ordered_json& j);
+/// Fails early (kvslim::Error naming the file) when `path` cannot be written, so a long run does not
+/// end in a write error. "" and "-" pass.
+void check_json_output(const std::string& path);
+
+/// While alive, everything written to stdout goes to stderr: the human-readable report of a
+/// subcommand run with --json -, whose stdout must hold only the JSON. Inactive when `active` is false.
+class StdoutToStderr {
+ public:
+  explicit StdoutToStderr(bool active);
+  ~StdoutToStderr();
+  StdoutToStderr(const StdoutToStderr&) = delete;
+  StdoutToStderr& operator=(const StdoutToStderr&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+/// "--no-progress": no progress line on stderr (there is none anyway when stderr is not a terminal).
+CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress);
+
+/// Whole contents of a text file named by `flag`; "-" reads standard input. A missing or unreadable
+/// file -> kvslim::Error naming the flag and the file.
+std::string read_text_input(const std::string& path, const std::string& flag);
+
+/// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv), which CLI11 would read
+/// as clusters of one-letter flags (-c tk), rewritten to their long names.
+std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv);
+
+}  // namespace kvslim::cli
