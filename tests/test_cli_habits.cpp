@@ -180,7 +180,8 @@ TEST(CliHabits, PressFlagsNeedAPress) {
 TEST(CliHabits, OneDefaultPerFlagAcrossSubcommands) {
   // -m has no default anywhere (a relative default path silently ran the story model); -t means
   // all cores by default everywhere.
-  for (const std::string sub : {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train"}) {
+  for (const std::string sub :
+       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "eval fidelity", "eval niah"}) {
     SCOPED_TRACE(sub);
     Result help = run_cli(sub + " --help");
     ASSERT_EQ(help.rc, 0) << help.err;
@@ -277,7 +278,7 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
       {"presses", "presses --json -"},
       {"attention-stats", "attention-stats -m " + m + " -p 'Once upon a time there was a girl' --window 4 --json -"},
       {"duo-calibrate",
-       "duo-calibrate -m " + m + " -o " + quote(duo) + " --samples 1 --length 64 --window 8 --json -"},
+       "duo-calibrate -m " + m + " -o " + quote(duo) + " --samples 1 --length 64 --sink 4 --recent 8 --window 8 --json -"},
       {"kvzap-train", "kvzap-train -m " + m + " --bench-only --bench-tokens 16 --json -"},
       {"synth", "synth --shape qwen2.5-0.5b --type q4_0 --vocab-from " + m + " --layers 1 -o " + quote(synth) +
                     " --json -"},
@@ -289,6 +290,15 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
     nlohmann::json j = nlohmann::json::parse(r.out);  // stdout holds only the JSON
     EXPECT_EQ(j["command"], name);
   }
+  const std::string dir = temp_path("eval");
+  Result e = run_cli("eval fidelity -m " + m + " --press knorm --ratios 0.5 --samples 1 --context-tokens 32 " +
+                     "--continuation-tokens 8 --no-plot -o " + quote(dir) + " --json -");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  nlohmann::json je = nlohmann::json::parse(e.out);
+  EXPECT_EQ(je["command"], "eval fidelity");
+  EXPECT_EQ(je["summary"], nlohmann::json::parse(slurp(dir + "/summary.json")));
+  EXPECT_TRUE(contains(e.err, "KL(nats)")) << "the table moves to stderr: " << e.err;
+
   Result b = run_cli("bench -m " + m + " -p 8 -n 2 --json -");
   ASSERT_EQ(b.rc, 0) << b.err;
   nlohmann::json jb = nlohmann::json::parse(b.out);

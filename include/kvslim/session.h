@@ -77,6 +77,8 @@ struct SessionOptions {
   KVQuantOptions kv_quant;             ///< KIVI and key rotation (see kv_cache.h)
   bool exact = false;                  ///< f32 products everywhere (reference-logit tests)
   int batch = 256;                     ///< tokens per forward batch during prefill
+  /// Called after every forward batch with next_position(): progress lines during a long prefill.
+  std::function<void(int32_t next_position)> on_batch_done;
 };
 
 /// Owns a KV cache and the position counter for one request.

@@ -16,6 +16,8 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/options.h"
+#include "cli/progress.h"
 #include "kernels/threads.h"
 #include "cli/mpi.h"
 #include "kvslim/eval.h"
@@ -27,7 +29,7 @@ namespace kvslim::cli {
 namespace {
 
 struct CommonArgs {
-  std::string model = "models/stories260K.gguf";
+  std::string model;
   std::vector<std::string> presses{"streaming_llm", "knorm", "snapkv"};
   std::vector<double> ratios{0.5, 0.75, 0.9};
   bool no_baseline = false;
@@ -36,7 +38,8 @@ struct CommonArgs {
   std::string out;
   std::string plot_format = "svg";
   bool no_plot = false, no_progress = false;
-  int threads = 2, ctx = 0, chunk_size = 0;
+  int threads = 0, ctx = 0, chunk_size = 0;
+  std::string json;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
   std::string shard;  ///< "I/N" or empty
@@ -58,46 +61,10 @@ struct TaskArgs : CommonArgs {
   RulerOptions ruler;
 };
 
-/// A one-line progress bar on stderr: redrawn in place on a terminal, a line every 10% otherwise.
-class ProgressBar {
- public:
-  explicit ProgressBar(bool enabled) : on_(enabled), tty_(isatty(2)), t0_(Clock::now()) {}
-  void operator()(size_t done, size_t total, const std::string& what) {
-    if (!on_ || total == 0) return;
-    const double el = std::chrono::duration<double>(Clock::now() - t0_).count();
-    const double frac = double(done) / total;
-    if (tty_) {
-      if (done < total && el - last_ < 0.1 && done != 0) return;
-      last_ = el;
-      const int w = 30, fill = static_cast<int>(frac * w);
-      std::string bar = std::string(fill, '#') + std::string(w - fill, '.');
-      std::string eta = done > 0 ? fmt::format("{:.0f}s", el / done * (total - done)) : "?";
-      std::string line = fmt::format("[{}] {}/{} {:3.0f}% {:.0f}s eta {} {}", bar, done, total, 100 * frac, el, eta, what);
-      if (line.size() > 118) line.resize(118);
-      fmt::print(stderr, "\r{:<120}", line);
-      if (done == total) fmt::print(stderr, "\n");
-    } else {
-      const int decile = static_cast<int>(frac * 10);
-      if (decile == decile_ && done != total) return;
-      if (done == total && decile_ == 10) return;
-      decile_ = decile;
-      fmt::print(stderr, "progress {}/{} ({:.0f}%, {:.0f}s) {}\n", done, total, 100 * frac, el, what);
-    }
-    std::fflush(stderr);
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  bool on_, tty_;
-  Clock::time_point t0_;
-  double last_ = -1;
-  int decile_ = -1;
-};
-
 void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, int default_samples) {
   a.out = default_out;
   a.samples = default_samples;
-  sub->add_option("-m,--model", a.model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a.model);
   sub->add_option("--press", a.presses, "press specs NAME[:key=value,...] (repeat or space-separate)")
       ->capture_default_str();
   sub->add_option("--ratios", a.ratios, "compression ratios (fractions of context entries removed), in [0, 1)")
@@ -109,8 +76,9 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
       ->capture_default_str();
   sub->add_option("--plot-format", a.plot_format, "svg or png")->capture_default_str();
   sub->add_flag("--no-plot", a.no_plot, "skip the gnuplot plots");
-  sub->add_flag("--no-progress", a.no_progress, "no progress bar on stderr");
-  sub->add_option("-t,--threads", a.threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_no_progress_flag(sub, a.no_progress);
+  add_threads_option(sub, a.threads);
+  add_json_option(sub, a.json);
   sub->add_option("-c,--ctx-size", a.ctx, "context size in tokens (0 = the model's)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--chunk-size", a.chunk_size, "compress after every chunk of this many context tokens (0 = once)")
@@ -258,7 +226,7 @@ void print_tasks(const SweepResults& res, const ResultsReport& rep, const std::s
 }
 
 /// Writes what this process holds: the whole sweep's files, or one shard's samples.
-int finish(const CommonArgs& a, const Part& part, const SweepResults& res) {
+int report(const CommonArgs& a, const Part& part, const SweepResults& res) {
   ResultsOptions o;
   o.dir = a.out;
   o.plot_format = a.plot_format;
@@ -280,6 +248,29 @@ int finish(const CommonArgs& a, const Part& part, const SweepResults& res) {
   return 0;
 }
 
+/// report(), and the --json summary: summary.json of the sweep (or, for one shard, what it wrote).
+int finish(const CommonArgs& a, const Part& part, const SweepResults& res) {
+  int rc;
+  {
+    StdoutToStderr report_to_stderr(a.json == "-");  // stdout holds only the JSON then
+    rc = report(a, part, res);
+  }
+  if (a.json.empty()) return rc;
+  nlohmann::ordered_json j = {{"command", "eval " + res.info.kind}, {"out", a.out}};
+  if (part.whole()) {
+    const std::string path = (std::filesystem::path(a.out) / "summary.json").string();
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw Error(fmt::format("{}: cannot read the summary for --json", path));
+    j["summary"] = nlohmann::ordered_json::parse(f);
+  } else {
+    j["shard"] = fmt::format("{}/{}", part.shard.index, part.shard.count);
+    j["runs_written"] = res.tasks.size() + res.fidelity.size();
+    j["runs_in_sweep"] = res.info.units;
+  }
+  write_json(a.json, j);
+  return rc;
+}
+
 /// Runs `body` on every rank; an error on one rank ends all of them.
 int on_all_ranks(const MpiWorld& mpi, const std::function<int()>& body) {
   if (mpi.size() == 1) return body();
@@ -298,7 +289,8 @@ int run_fidelity_cmd(const FidelityArgs& a) {
     check_plot_format(a.plot_format);
     const Part part = part_of(a, mpi);
     auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-    set_num_threads(a.threads);
+    if (mpi.rank() == 0) check_json_output(a.json);
+    apply_threads(a.threads);
     auto model = Model::load(a.model);
     if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
     FidelitySweep sw;
@@ -329,7 +321,7 @@ int run_fidelity_cmd(const FidelityArgs& a) {
       res.info.config["text_sha256"] = sha256_file(a.text_file);
     }
     LiveSamples live(a.out, res.info, !part.mpi);
-    ProgressBar bar(!a.no_progress && mpi.rank() == 0);
+    Progress bar(!a.no_progress && mpi.rank() == 0);
     res.info.units = run_fidelity_sweep(
         *model, runs, sw,
         [&](const FidelityRecord& r) {
@@ -340,7 +332,8 @@ int run_fidelity_cmd(const FidelityArgs& a) {
           live.add(to_json(s, i));
           res.stats.emplace_back(i, s);
         },
-        [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
+        [&](size_t d, size_t t, const std::string& w) { bar.update(d, t, w); });
+    bar.clear();
     live.close();
     if (!gather(mpi, res)) return 0;
     return finish(a, part, res);
@@ -353,7 +346,8 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
     check_plot_format(a.plot_format);
     const Part part = part_of(a, mpi);
     auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-    set_num_threads(a.threads);
+    if (mpi.rank() == 0) check_json_output(a.json);
+    apply_threads(a.threads);
     auto model = Model::load(a.model);
     if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
     TaskSweep sw;
@@ -382,7 +376,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
                               a.ruler.vt_chains}}});
     if (!a.text_config.empty()) res.info.config["text_config_sha256"] = sha256_file(a.text_config);
     LiveSamples live(a.out, res.info, !part.mpi);
-    ProgressBar bar(!a.no_progress && mpi.rank() == 0);
+    Progress bar(!a.no_progress && mpi.rank() == 0);
     // A full cache that fails the first samples is said at once, not after hours of sweep.
     std::map<std::string, std::pair<int, int>> base;  // task -> (baseline runs, with score 0)
     bool told = false;
@@ -397,13 +391,15 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
           zero += r.outcome.score == 0;
           if (n == 3 && zero == 3) {
             told = true;
+            bar.clear();
             fmt::print(stderr,
                        "\nwarning: the full cache scored 0 on the first 3 samples of {}: {} probably cannot do this "
                        "task as set up (see the warning at the end)\n",
                        r.task, a.model);
           }
         },
-        [&](size_t d, size_t t, const std::string& w) { bar(d, t, w); });
+        [&](size_t d, size_t t, const std::string& w) { bar.update(d, t, w); });
+    bar.clear();
     live.close();
     if (!gather(mpi, res)) return 0;
     return finish(a, part, res);

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
+#include "cli/progress.h"
 #include "kvslim/generate.h"
 
 namespace kvslim::cli {
@@ -44,13 +45,6 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
-/// Why generation ended, in the request runner's words: "eog", "length" or "context_full".
-std::string finish_reason(const GenerateResult& r, const Tokenizer& tok, int n_predict) {
-  if (!r.tokens.empty() && tok.is_eog(r.tokens.back())) return "eog";
-  if (n_predict >= 0 && static_cast<int>(r.tokens.size()) >= n_predict) return "length";
-  return "context_full";
-}
-
 int run(const GenerateArgs& a) {
   if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
   if (!a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
@@ -74,6 +68,17 @@ int run(const GenerateArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
+  // A progress line while the prompt is prefilled (only on a terminal, after the first second).
+  Progress progress(!a.no_progress);
+  bool prefilling = true;
+  if (progress.active()) {
+    const Tokenizer& tok = model->tokenizer();
+    const size_t total = tok.encode(opt.context, tok.add_bos_default(), false).size() +
+                         (opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size());
+    opt.session.on_batch_done = [&progress, &prefilling, total](int32_t pos) {
+      if (prefilling) progress.update(static_cast<size_t>(pos), total, "prefill (tokens)");
+    };
+  }
   // Text (prompt echo and continuation) goes to stdout, statistics to stderr; with --json - stdout
   // carries only the JSON and the text goes to stderr too.
   std::FILE* text_out = a.json == "-" ? stderr : stdout;
@@ -85,18 +90,24 @@ int run(const GenerateArgs& a) {
     if (a.display_prompt) fmt::print(text_out, "{}{}", opt.context, opt.question);
   };
   GenerateResult r = generate(*model, *press, opt, [&](const std::string& s) {
+    if (prefilling) {
+      prefilling = false;
+      progress.clear();
+    }
     echo_prompt();
     fmt::print(text_out, "{}", s);
     std::fflush(text_out);
   });
+  prefilling = false;
+  progress.clear();
   echo_prompt();
   fmt::print(text_out, "\n");
   std::fflush(text_out);
   const GenerateStats& st = r.stats;
   const HParams& hp = model->hparams();
-  const std::string reason = finish_reason(r, model->tokenizer(), a.n_predict);
+  const std::string reason = finish_reason_name(r.finish);
   const int n_ctx = a.ctx > 0 ? a.ctx : static_cast<int>(hp.n_ctx_train);
-  if (reason == "context_full")
+  if (r.finish == FinishReason::ContextFull)
     fmt::print(stderr, "generation stopped at the context limit (-c {}): {} prompt tokens, {} generated{}\n",
                n_ctx, st.context_tokens + st.question_tokens, st.generated_tokens,
                a.n_predict < 0 ? "" : fmt::format(" (-n {} asked for more; raise -c)", a.n_predict));

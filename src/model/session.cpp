@@ -123,6 +123,7 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
     bool last = b + n == tokens.size();
     float* out = all_logits ? logits.data() + b * nv : (last ? logits.data() : nullptr);
     forward_batch(tokens.data() + b, n, all_logits, out, req, obs, record_from);
+    if (opt_.on_batch_done) opt_.on_batch_done(next_pos_);
   }
   return logits;
 }
