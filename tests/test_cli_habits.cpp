@@ -181,7 +181,8 @@ TEST(CliHabits, OneDefaultPerFlagAcrossSubcommands) {
   // -m has no default anywhere (a relative default path silently ran the story model); -t means
   // all cores by default everywhere.
   for (const std::string sub :
-       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "eval fidelity", "eval niah"}) {
+       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "latent-calibrate", "eval fidelity",
+        "eval niah"}) {
     SCOPED_TRACE(sub);
     Result help = run_cli(sub + " --help");
     ASSERT_EQ(help.rc, 0) << help.err;

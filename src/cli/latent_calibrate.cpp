@@ -3,10 +3,13 @@
 #include <fstream>
 #include <sstream>
 
+#include <cstdio>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "kernels/threads.h"
+#include "cli/options.h"
 #include "press/latent.h"
 
 namespace kvslim::cli {
@@ -14,13 +17,13 @@ namespace kvslim::cli {
 namespace {
 
 struct CalibArgs {
-  std::string model = "models/stories260K.gguf";
+  std::string model;
   std::vector<std::string> text;
-  std::string out;
+  std::string out, json;
   int doc_tokens = 512;
   int max_docs = 16;
   LatentCalibration opt;
-  int threads = 2;
+  int threads = 0;
 };
 
 int run(const CalibArgs& a) {
@@ -30,7 +33,8 @@ int run(const CalibArgs& a) {
     throw Error(fmt::format("--energy {} must be in (0, 1]", a.opt.energy));
   if (a.opt.memory_ratio < 0.0 || a.opt.memory_ratio > 1.0)
     throw Error(fmt::format("--memory-ratio {} must be in (0, 1] (0 = off)", a.opt.memory_ratio));
-  set_num_threads(a.threads);
+  check_json_output(a.json);
+  apply_threads(a.threads);
   auto model = Model::load(a.model);
   const Tokenizer& tok = model->tokenizer();
   std::vector<std::vector<Token>> docs;
@@ -49,9 +53,17 @@ int run(const CalibArgs& a) {
   }
   std::vector<std::string> report;
   LatentBases bases = calibrate_latent(*model, docs, a.opt, &report);
-  for (const auto& line : report) fmt::print("{}\n", line);
+  // The report is the result (stdout); with --json - stdout holds only the JSON.
+  std::FILE* o = a.json == "-" ? stderr : stdout;
+  for (const auto& line : report) fmt::print(o, "{}\n", line);
   bases.save(a.out, a.model);
-  fmt::print("wrote {} (use --press latent:file={})\n", a.out, a.out);
+  fmt::print(o, "wrote {} (use --press latent:file={})\n", a.out, a.out);
+  if (!a.json.empty())
+    write_json(a.json, nlohmann::ordered_json{{"command", "latent-calibrate"},
+                                              {"model", a.model},
+                                              {"bases", a.out},
+                                              {"documents", docs.size()},
+                                              {"report", report}});
   return 0;
 }
 
@@ -61,7 +73,7 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<CalibArgs>();
   auto* sub = app.add_subcommand("latent-calibrate",
                                  "fit low-rank (latent) bases of keys and values on calibration text for the latent press");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a->model);
   sub->add_option("--text", a->text, "calibration text files")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "bases file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per calibration document (each run from position 0)")
@@ -78,7 +90,8 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
       ->capture_default_str();
   sub->add_option("--k-bits", a->opt.k_bits, "key code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   sub->add_option("--v-bits", a->opt.v_bits, "value code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
-  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_threads_option(sub, a->threads);
+  add_json_option(sub, a->json);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 
