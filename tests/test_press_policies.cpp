@@ -192,13 +192,15 @@ TEST(PressPolicy, ZigZagKVComputesMBAFromWindowAttention) {
 TEST(PressPolicy, GlobalTopKAcrossLayersAndHeads) {
   KVCache c = sized_cache({{10, 10}, {10, 10}});
   Scores s = ramp(c, {{0.01, 0.01}, {1, 1}});
+  // Total 20 = 4 x floor(10 x 0.5). Every segment first keeps one entry (no segment is ever
+  // emptied: it used to be {{0, 0}, {10, 10}}), the other 16 go to the highest scores (layer 1).
   KeepCounts k = run_policy("global(knorm)", s, c, {0.5, 10});
-  EXPECT_EQ(k, (KeepCounts{{0, 0}, {10, 10}}));
+  EXPECT_EQ(k, (KeepCounts{{1, 1}, {9, 9}}));
+  // A protected entry is that segment's floor, not one more.
   s[0][0][3] = kProtected;
   k = run_policy("global(knorm)", s, c, {0.5, 10});
-  EXPECT_EQ(k, (KeepCounts{{1, 0}, {10, 9}}));
-  // A segment with no entries left stays empty: select_top keeps only what the count says.
-  EXPECT_TRUE(select_top(s[0][1], 0).empty());
+  EXPECT_EQ(k, (KeepCounts{{1, 1}, {9, 9}}));
+  EXPECT_EQ(select_top(s[0][0], 1), (std::vector<int32_t>{3}));
 }
 
 // Threshold: window of 3 newest tokens, tau 0.5. Scores 0.9 0.1 0.6 0.2 0.7 0.3 0.1 0.1 0.1 0.1

@@ -48,10 +48,14 @@ using KeepCounts = std::vector<std::vector<int>>;
 
 /// What one compression step aims at: remove `ratio` of `n_context` entries per segment.
 /// n_context is the number of context tokens seen so far (with chunked prefill, every chunk so
-/// far), or, inside a composition, what the previous presses left.
+/// far). Inside a composition, every stage after the first is sized from the entries the previous
+/// stages actually left (`per_segment`): each segment's own count, and n_context their mean.
 struct Target {
   double ratio = 0.0;
   size_t n_context = 0;
+  bool per_segment = false;
+  /// Entries segment `s` is sized from: its present count when per_segment, else n_context.
+  size_t n_for(const Segment& s) const { return per_segment ? s.size() : n_context; }
 };
 
 /// What a press sees of one layer when it compresses.
@@ -140,6 +144,9 @@ class Press {
   /// re-rotation); presses that keep per-entry state keyed by position follow them.
   virtual void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
                                const std::vector<int32_t>& new_pos) {}
+  /// Whether after_decode() may evict entries (a decoding policy, the decoding wrapper,
+  /// DuoAttention's streaming heads). A decode-time selector cannot be combined with such a press.
+  virtual bool evicts_in_decode() const { return false; }
 };
 
 /// Union of two observation requests (largest window, any flag set in either).
@@ -183,7 +190,7 @@ class BudgetPolicy {
   virtual void set_scorer_request(const ObservationRequest& scorer) {}
 };
 
-/// Uniform policy: every segment keeps min(size, uniform_keep(n_context, ratio)).
+/// Uniform policy: every segment keeps min(size, uniform_keep(target.n_for(segment), ratio)).
 class UniformBudget : public BudgetPolicy {
  public:
   std::string describe() const override { return "uniform"; }
@@ -215,6 +222,7 @@ class ScorerPress : public Press {
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
   /// With a policy that acts in decode (threshold:decode=1): observe and apply every interval.
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
+  bool evicts_in_decode() const override { return policy_->decode_interval() > 0; }
   double ratio() const override { return policy_->reported_ratio(ratio_); }
   void set_ratio(double r) override;
   size_t kept_after(const Target& t) const override;

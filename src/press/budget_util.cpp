@@ -68,16 +68,26 @@ std::vector<int64_t> apportion(const std::vector<double>& desired_in, const std:
 int64_t uniform_total(const KVCache& cache, const Target& t, const std::vector<std::pair<int, int>>& segs) {
   // Pooled over the group: a segment that an earlier chunk left short (an adaptive policy gave it
   // less) does not shrink the group's total; only the entries that exist cap it.
-  const int64_t k = uniform_keep(t.n_context, t.ratio);
-  int64_t entries = 0;
-  for (auto [l, h] : segs) entries += static_cast<int64_t>(cache.seg(l, h).size());
-  return std::min<int64_t>(entries, k * static_cast<int64_t>(segs.size()));
+  int64_t entries = 0, k = 0;
+  for (auto [l, h] : segs) {
+    const Segment& s = cache.seg(l, h);
+    entries += static_cast<int64_t>(s.size());
+    k += uniform_keep(t.n_for(s), t.ratio);
+  }
+  return std::min<int64_t>(entries, k);
 }
 
 std::vector<int64_t> protected_counts(const Scores& scores, const std::vector<std::pair<int, int>>& segs) {
   std::vector<int64_t> p;
   p.reserve(segs.size());
   for (auto [l, h] : segs) p.push_back(count_protected(scores[l][h]));
+  return p;
+}
+
+std::vector<int64_t> floor_counts(const Scores& scores, const std::vector<std::pair<int, int>>& segs) {
+  std::vector<int64_t> p = protected_counts(scores, segs);
+  for (size_t i = 0; i < segs.size(); ++i)
+    p[i] = std::min<int64_t>(std::max<int64_t>(p[i], 1), static_cast<int64_t>(scores[segs[i].first][segs[i].second].size()));
   return p;
 }
 
@@ -106,7 +116,8 @@ std::vector<int64_t> shared_top(const Scores& scores, const std::vector<std::pai
       float sa = rank_value(sc[a]), sb = rank_value(sc[b]);
       return sa != sb ? sa > sb : a > b;
     });
-    int64_t must = std::clamp<int64_t>(std::max<int64_t>(must_in[i], count_protected(sc)), 0, n);
+    // Every non-empty segment keeps at least one entry (the rule "never below 1").
+    int64_t must = std::clamp<int64_t>(std::max<int64_t>({must_in[i], count_protected(sc), 1}), 0, n);
     keep[i] = must;
     sum_must += must;
     for (int64_t r = must; r < n; ++r) rest.push_back({rank_value(sc[order[r]]), order[r], static_cast<int32_t>(i)});
@@ -146,7 +157,7 @@ KeepCounts layer_shaped_keep(const BudgetInput& in, const std::function<double(i
     desired.push_back(desired_for(l));
     hi.push_back(static_cast<int64_t>(cache.seg(l, h).size()));
   }
-  auto x = apportion(desired, protected_counts(in.scores, segs), hi, uniform_total(cache, in.target, segs));
+  auto x = apportion(desired, floor_counts(in.scores, segs), hi, uniform_total(cache, in.target, segs));
   KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
   for (size_t i = 0; i < segs.size(); ++i) keep[segs[i].first][segs[i].second] = static_cast<int>(x[i]);
   return keep;

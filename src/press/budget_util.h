@@ -21,9 +21,12 @@ int64_t uniform_total(const KVCache& cache, const Target& t, const std::vector<s
 
 /// Per segment of `segs`: kProtected count, capped at the segment size.
 std::vector<int64_t> protected_counts(const Scores& scores, const std::vector<std::pair<int, int>>& segs);
+/// Per segment of `segs`: what it must keep: its kProtected entries and at least one entry when
+/// it holds any (no segment is ever emptied).
+std::vector<int64_t> floor_counts(const Scores& scores, const std::vector<std::pair<int, int>>& segs);
 
 /// Head-adaptive selection over a group of segments: each segment first keeps must[i] entries (its
-/// highest-scoring ones, kProtected first), then `total - sum(must)` further entries go to the
+/// highest-scoring ones, kProtected first; at least one when it holds any), then `total - sum(must)` further entries go to the
 /// highest scores over the concatenation of the group's remaining entries. Ties rank the later
 /// entry of a segment first (as select_top), then the earlier segment. Returns the keep-count of
 /// each segment, so select_top(scores, count) keeps exactly the chosen entries.

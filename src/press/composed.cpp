@@ -1,8 +1,9 @@
-// Composed press ("a+b+..."): each press compresses what the previous ones left, so the kept
-// fractions multiply and the reported ratio is 1 - prod(1 - r_i) (kvpress's ComposedPress). All
-// presses observe a step before any of them evicts, so presses with per-entry state (H2O) see the
-// step's attention aligned with the cache. With chunked prefill, press i's ratio applies to what
-// presses 0..i-1 would leave of the context seen so far.
+// Composed press ("a+b+..."): each press compresses what the previous ones left, sized from the
+// entries actually present in each segment (a press that protects its window, or leaves segments
+// uneven, hands on what it really kept), so the kept fractions multiply: the requested ratio is
+// 1 - prod(1 - r_i) and the measured one follows it up to rounding and protected entries
+// (kvpress's ComposedPress). All presses observe a step before any of them evicts, so presses
+// with per-entry state (H2O) see the step's attention aligned with the cache.
 #include <fmt/format.h>
 
 #include "press/wrappers.h"
@@ -34,12 +35,22 @@ void ComposedPress::observe(const KVCache& cache, const Model& model, const Obse
 }
 
 void ComposedPress::apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) {
-  size_t n = target.n_context;
-  for (auto& p : p_) {
-    Target t{p->ratio(), n};
-    p->apply(cache, model, obs, t);
-    n = p->kept_after(t);
-  }
+  // Presses that only select at decode time (ClusterKV) record the cache as the evicting presses
+  // leave it, whatever their place in the spec: their index must point at entries that exist.
+  bool first = true;
+  for (int selectors = 0; selectors < 2; ++selectors)
+    for (auto& p : p_) {
+      if ((p->decode_request().selector != nullptr) != (selectors == 1)) continue;
+      Target t{p->ratio(), target.n_context};
+      if (!first) {
+        // Sized from what the previous stages actually left, segment by segment.
+        t.per_segment = true;
+        const size_t segs = static_cast<size_t>(cache.n_layer()) * cache.n_head_kv();
+        t.n_context = segs ? cache.entries() / segs : 0;
+      }
+      p->apply(cache, model, obs, t);
+      first = false;
+    }
 }
 
 void ComposedPress::after_decode(KVCache& cache, const Model& model, const Observation& obs) {
@@ -60,6 +71,12 @@ size_t ComposedPress::kept_after(const Target& t) const {
   size_t n = t.n_context;
   for (const auto& p : p_) n = p->kept_after(Target{p->ratio(), n});
   return n;
+}
+
+bool ComposedPress::evicts_in_decode() const {
+  for (const auto& p : p_)
+    if (p->evicts_in_decode()) return true;
+  return false;
 }
 
 void ComposedPress::remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) {

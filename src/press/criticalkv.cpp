@@ -122,6 +122,12 @@ PressRegistrar reg([] {
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
     auto* sp = dynamic_cast<ScorerPress*>(inner.get());
     if (!sp) throw Error(fmt::format("press criticalkv needs a scorer press inside, got '{}'", inner->describe()));
+    // CriticalKV splits a ratio-sized budget in two stages; a press that decides by a threshold
+    // (KVzap, threshold(...)) has no budget to split and would make it remove nothing.
+    if (!sp->policy().uses_ratio())
+      throw Error(fmt::format("press criticalkv: the inner press {} keeps entries by its {} policy, not by a "
+                              "compression ratio; criticalkv needs a ratio-driven scorer (e.g. criticalkv(snapkv))",
+                              inner->describe(), sp->policy().describe()));
     double fs = param_double(p, "criticalkv", "first_stage");
     if (!(fs >= 0 && fs <= 1)) throw Error(fmt::format("press criticalkv: first_stage={} must be in [0, 1]", fs));
     inner.release();

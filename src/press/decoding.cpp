@@ -52,6 +52,7 @@ class DecodingPress : public Press {
   double ratio() const override { return inner_->ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return t.n_context; }
+  bool evicts_in_decode() const override { return true; }
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
     inner_->remap_positions(l, h, o, n);
   }
@@ -101,6 +102,12 @@ PressRegistrar reg([] {
     int iv = param_int(p, "decoding", "interval"), sz = param_int(p, "decoding", "size");
     if (iv < 1) throw Error(fmt::format("press decoding: interval={} must be >= 1", iv));
     if (sz < 0) throw Error(fmt::format("press decoding: size={} must be >= 0", sz));
+    // Presses that run the model again over the context (KVzip's replay) have nothing to replay
+    // during decode: refused rather than silently never compressing.
+    if (inner->request().tokens)
+      throw Error(fmt::format("press decoding: the inner press {} scores by replaying the context, which decode-time "
+                              "compression cannot do; use it on the prefill (without decoding)",
+                              inner->describe()));
     return std::make_unique<DecodingPress>(std::move(inner), iv, sz);
   };
   return i;

@@ -183,6 +183,7 @@ class DuoAttentionPress : public Press {
     trim(cache, model);
   }
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override { trim(cache, model); }
+  bool evicts_in_decode() const override { return true; }
   std::string report() const override {
     if (streaming_.empty()) return {};
     size_t n = 0, all = 0;

@@ -33,6 +33,7 @@ class KeyRerotationPress : public Press {
     rerotate(cache, model, end);
   }
   void reset() override { inner_->reset(); }
+  bool evicts_in_decode() const override { return inner_->evicts_in_decode(); }
   double ratio() const override { return inner_->ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return inner_->kept_after(t); }

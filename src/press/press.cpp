@@ -248,10 +248,11 @@ ObservationRequest merge_requests(const ObservationRequest& a, const Observation
 KeepCounts UniformBudget::keep_counts(const BudgetInput& in) const {
   const KVCache& cache = in.cache;
   KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
-  const int k = uniform_keep(in.target.n_context, in.target.ratio);
   for (int l = 0; l < cache.n_layer(); ++l)
-    for (int h = 0; h < cache.n_head_kv(); ++h)
-      keep[l][h] = std::min<int>(k, static_cast<int>(cache.seg(l, h).size()));
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      const Segment& s = cache.seg(l, h);
+      keep[l][h] = std::min<int>(uniform_keep(in.target.n_for(s), in.target.ratio), static_cast<int>(s.size()));
+    }
   return keep;
 }
 

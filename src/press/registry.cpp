@@ -261,6 +261,14 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
   if (parts.size() == 1) return build_term(parts[0], ratio, whole);
   std::vector<std::unique_ptr<Press>> presses;
   for (const auto& part : parts) presses.push_back(build_term(part, ratio, whole));
+  // A decode-time selector indexes the entries present when decoding starts; a press that evicts
+  // during decode would leave it pointing at entries that no longer exist.
+  for (size_t i = 0; i < presses.size(); ++i)
+    for (size_t j = 0; j < presses.size(); ++j)
+      if (i != j && presses[i]->decode_request().selector && presses[j]->evicts_in_decode())
+        throw Error(fmt::format("press spec '{}': {} selects entries for attention at decode time and {} evicts "
+                                "entries during decode; they cannot be combined (run them separately)",
+                                whole, trim(parts[i]), trim(parts[j])));
   return std::make_unique<ComposedPress>(std::move(presses));
 }
 

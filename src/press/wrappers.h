@@ -20,6 +20,7 @@ class ComposedPress : public Press {
   void reset() override;
   double ratio() const override;
   size_t kept_after(const Target& t) const override;
+  bool evicts_in_decode() const override;
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override;
 
  private:
