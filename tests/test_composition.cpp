@@ -51,12 +51,12 @@ size_t floor_keep(size_t n, double r) {  // floor(n (1 - r)), at least 1: the de
 }  // namespace
 
 TEST(Composition, AStageThatProtectsEverythingHandsOnWhatItKept) {
-  // 25-ish tokens: SnapKV's default window (64) protects every entry, so snapkv is a no-op and
-  // both orders keep floor(n / 2) (was 24% for snapkv+knorm against 48% for knorm+snapkv).
+  // 25-ish tokens: SnapKV's window (64) with protect=1 protects every entry, so snapkv is a no-op
+  // and both orders keep floor(n / 2) (was 24% for snapkv+knorm against 48% for knorm+snapkv).
   const std::string text = "Once upon a time there was a little cat. The cat liked milk and naps.";
   size_t n = 0;
-  auto a = kept("snapkv+knorm", 0.5, text, &n);
-  auto b = kept("knorm+snapkv", 0.5, text);
+  auto a = kept("snapkv:protect=1+knorm", 0.5, text, &n);
+  auto b = kept("knorm+snapkv:protect=1", 0.5, text);
   ASSERT_LT(n, 64u);
   for (const auto& layer : a)
     for (size_t k : layer) EXPECT_EQ(k, floor_keep(n, 0.5));
@@ -115,12 +115,12 @@ TEST(Composition, ImpossiblePairingsAreRefusedNamingBothPresses) {
     }
   };
   // A decode-time selector with a press that evicts during decode.
-  expect_refused("clusterkv+threshold(knorm):decode=1", {"clusterkv", "threshold(knorm)"});
+  expect_refused("clusterkv+threshold(knorm):tau=-4,decode=1", {"clusterkv", "threshold(knorm)"});
   expect_refused("decoding(knorm)+clusterkv", {"clusterkv", "decoding(knorm)"});
   // KVzip replays the context: nothing to replay at decode time (it never compressed).
   expect_refused("decoding(kvzip):size=48", {"decoding", "kvzip"});
   // CriticalKV over a threshold-driven scorer removed nothing.
-  expect_refused("criticalkv(threshold(knorm))", {"criticalkv", "threshold"});
+  expect_refused("criticalkv(threshold(knorm):tau=-4)", {"criticalkv", "threshold"});
 }
 
 TEST(Composition, EvalFidelityHonoursTheDecodeTimeSelector) {
