@@ -346,3 +346,22 @@ TEST(PressReference, LagKVMatchesFloat64) {
 }
 
 }  // namespace
+
+namespace {
+
+// models/retrieval.gguf is built so that layer 1's (only) KV head does the retrieval (induction
+// head) and layer 0's previous-token heads read only the last 5 entries (models/RETRIEVAL.md):
+// calibration at the paper's 128 sinks + 256 recent must label layer 1 retrieval, layer 0 streaming.
+TEST(PressReference, DuoAttentionCalibrationFindsTheConstructedRetrievalHead) {
+  auto m = Model::load(std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.gguf");
+  DuoCalibration cal;
+  cal.samples = 2;
+  DuoLabels labels = duo_calibrate(*m, cal);
+  ASSERT_EQ(labels.score.size(), 2u);
+  EXPECT_GT(labels.score[1][0], labels.score[0][0]);
+  auto streaming = labels.streaming(0.5);
+  EXPECT_EQ(streaming[0][0], 1);
+  EXPECT_EQ(streaming[1][0], 0);
+}
+
+}  // namespace
