@@ -168,9 +168,16 @@ int run(BenchArgs a) {
   std::vector<Result> results;
   const bool per_test_peak = reset_peak_rss();
   const size_t n_tests = a.presses.size() * ((a.n_prompt > 0 ? 1 : 0) + (a.n_gen > 0 ? a.depths.size() : 0));
+  std::string current;  // the test running now
   auto report = [&](const std::string& pname, const std::string& test) {
-    progress.update(results.size(), n_tests, fmt::format("{} {}", pname, test));
+    current = fmt::format("{} {}", pname, test);
+    progress.update(results.size(), n_tests, current);
   };
+  // Within a test too (a 16K fill takes minutes): the line follows the position, on a terminal only.
+  if (progress.active())
+    ro.session.on_batch_done = [&](int32_t pos) {
+      progress.update(results.size(), n_tests, fmt::format("{} at position {}", current, pos));
+    };
   for (const std::string& spec : a.presses) {
     std::unique_ptr<Press> press = make_press(spec, a.ratio);
     const std::string pname = press->describe();
