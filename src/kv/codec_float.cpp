@@ -1,5 +1,11 @@
 // f32, f16 and bf16 keys (transposed tiles) and values (rows). Exact for f32; f16 and bf16 round
 // to nearest even.
+// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 #include <cstring>
 
 #include "kv/codec.h"
@@ -10,10 +16,19 @@ namespace kvslim::kv {
 
 namespace {
 
-KV_SIMD_INLINE void f16_to_f32_body(const uint16_t* s, float* d, size_t n) {
+// f16 with intrinsics: GCC 12 scalarizes a conversion of a _Float16 vector without AVX512-FP16.
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) simd::store(d + i, simd::from_f16(s + i));
-  for (; i < n; ++i) d[i] = simd::half(s[i]);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+  for (; i < n; ++i) d[i] = fp16_to_fp32(s[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = fp16_to_fp32(s[i]);
 }
 
 KV_SIMD_INLINE void bf16_to_f32_body(const uint16_t* s, float* d, size_t n) {
@@ -29,7 +44,14 @@ float decode16(KVCodec c, uint16_t h) { return c == KVCodec::F16 ? fp16_to_fp32(
 
 }  // namespace
 
-KV_SIMD_LEVELS(void, f16_to_f32_n, (const uint16_t* src, float* dst, size_t n), (src, dst, n), f16_to_f32_body)
+void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  switch (qdot::level()) {  // the weight kernels' level, as KV_SIMD_LEVELS
+    case qdot::Level::AVX512: return f16_to_f32_avx512(src, dst, n);
+    case qdot::Level::AVX2: return f16_to_f32_f16c(src, dst, n);
+    default:
+      for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+  }
+}
 
 void float_tile_put(KVCodec c, int hd, uint8_t* tile, int lane, const float* k) {
   if (c == KVCodec::F32) {
