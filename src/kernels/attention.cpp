@@ -98,52 +98,71 @@ KV_INLINE float hsum(const v16& v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+template <class V>
+KV_INLINE V loadv(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class V>
+KV_INLINE void storev(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
 // S[i * ss + t * 16 + j] = sum_d Q[i][d] * kt_t[d][j] for NR rows and NT key tiles (kt_t =
 // kt + t * hd * 16). With two tiles each broadcast query value feeds two fmas: the loop is bound
 // by loads (one broadcast per fma with a single tile), so sharing them is what makes it faster.
-template <int NR, int NT>
+// V is the register type: 16 floats on AVX-512, 8 on AVX2, where GCC 12 would lower a 16-float
+// generic vector through the stack; each lane computes the same sums either way.
+template <int NR, int NT, class V>
 KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, int ss) {
+  constexpr int L = sizeof(V) / sizeof(float), H = 16 / L;
   // The row loops are unrolled so that the accumulators live in registers.
-  v16 acc[NT][NR];
+  V acc[NT][H][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT; ++t) acc[t][i] = v16{};
+    for (int t = 0; t < NT; ++t)
+      for (int h = 0; h < H; ++h) acc[t][h][i] = V{};
   for (int d = 0; d < hd; ++d) {
-    v16 k[NT];
-    for (int t = 0; t < NT; ++t) k[t] = simd::load(kt + (static_cast<size_t>(t) * hd + d) * 16);
+    V k[NT][H];
+    for (int t = 0; t < NT; ++t)
+      for (int h = 0; h < H; ++h) k[t][h] = loadv<V>(kt + (static_cast<size_t>(t) * hd + d) * 16 + h * L);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
-      // A scalar operand, not splat(): GCC broadcasts it with vbroadcastss on every target.
+      // A scalar operand, not splat(): GCC broadcasts it with vbroadcastss.
       const float q = Q[i * hd + d];
-      for (int t = 0; t < NT; ++t) acc[t][i] += k[t] * q;
+      for (int t = 0; t < NT; ++t)
+        for (int h = 0; h < H; ++h) acc[t][h][i] += k[t][h] * q;
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT; ++t) simd::store(S + i * ss + t * 16, acc[t][i]);
+    for (int t = 0; t < NT; ++t)
+      for (int h = 0; h < H; ++h) storev<V>(S + i * ss + t * 16 + h * L, acc[t][h][i]);
 }
 
 // O[i][c..c+16 CH) += sum_j P[i * ps + j] * V[j][c..c+16 CH) for NR rows, nb value rows; columns
 // [c0, c1) in steps of 16 CH (CH chunks share each broadcast probability).
-template <int NR, int CH>
-KV_INLINE void tile_pv(const float* P, int ps, const float* V, int nb, int hd, float* O, int c0, int c1) {
+template <int NR, int CH, class V>
+KV_INLINE void tile_pv(const float* P, int ps, const float* Vr, int nb, int hd, float* O, int c0, int c1) {
+  constexpr int L = sizeof(V) / sizeof(float), H = 16 * CH / L;
   for (int c = c0; c + 16 * CH <= c1; c += 16 * CH) {
-    v16 acc[NR][CH];
+    V acc[NR][H];
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i)
-      for (int h = 0; h < CH; ++h) acc[i][h] = simd::load(O + i * hd + c + 16 * h);
+      for (int h = 0; h < H; ++h) acc[i][h] = loadv<V>(O + i * hd + c + L * h);
     for (int j = 0; j < nb; ++j) {
-      v16 v[CH];
-      for (int h = 0; h < CH; ++h) v[h] = simd::load(V + j * hd + c + 16 * h);
+      V v[H];
+      for (int h = 0; h < H; ++h) v[h] = loadv<V>(Vr + j * hd + c + L * h);
 #pragma GCC unroll 8
       for (int i = 0; i < NR; ++i) {
         const float p = P[i * ps + j];
-        for (int h = 0; h < CH; ++h) acc[i][h] += v[h] * p;
+        for (int h = 0; h < H; ++h) acc[i][h] += v[h] * p;
       }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i)
-      for (int h = 0; h < CH; ++h) simd::store(O + i * hd + c + 16 * h, acc[i][h]);
+      for (int h = 0; h < H; ++h) storev<V>(O + i * hd + c + L * h, acc[i][h]);
   }
 }
 
@@ -166,7 +185,7 @@ struct BlockRef {
 // 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of accumulators, no spills).
 // NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile of
 // a lone key tile); CH: 16-column value chunks per probability broadcast.
-template <int NRS, int NRP, int CH>
+template <int NRS, int NRP, int CH, class VT>
 KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows,
                            const int32_t* vis, float* out, int64_t out_stride, float* raw, Scratch& sc) {
   const int hd = seg.head_dim();
@@ -189,11 +208,11 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
     for (int t = 0; t < nt; ++t) blk[t].st->block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
     int r = 0;
     if (nt == 2) {
-      for (; r + NRS <= rows; r += NRS) tile_scores<NRS, 2>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
-      for (; r < rows; ++r) tile_scores<1, 2>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r + NRS <= rows; r += NRS) tile_scores<NRS, 2, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r < rows; ++r) tile_scores<1, 2, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
     } else {
-      for (; r + NRP <= rows; r += NRP) tile_scores<NRP, 1>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
-      for (; r < rows; ++r) tile_scores<1, 1>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r + NRP <= rows; r += NRP) tile_scores<NRP, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
+      for (; r < rows; ++r) tile_scores<1, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
     }
     v16i lgv[2];
     std::memcpy(&lgv[0], blk[0].lg, sizeof(v16i));
@@ -242,10 +261,10 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
         r = 0;
         for (; r + NRP <= rows; r += NRP) {
           float* Or = O + static_cast<size_t>(r) * hd;
-          tile_pv<NRP, CH>(P + r * 32, 32, V, nb, hd, Or, 0, c2);
-          if (c2 < hd) tile_pv<NRP, 1>(P + r * 32, 32, V, nb, hd, Or, c2, hd);
+          tile_pv<NRP, CH, VT>(P + r * 32, 32, V, nb, hd, Or, 0, c2);
+          if (c2 < hd) tile_pv<NRP, 1, VT>(P + r * 32, 32, V, nb, hd, Or, c2, hd);
         }
-        for (; r < rows; ++r) tile_pv<1, 1>(P + r * 32, 32, V, nb, hd, O + static_cast<size_t>(r) * hd, 0, hd);
+        for (; r < rows; ++r) tile_pv<1, 1, VT>(P + r * 32, 32, V, nb, hd, O + static_cast<size_t>(r) * hd, 0, hd);
       } else {
         for (r = 0; r < rows; ++r) {
           float* Or = O + static_cast<size_t>(r) * hd;
@@ -317,12 +336,12 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   const Segment &seg, const int32_t *sel, int n_sel, const float *Q, int rows, const int32_t *vis, float *out, \
       int64_t out_stride, float *raw, Scratch &sc
 __attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
-  attend_body<8, 8, 2>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<8, 8, 2, v16>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
 __attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
-  attend_body<2, 4, 1>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<2, 4, 1, v8>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
-void attend_default(KV_ATTEND_ARGS) { attend_body<2, 4, 1>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
+void attend_default(KV_ATTEND_ARGS) { attend_body<2, 4, 1, v8>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
 
 // The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
 void attend_core(KV_ATTEND_ARGS) {
