@@ -53,19 +53,8 @@ void parallel_rows(int64_t rows, int64_t macs, const std::function<void(int64_t,
 
 // OpenBLAS splits one product across its threads differently for different thread counts,
 // which changes the rounding. So the batched f32 products run as fixed tiles of rows, each one
-// single-threaded sgemm call of the same shape whatever the thread count, spread over our pool.
-class BlasSingleThread {
- public:
-  BlasSingleThread() : prev_(openblas_get_num_threads()) {
-    if (prev_ != 1) openblas_set_num_threads(1);
-  }
-  ~BlasSingleThread() {
-    if (prev_ != 1) openblas_set_num_threads(prev_);
-  }
-
- private:
-  int prev_;
-};
+// single-threaded sgemm call (set_num_threads keeps OpenBLAS at one thread) of the same shape
+// whatever the thread count, spread over our pool.
 
 // f32 products: per-row dot for a token or three (exact path), else BLAS on tiles of rows
 // (dequantized first unless already f32).
@@ -85,7 +74,6 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
     return;
   }
   constexpr int64_t tile = 128;
-  BlasSingleThread single;
   parallel_units((W.rows + tile - 1) / tile, W.rows * W.cols * n_tokens, [&](int64_t b, int64_t e) {
     std::vector<float> wf(W.type == GGMLType::F32 ? 0 : static_cast<size_t>(tile * W.cols));
     for (int64_t ti = b; ti < e; ++ti) {
@@ -97,6 +85,7 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
         w = wf.data();
         ldw = W.cols;
       }
+      BlasSlot slot;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tokens, nr, W.cols, 1.0f, X, W.cols, w, ldw, 0.0f, Y + r0,
                   W.rows);
     }

@@ -2,12 +2,15 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <semaphore>
 #include <thread>
 #include <vector>
 
@@ -19,16 +22,19 @@ namespace {
 // plus attention). Waking a sleeping thread costs tens of microseconds, more in a virtual machine,
 // which adds up to several milliseconds per token; so both sides first spin for a while on atomics
 // and only then sleep on a condition variable (between tokens, or when the machine is idle).
+// With more threads than cores a spinning thread takes the core from the one holding the work,
+// so an oversubscribed pool (or one told the machine is busy) does not spin at all.
 constexpr std::chrono::microseconds kSpin{250};
 
-// Spins until done() or kSpin has passed; returns done().
+// Spins until done() or `spin` has passed; returns done().
 template <class F>
-bool spin_until(F done) {
+bool spin_until(F done, std::chrono::microseconds spin) {
+  if (spin.count() == 0) return done();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
     if (done()) return true;
     _mm_pause();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > kSpin) return done();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > spin) return done();
   }
 }
 
@@ -38,10 +44,12 @@ bool spin_until(F done) {
 // use sequentially consistent operations, so one of them always sees the other (no lost wake-up).
 class Pool {
  public:
+  Pool() { openblas_set_num_threads(1); }  // see set_num_threads
   ~Pool() { stop(); }
   void resize(int n) {
     stop();
     n_ = std::max(1, n);
+    spin_ = n_ <= available_cores() ? kSpin : std::chrono::microseconds{0};
     quit_ = false;
     // New workers start from the current generation so they never replay a finished region.
     const uint64_t g = generation_.load();
@@ -70,7 +78,7 @@ class Pool {
     in_region_ = true;
     fn(0, n / parts);
     in_region_ = false;
-    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; }, spin_)) {
       std::unique_lock<std::mutex> l(mu_);
       main_waiting_.store(true);
       done_cv_.wait(l, [this] { return pending_.load() == 0; });
@@ -83,7 +91,7 @@ class Pool {
   void loop(int idx, uint64_t seen) {
     for (;;) {
       auto ready = [&] { return quit_.load() || generation_.load(std::memory_order_acquire) != seen; };
-      if (!spin_until(ready)) {
+      if (!spin_until(ready, spin_)) {
         std::unique_lock<std::mutex> l(mu_);
         sleepers_.fetch_add(1);
         cv_.wait(l, ready);
@@ -114,6 +122,7 @@ class Pool {
   }
   static thread_local bool in_region_;
   int n_ = 1;
+  std::chrono::microseconds spin_{kSpin};  // set by resize() while no worker runs
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
@@ -136,10 +145,50 @@ Pool& pool() {
 
 }  // namespace
 
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+
+// nullptr when the address space is unlimited.
+std::counting_semaphore<>* blas_slots() {
+  static std::counting_semaphore<>* slots = []() -> std::counting_semaphore<>* {
+    rlimit lim{};
+    if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return nullptr;
+    const auto k = static_cast<std::ptrdiff_t>(std::max<rlim_t>(1, lim.rlim_cur >> 30));
+    return new std::counting_semaphore<>(std::min<std::ptrdiff_t>(k, 1 << 20));
+  }();
+  return slots;
+}
+
+}  // namespace
+
+// Slots held by this thread: a thread that holds one already (a second guard in the same scope)
+// does not wait for another, which with one slot would never come.
+thread_local int blas_slots_held = 0;
+
+BlasSlot::BlasSlot() {
+  auto* s = blas_slots();
+  if (!s) return;
+  if (blas_slots_held++ == 0) s->acquire();
+  held_ = true;
+}
+
+BlasSlot::~BlasSlot() {
+  if (held_ && --blas_slots_held == 0) blas_slots()->release();
+}
+
 void set_num_threads(int n) {
   n = std::max(1, n);
   if (n != pool().size()) pool().resize(n);
-  openblas_set_num_threads(n);
+  // Every BLAS call runs single-threaded on whichever thread of our pool calls it: OpenBLAS's own
+  // workers nested under ours oversubscribed the cores, and each new one allocates a large buffer
+  // as it starts, which under a memory limit (ulimit -v) never returned, so the process hung.
+  openblas_set_num_threads(1);
 }
 
 int num_threads() { return pool().size(); }

@@ -1,13 +1,33 @@
 #pragma once
 // A small persistent worker pool for the engine's own loops (attention heads, matrix rows).
-// OpenBLAS keeps its own threads for the dense f32 products.
+// The only pool: dense f32 products call OpenBLAS single-threaded from the pool's threads.
 #include <cstdint>
 #include <functional>
 
 namespace kvslim {
 
-/// Sets the number of threads used by parallel_for and by OpenBLAS (>= 1).
+/// Sets the number of threads used by parallel_for (>= 1) and keeps OpenBLAS single-threaded.
+/// Waiting threads spin briefly only while n is at most available_cores(); above it they sleep
+/// at once, so more threads than cores costs wake-ups, never a machine spinning on itself.
 void set_num_threads(int n);
+/// CPUs this process may run on (its affinity mask), at least 1.
+int available_cores();
+
+/// Held around every OpenBLAS call. Each thread inside an OpenBLAS call takes a work buffer of
+/// about 128 MiB of address space, and OpenBLAS retries a failed allocation forever, so under an
+/// address-space limit (ulimit -v) many threads calling at once hung the process. With such a
+/// limit at most max(1, limit / 1 GiB) threads are inside OpenBLAS at a time (the others wait);
+/// without one the guard costs nothing.
+class BlasSlot {
+ public:
+  BlasSlot();
+  ~BlasSlot();
+  BlasSlot(const BlasSlot&) = delete;
+  BlasSlot& operator=(const BlasSlot&) = delete;
+
+ private:
+  bool held_ = false;
+};
 int num_threads();
 
 /// Runs fn(begin, end) over [0, n) split into contiguous ranges, one per thread, and waits.

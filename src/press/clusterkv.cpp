@@ -43,6 +43,7 @@ void kmeans_cosine(const float* x, int n, int d, int k, int iters, std::vector<i
   std::vector<int> count(k);
   std::vector<float> best(n);
   for (int it = 0; it < std::max(iters, 1); ++it) {
+    BlasSlot slot;  // see kernels/threads.h
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, k, d, 1.0f, u.data(), d, cen.data(), d, 0.0f, sim.data(), k);
     for (int i = 0; i < n; ++i) {
       const float* row = sim.data() + static_cast<size_t>(i) * k;

@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include "kernels/threads.h"
 #include "kvslim/gguf.h"
 #include "kvslim/press.h"
 #include "kvslim/session.h"
@@ -29,6 +30,7 @@ inline float gelu_grad(float x) {
 /// Y[n][o] = X[n][i] W^T + b, W [o][i].
 void linear(const float* X, int n, int in, const float* W, const float* b, int o, float* Y) {
   for (int t = 0; t < n; ++t) std::copy(b, b + o, Y + static_cast<size_t>(t) * o);
+  BlasSlot slot1;  // see kernels/threads.h
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o, in, 1.0f, X, in, W, in, 1.0f, Y, o);
 }
 
@@ -126,8 +128,10 @@ void ridge_fit(const float* X, const float* Y, size_t n, int d, int k, double al
       for (int i = 0; i < d; ++i) xb[t * d + i] = X[(t0 + t) * d + i] - mx[i];
       for (int j = 0; j < k; ++j) yb[t * k + j] = Y[(t0 + t) * k + j] - my[j];
     }
+    BlasSlot slot2;  // see kernels/threads.h
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, static_cast<int>(m), 1.0, xb.data(), d, xb.data(), d,
                 1.0, A.data(), d);
+    BlasSlot slot3;  // see kernels/threads.h
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, k, static_cast<int>(m), 1.0, xb.data(), d, yb.data(), k,
                 1.0, B.data(), k);
   }
@@ -217,14 +221,17 @@ void mlp_fit(const float* X, const float* Y, size_t n, int d, int k, const MLPTr
       // MSE averaged over rows and outputs (torch's MSELoss).
       const float sc = 2.0f / (float(nb) * k);
       for (size_t i = 0; i < static_cast<size_t>(nb) * k; ++i) dy[i] = sc * (out[i] - yb[i]);
+      BlasSlot slot4;  // see kernels/threads.h
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, h, nb, 1.0f, dy.data(), k, a.data(), h, 0.0f,
                   g[2].data(), h);
       std::fill(g[3].begin(), g[3].end(), 0.0f);
       for (int t = 0; t < nb; ++t)
         for (int j = 0; j < k; ++j) g[3][j] += dy[static_cast<size_t>(t) * k + j];
+      BlasSlot slot5;  // see kernels/threads.h
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, h, k, 1.0f, dy.data(), k, W2.data(), h, 0.0f,
                   da.data(), h);
       for (size_t i = 0; i < static_cast<size_t>(nb) * h; ++i) da[i] *= gelu_grad(hp[i]);
+      BlasSlot slot6;  // see kernels/threads.h
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, d, nb, 1.0f, da.data(), h, xb.data(), d, 0.0f,
                   g[0].data(), d);
       std::fill(g[1].begin(), g[1].end(), 0.0f);

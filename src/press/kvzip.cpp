@@ -26,6 +26,7 @@ std::vector<float> value_output_gram(const Model& model, int layer) {
   std::vector<float> w(static_cast<size_t>(rows) * cols);
   for (int64_t r = 0; r < rows; ++r) dequantize_row(wo.type, wo.row(r), w.data() + r * cols, cols);
   std::vector<float> m(static_cast<size_t>(nh) * hd * hd);
+  BlasSlot slot;  // see kernels/threads.h
   for (int g = 0; g < nh; ++g)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hd, hd, static_cast<int>(rows), 1.0f, w.data() + g * hd,
                 static_cast<int>(cols), w.data() + g * hd, static_cast<int>(cols), 0.0f,
@@ -66,6 +67,7 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
   std::vector<float> logit(static_cast<size_t>(block) * m);
   for (int b0 = 0; b0 < rows_all; b0 += block) {
     const int nb = std::min(block, rows_all - b0);
+    BlasSlot slot;  // see kernels/threads.h
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, static_cast<int>(m), hd, scale, q + static_cast<size_t>(b0) * hd,
                 hd, k.data(), hd, 0.0f, logit.data(), static_cast<int>(m));
     for (int i = 0; i < nb; ++i) {
@@ -185,6 +187,7 @@ Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, i
         std::vector<float> vals(nc * hd), vm(nc * hd);
         s.values(r.begin, r.end, vals.data());
         for (int g = 0; g < G; ++g) {
+          BlasSlot slot;  // see kernels/threads.h
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nc), hd, hd, 1.0f, vals.data(), hd,
                       gram[l].data() + static_cast<size_t>(h * G + g) * hd * hd, hd, 0.0f, vm.data(), hd);
           for (size_t j = 0; j < nc; ++j) {
