@@ -51,6 +51,12 @@ double nll_logits(const float* logits, size_t n, int target) {
 }
 
 void FidelityAccumulator::add(const float* full, const float* comp, size_t n, int target) {
+  // A NaN would otherwise print as a KL of -nan and a top-1 agreement of 1 (argmax of NaNs).
+  for (const float* l : {full, comp})
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(l[i]))
+        throw Error(fmt::format("fidelity: the {} model's logit for token {} is {} at continuation token {}",
+                                l == full ? "full-cache" : "compressed-cache", i, l[i], n_));
   const double kl = kl_divergence_logits(full, comp, n);
   kl_sum_ += kl;
   kl_max_ = std::max(kl_max_, kl);

@@ -67,17 +67,27 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   hp.head_dim = static_cast<int>(f.get_int(a + "attention.key_length", hp.n_embd / hp.n_head));
   if (hp.head_dim <= 0 || hp.head_dim % 2 != 0 || hp.head_dim > 1024)
     throw Error(fmt::format("{}: head dimension {} is invalid", path, hp.head_dim));
-  hp.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  hp.rope_freq_base = static_cast<float>(f.get_float(a + "rope.freq_base", 10000.0));
+  // Out-of-range floats do not fail loudly later: they turn every activation into NaN.
+  auto in_range = [&](const std::string& key, double v, double lo, double hi, const char* what) {
+    if (!(std::isfinite(v) && v > lo && v <= hi))
+      throw Error(fmt::format("{}: metadata {} = {} is out of range ({})", path, key, v, what));
+    return v;
+  };
+  const std::string eps_key = a + "attention.layer_norm_rms_epsilon", base_key = a + "rope.freq_base";
+  hp.rms_eps = static_cast<float>(in_range(eps_key, f.get_float(eps_key, 1e-5), 0.0, 1.0, "expected 0 < eps <= 1"));
+  hp.rope_freq_base =
+      static_cast<float>(in_range(base_key, f.get_float(base_key, 10000.0), 1.0, 1e12, "expected 1 < base <= 1e12"));
   if (f.has(a + "rope.scaling.type")) {
     std::string st = f.get_string(a + "rope.scaling.type");
-    double factor = f.get_float(a + "rope.scaling.factor", 1.0);
-    if (st == "linear" && factor > 0) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-    else if (st != "none" && st != "linear" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
+    const std::string fk = a + "rope.scaling.factor";
+    double factor = in_range(fk, f.get_float(fk, 1.0), 0.0, 1e6, "expected 0 < factor <= 1e6");
+    if (st == "linear") hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    else if (st != "none" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
       throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}'", path, a, st));
   } else if (f.has(a + "rope.scale_linear")) {
-    double factor = f.get_float(a + "rope.scale_linear");
-    if (factor > 0) hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    const std::string fk = a + "rope.scale_linear";
+    hp.rope_freq_scale =
+        static_cast<float>(1.0 / in_range(fk, f.get_float(fk), 0.0, 1e6, "expected 0 < factor <= 1e6"));
   }
   hp.rope_neox = hp.arch == "qwen2";
 
@@ -95,7 +105,19 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       throw Error(fmt::format("{}: tensor 'rope_freqs.weight' has {} elements, expected {}", path, rf->nelements(),
                               hp.head_dim / 2));
     m->rope_freqs_ = f.tensor_f32(*rf);
+    for (float v : m->rope_freqs_)
+      if (!(std::isfinite(v) && v > 0))
+        throw Error(fmt::format("{}: tensor 'rope_freqs.weight' holds {} (expected finite factors > 0)", path, v));
   }
+  // A header may declare any block_count; check it against the tensor list before allocating
+  // per-layer state (2^24 layers would take gigabytes before a missing tensor was noticed).
+  const size_t per_layer = 9;  // norms, q, k, v, output, gate, up, down
+  if (f.tensors().size() < per_layer * static_cast<size_t>(hp.n_layer))
+    throw Error(fmt::format("{}: metadata {}block_count = {} needs at least {} tensors, the file has {}", path, a,
+                            hp.n_layer, per_layer * static_cast<size_t>(hp.n_layer), f.tensors().size()));
+  if (!f.find_tensor(fmt::format("blk.{}.attn_q.weight", hp.n_layer - 1)))
+    throw Error(fmt::format("{}: metadata {}block_count = {} but tensor 'blk.{}.attn_q.weight' is missing", path, a,
+                            hp.n_layer, hp.n_layer - 1));
   m->layers_.resize(hp.n_layer);
   for (int l = 0; l < hp.n_layer; ++l) {
     LayerWeights& L = m->layers_[l];

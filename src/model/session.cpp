@@ -10,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
+#include "model/numeric_guard.h"
 
 namespace kvslim {
 
@@ -296,6 +297,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     matmul(*L.w_down, g.data(), n, tmp.data(), ex);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    check_layer_finite(x.data(), x.size(), l, k.data(), v.data(), n, cache_, n_old);
   }
   if (obs && req && req->hidden_states)
     for (int t = rec0; t < n; ++t) obs->hidden_positions.push_back(pos[t]);
@@ -307,6 +309,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
   for (int t = first; t < n; ++t)
     rms_norm(x.data() + t * d, model_.output_norm().data(), xn.data() + (t - first) * d, d, hp.rms_eps);
   matmul(model_.output(), xn.data(), rows, logits, ex);
+  check_logits_finite(logits, static_cast<size_t>(rows) * hp.n_vocab);
 }
 
 }  // namespace kvslim
