@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <malloc.h>
 #include <sched.h>
 #include <sys/resource.h>
 
@@ -44,7 +45,13 @@ bool spin_until(F done, std::chrono::microseconds spin) {
 // use sequentially consistent operations, so one of them always sees the other (no lost wake-up).
 class Pool {
  public:
-  Pool() { openblas_set_num_threads(1); }  // see set_num_threads
+  Pool() {
+    openblas_set_num_threads(1);  // see set_num_threads
+    // Under an address-space limit each thread's malloc arena (64 MiB reserved) left too little
+    // for OpenBLAS's buffer, and OpenBLAS retries a failed allocation forever.
+    rlimit lim{};
+    if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) mallopt(M_ARENA_MAX, 1);
+  }
   ~Pool() { stop(); }
   void resize(int n) {
     stop();

@@ -76,7 +76,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   const std::string eps_key = a + "attention.layer_norm_rms_epsilon", base_key = a + "rope.freq_base";
   hp.rms_eps = static_cast<float>(in_range(eps_key, f.get_float(eps_key, 1e-5), 0.0, 1.0, "expected 0 < eps <= 1"));
   hp.rope_freq_base =
-      static_cast<float>(in_range(base_key, f.get_float(base_key, 10000.0), 1.0, 1e12, "expected 1 < base <= 1e12"));
+      static_cast<float>(in_range(base_key, f.get_float(base_key, 10000.0), 1.0, 3.4e38, "expected a finite base > 1"));
   if (f.has(a + "rope.scaling.type")) {
     std::string st = f.get_string(a + "rope.scaling.type");
     const std::string fk = a + "rope.scaling.factor";
