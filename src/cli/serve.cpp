@@ -1,0 +1,138 @@
+// `kvslim serve`: the OpenAI-compatible server (see src/server/server.h). Flags follow
+// llama-server's names where they overlap (--host, --port, --parallel, -c, -n, --api-key,
+// --chat-template, --alias, --timeout).
+#include <csignal>
+#include <filesystem>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/cache_options.h"
+#include "cli/commands.h"
+#include "cli/context_size.h"
+#include "kernels/threads.h"
+#include "server/server.h"
+
+namespace kvslim::cli {
+
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int) {
+  const char c = 1;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &c, 1);
+}
+
+struct ServeArgs {
+  std::string model = "models/stories260K.gguf";
+  std::string alias;
+  server::ServerOptions opt;
+  double kv_budget_mib = 0;
+  int threads = 2;
+  int ctx = 0;
+  std::string cache_type_k = "f16", cache_type_v = "f16";
+  KVQuantOptions kv_quant;
+  float temp = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  bool no_batch = false;
+};
+
+int run(ServeArgs& a) {
+  check_ratio(a.opt.compression_ratio, "--compression-ratio");
+  if (a.kv_budget_mib < 0) throw Error(fmt::format("--kv-budget {} must not be negative", a.kv_budget_mib));
+  set_num_threads(a.threads);
+  auto model = Model::load(a.model);
+  warn_context_size(*model, a.ctx);
+  server::ServerOptions& o = a.opt;
+  o.engine.kv_budget = static_cast<size_t>(a.kv_budget_mib * 1024.0 * 1024.0);
+  o.engine.batch_decode = !a.no_batch;
+  o.engine.session.n_ctx = a.ctx;
+  o.engine.session.key_codec = parse_codec(a.cache_type_k);
+  o.engine.session.value_codec = parse_codec(a.cache_type_v);
+  o.engine.session.kv_quant = a.kv_quant;
+  validate_cache_config(o.engine.session.key_codec, o.engine.session.value_codec, a.kv_quant,
+                        model->hparams().head_dim);
+  o.sampling = {a.temp, a.top_k, a.top_p, 0};
+  o.model_name = a.alias.empty() ? std::filesystem::path(a.model).filename().string() : a.alias;
+
+  // SIGINT / SIGTERM stop the server: the handler only writes to a pipe (async-signal-safe) and a
+  // thread reading it calls stop(). A mask would not do: OpenBLAS starts its threads before main.
+  server::Server srv(*model, o);
+  const int port = srv.bind();
+  if (pipe(g_signal_pipe) != 0) throw Error("cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::thread waiter([&] {
+    char c = 0;
+    while (read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    srv.stop();
+  });
+  fmt::print(stderr, "kvslim serve: {} on http://{}:{} ({} slots, KV budget {}, press {})\n", o.model_name, o.host,
+             port, o.engine.parallel,
+             o.engine.kv_budget ? fmt::format("{:.1f} MiB", a.kv_budget_mib) : std::string("unlimited"), o.press);
+  std::fflush(stderr);
+  srv.run();
+  // run() returned: either a signal arrived (the waiter is done) or listening failed.
+  on_signal(0);  // wakes the waiter when run() returned for another reason
+  waiter.join();
+  fmt::print(stderr, "kvslim serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app, Action& action) {
+  auto a = std::make_shared<ServeArgs>();
+  server::ServerOptions& o = a->opt;
+  auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request KV-cache compression");
+  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  sub->add_option("--alias", a->alias, "model name in /v1/models and responses (default: the file name)");
+  sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
+  sub->add_option("--port", o.port, "port (0 = any free port, printed at start)")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  sub->add_option("--parallel", o.engine.parallel, "slots: requests processed at once")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--queue", o.engine.max_queue, "requests that may wait for a slot; more get 503")
+      ->capture_default_str()->check(CLI::Range(0, 100000));
+  sub->add_option("--kv-budget", a->kv_budget_mib,
+                  "KV cache MiB over all running requests (0 = no limit); admission by measured bytes after compression")
+      ->capture_default_str();
+  sub->add_option("--press", o.press, "default press spec (a request may name its own with \"press\")")
+      ->capture_default_str();
+  sub->add_option("--compression-ratio", o.compression_ratio, "default compression ratio, in [0, 1)")
+      ->capture_default_str();
+  sub->add_option("--chunk-size", o.engine.chunk_size,
+                  "prefill chunk in tokens: the press acts after each, and running requests decode between chunks")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub->add_option("-c,--ctx-size", a->ctx, "context size per request in tokens (0 = the model's)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1 = until end of generation or context)")
+      ->capture_default_str()->check(CLI::Range(-1, 1 << 30));
+  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  sub->add_option("--temp", a->temp, "default temperature; 0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "default top-k (0 = off)")->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "default top-p (1 = off)")->capture_default_str();
+  sub->add_option("--api-key", o.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");
+  sub->add_option("--chat-template", o.chat_template,
+                  "chat template family: llama2, llama3, chatml, qwen2, mistral (default: the model's)");
+  sub->add_option("--timeout", o.timeout_s, "seconds a request may take from arrival to its last token")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-body", o.max_body, "request body limit in bytes")->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  sub->add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt limit in tokens (0 = the context size)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");
+  add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
+  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+}
+
+}  // namespace kvslim::cli

@@ -1,0 +1,131 @@
+#pragma once
+// The serving engine: N slots sharing one model's weights, a bounded FIFO queue, and a KV memory
+// budget across requests. One engine thread does all model work (the kernels' thread pool serves
+// one caller at a time); each loop it admits queued requests, runs one prefill chunk of one request
+// (so running requests keep streaming while a long prompt is read), then one decode step for every
+// decoding request.
+//
+// Budget: a request is admitted when the bytes it reserves fit beside those reserved by the running
+// requests. Before its prefill a request reserves the bytes of its cache at the largest size it can
+// reach (kept context + one chunk + question + max tokens, at its press's nominal ratio, measured on
+// a scratch segment with its codecs); once its context is compressed the reservation becomes the
+// cache's measured bytes plus room for the tokens it may still generate. Nothing is ever evicted
+// from a running request's cache to make room.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvslim/press.h"
+#include "kvslim/sampling.h"
+#include "kvslim/session.h"
+#include "server/api.h"
+
+namespace kvslim::server {
+
+using Clock = std::chrono::steady_clock;
+
+/// Engine settings (the `kvslim serve` flags).
+struct EngineOptions {
+  int parallel = 4;            ///< slots: requests prefilling or decoding at once
+  size_t kv_budget = 0;        ///< bytes of KV cache over all running requests; 0 = no limit
+  int max_queue = 64;          ///< requests waiting for a slot; one more gets 503
+  int chunk_size = 256;        ///< prefill tokens per engine step (the press acts after each)
+  bool batch_decode = true;    ///< one forward pass over the weights for all decoding requests
+  SessionOptions session;      ///< n_ctx and the default cache codecs
+};
+
+/// One request: its input (set before submit, then read-only) and the channel its output comes
+/// back on (guarded by `mu`; the engine appends, the HTTP thread reads and waits on `cv`).
+struct Job {
+  // Input.
+  std::vector<Token> context, question;
+  int max_tokens = -1;                 ///< -1: until end of generation or the context size
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  std::unique_ptr<Press> press;
+  SessionOptions session;
+  Clock::time_point deadline = Clock::time_point::max();
+  size_t reservation = 0;              ///< bytes reserved before prefill (set by Engine::estimate)
+
+  // Output.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;                    ///< generated so far (cut before a stop string once found)
+  bool done = false;
+  std::string finish_reason;           ///< "stop" or "length"
+  std::optional<ApiError> error;       ///< set instead of a finish reason when the request failed
+  Usage usage;
+  bool started = false;                ///< a slot took it (it left the queue)
+
+  /// Set by the HTTP side when the client went away: the engine drops the request at its next step.
+  std::atomic<bool> cancelled{false};
+};
+
+/// Counters and gauges for /metrics.
+struct EngineMetrics {
+  uint64_t requests_finished = 0, requests_failed = 0, requests_cancelled = 0, requests_rejected = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0;
+  uint64_t decode_steps = 0, decode_rows = 0;  ///< forward passes of the decode step, and tokens in them
+  double prefill_seconds = 0, decode_seconds = 0;
+  int active = 0, queued = 0, prefilling = 0;
+  size_t kv_bytes_in_use = 0;      ///< measured bytes of every running request's cache
+  size_t kv_bytes_full_f16 = 0;    ///< what those caches would take in full f16
+  size_t kv_bytes_reserved = 0;
+  size_t kv_budget = 0;
+  int parallel = 0, last_batch = 0;
+};
+
+class Engine {
+ public:
+  /// Starts the engine thread. `model` must outlive the engine.
+  Engine(const Model& model, EngineOptions opt);
+  /// Stops the engine thread; requests still queued or running end with an error.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Bytes `job` reserves before its prefill (see the header comment). Measured on scratch
+  /// segments with the job's codecs; call from any thread.
+  size_t estimate(const Job& job) const;
+  /// Queues the job (job->reservation must be set). Throws ApiError 503 when the queue is full or
+  /// when the job alone needs more than the whole budget (the message gives both numbers).
+  void submit(const std::shared_ptr<Job>& job);
+  /// Wakes the engine (after a job was cancelled).
+  void notify();
+
+  EngineMetrics metrics() const;
+  const EngineOptions& options() const { return opt_; }
+
+ private:
+  struct Active;
+  void loop();
+  void admit_locked();
+  bool can_admit_locked() const;
+  void prefill_step(Active& a);
+  void decode_step(std::vector<Active*>& rows);
+  /// Samples from a.logits and hands the token to the job; returns false when the request ended.
+  bool take_token(Active& a);
+  void finish(Active& a, const std::string& reason, std::optional<ApiError> err = std::nullopt);
+  size_t segment_bytes(const SessionOptions& s, size_t n) const;
+  size_t growth_bytes(const Active& a) const;
+
+  const Model& model_;
+  EngineOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::unique_ptr<Active>> active_;  // touched by the engine thread; size read under mu_
+  size_t reserved_ = 0;                          // under mu_
+  EngineMetrics m_;                              // under mu_
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvslim::server

@@ -1,0 +1,41 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace kvslim::server {
+
+std::string prometheus_text(const EngineMetrics& m) {
+  std::string out;
+  auto put = [&](const char* name, const char* type, const char* help, double v) {
+    out += fmt::format("# HELP kvslim_{} {}\n# TYPE kvslim_{} {}\nkvslim_{} {}\n", name, help, name, type, name, v);
+  };
+  put("requests_finished_total", "counter", "Requests that ended normally (stop or length).", double(m.requests_finished));
+  put("requests_failed_total", "counter", "Requests that ended with an error after being accepted.", double(m.requests_failed));
+  put("requests_cancelled_total", "counter", "Requests dropped because the client disconnected.", double(m.requests_cancelled));
+  put("requests_rejected_total", "counter", "Requests refused with 503 (queue full or larger than the KV budget).",
+      double(m.requests_rejected));
+  put("prompt_tokens_total", "counter", "Prompt tokens prefilled (context and question).", double(m.prompt_tokens));
+  put("tokens_generated_total", "counter", "Tokens generated.", double(m.generated_tokens));
+  put("prefill_seconds_total", "counter", "Engine time spent in prefill (chunks and compression).", m.prefill_seconds);
+  put("decode_seconds_total", "counter", "Engine time spent in decode steps.", m.decode_seconds);
+  put("prompt_tokens_per_second", "gauge", "Prefill rate over the server's life (prompt tokens / prefill seconds).",
+      m.prefill_seconds > 0 ? m.prompt_tokens / m.prefill_seconds : 0.0);
+  put("decode_tokens_per_second", "gauge", "Aggregate decode rate over the server's life (decoded rows / decode seconds).",
+      m.decode_seconds > 0 ? m.decode_rows / m.decode_seconds : 0.0);
+  put("decode_passes_total", "counter", "Forward passes over the weights made by decode steps.", double(m.decode_steps));
+  put("decode_rows_total", "counter", "Tokens run by those passes (rows / passes = mean batch size).",
+      double(m.decode_rows));
+  put("decode_batch_size", "gauge", "Requests in the last decode pass.", m.last_batch);
+  put("requests_processing", "gauge", "Requests holding a slot.", m.active);
+  put("requests_prefilling", "gauge", "Requests still reading their prompt.", m.prefilling);
+  put("requests_queued", "gauge", "Requests waiting for a slot or for KV budget.", m.queued);
+  put("slots", "gauge", "Slots (--parallel).", m.parallel);
+  put("kv_bytes_in_use", "gauge", "Measured KV cache bytes of the running requests.", double(m.kv_bytes_in_use));
+  put("kv_bytes_saved", "gauge", "Full f16 cache bytes of the running requests' tokens minus kv_bytes_in_use.",
+      m.kv_bytes_full_f16 > m.kv_bytes_in_use ? double(m.kv_bytes_full_f16 - m.kv_bytes_in_use) : 0.0);
+  put("kv_bytes_reserved", "gauge", "KV bytes reserved by the running requests (admission).", double(m.kv_bytes_reserved));
+  put("kv_budget_bytes", "gauge", "KV budget over all requests (--kv-budget; 0 = none).", double(m.kv_budget));
+  return out;
+}
+
+}  // namespace kvslim::server

@@ -1,0 +1,68 @@
+#pragma once
+// Chat templates: turn a conversation (role + content messages) into the prompt text a chat model
+// was trained on. The GGUF's `tokenizer.chat_template` (a Jinja template from the model's
+// tokenizer_config.json) is recognised as one of the common families and rendered by code written
+// from that family's template:
+//   llama2   Llama 2 chat      <s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] U2 [/INST]
+//   llama3   Llama 3 instruct  <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>...
+//   chatml   ChatML / Qwen2    <|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n
+//   mistral  Mistral instruct  <s>[INST] U [/INST]A</s>[INST] U2 [/INST]
+// Debian 12 packages no C++ Jinja engine (inja is not in bookworm), so another template is an error
+// that names it; `--chat-template NAME` picks a family by hand.
+#include <string>
+#include <vector>
+
+#include "kvslim/gguf.h"
+#include "kvslim/tokenizer.h"
+
+namespace kvslim {
+
+/// One message of a conversation. `role` is "system", "user" or "assistant".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+/// The template families kvslim renders.
+enum class ChatFamily { Llama2, Llama3, ChatML, Mistral };
+
+/// A recognised chat template. Cheap to copy; immutable, so safe to share between threads.
+class ChatTemplate {
+ public:
+  /// By family name: "llama2", "llama3", "chatml" (also "qwen2"), "mistral". Throws kvslim::Error
+  /// naming the value and listing the names for anything else.
+  static ChatTemplate from_name(const std::string& name);
+  /// Recognises a Jinja template source by the markers its family writes ("<|im_start|>",
+  /// "<|start_header_id|>", "[INST]" with or without "<<SYS>>"). ChatML templates that insert a
+  /// default system message when the conversation has none (Qwen2's "You are a helpful
+  /// assistant.") keep that behaviour. Throws kvslim::Error quoting the start of the template
+  /// (and `where`, e.g. the file's name) when it belongs to no known family.
+  static ChatTemplate from_source(const std::string& source, const std::string& where = "chat template");
+  /// The template of a model file: `tokenizer.chat_template`, through from_source. Throws
+  /// kvslim::Error naming the file when the key is missing.
+  static ChatTemplate from_gguf(const GGUFFile& file);
+
+  ChatFamily family() const { return family_; }
+  /// The family's name as accepted by from_name.
+  std::string name() const;
+
+  /// Renders the conversation as the family's Jinja template would, with `bos` / `eos` standing for
+  /// the template's bos_token / eos_token and the generation prompt added (the text the assistant's
+  /// reply follows). Throws kvslim::Error, naming the template and the message index, for an empty
+  /// conversation, an unknown role, roles that the template refuses (llama2 and mistral require
+  /// user/assistant alternation starting with user, after an optional first system message).
+  /// Mistral's v0.1 template has no system role; a system message is prepended to the first user
+  /// message followed by a blank line (what Mistral's later templates do with it).
+  std::string render(const std::vector<ChatMessage>& messages, const std::string& bos, const std::string& eos) const;
+
+  /// render() with the tokenizer's BOS/EOS texts, then encoded with special tokens parsed. A
+  /// leading BOS text becomes the BOS id (never doubled).
+  std::vector<Token> tokenize(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const;
+
+ private:
+  explicit ChatTemplate(ChatFamily f) : family_(f) {}
+  ChatFamily family_;
+  std::string default_system_;  // chatml: inserted when the first message is not a system message
+};
+
+}  // namespace kvslim

@@ -1,0 +1,133 @@
+"""Helpers for the `kvslim serve` tests: start a server on a free loopback port, talk to it with
+Python's standard library (http.client), read server-sent events. No third-party packages."""
+import http.client
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+
+KVSLIM = os.environ.get("KVSLIM", "build/kvslim")
+SRC = os.environ.get("KVSLIM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(SRC, "models", "stories260K.gguf")
+
+
+class ServerProc:
+    """`kvslim serve --port 0 ARGS...`; the port is read from the line it prints on stderr."""
+
+    def __init__(self, *args, model=MODEL):
+        cmd = [KVSLIM, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", *map(str, args)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        self.log = []
+        deadline = time.time() + 60
+        self.port = None
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if self.port is None:
+            self.proc.kill()
+            raise RuntimeError("server did not start: " + "".join(self.log))
+        # Keep draining stderr so the server never blocks on a full pipe.
+        self._drain = threading.Thread(target=lambda: [self.log.append(l) for l in self.proc.stderr], daemon=True)
+        self._drain.start()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._drain.join(timeout=5)
+            self.proc.stderr.close()
+        return self.proc.returncode
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def metrics(self):
+        status, text = request(self.port, "GET", "/metrics", raw=True)
+        assert status == 200, text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
+def request(port, method, path, body=None, headers=None, raw=False, timeout=120):
+    """Returns (status, parsed JSON or text). `body`: dict (sent as JSON) or str/bytes (sent as is)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    data = None
+    if body is not None:
+        data = body.encode() if isinstance(body, str) else body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers=h)
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8", errors="replace")
+    conn.close()
+    if raw:
+        return resp.status, text
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+def post(port, path, body, **kw):
+    return request(port, "POST", path, body, **kw)
+
+
+def stream(port, path, body, stop_after=None, timeout=120):
+    """POSTs with "stream": true and reads server-sent events. Returns (status, events, done) where
+    events are the parsed JSON payloads and done says whether "data: [DONE]" arrived. With
+    `stop_after`, closes the connection after that many events (a client that goes away)."""
+    body = dict(body, stream=True)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        text = resp.read().decode()
+        conn.close()
+        return resp.status, [json.loads(text)], False
+    assert resp.getheader("Content-Type", "").startswith("text/event-stream"), resp.getheader("Content-Type")
+    events, done = [], False
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.decode("utf-8").rstrip("\r\n")
+        if not line.startswith("data: "):
+            continue  # blank separators and ": keep-alive" comments
+        payload = line[len("data: "):]
+        if payload == "[DONE]":
+            done = True
+            break
+        events.append(json.loads(payload))
+        if stop_after is not None and len(events) >= stop_after:
+            break
+    conn.close()
+    return resp.status, events, done
+
+
+def stream_text(events, chat):
+    parts = []
+    for e in events:
+        for c in e.get("choices", []):
+            parts.append(c["delta"].get("content", "") if chat else c["text"])
+    return "".join(parts)

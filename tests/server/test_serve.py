@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""`kvslim serve` over real HTTP on loopback (standard library client): every endpoint, streaming,
+every bad request, identical greedy outputs for identical concurrent requests, no cross-talk,
+cancellation, limits, the KV budget, and a bounded load test. Run one class per ctest test:
+    KVSLIM=build/kvslim python3 tests/server/test_serve.py Endpoints"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import unittest
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import KVSLIM, MODEL, ServerProc, post, request, stream, stream_text  # noqa: E402
+
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+
+
+def generate_cli(prompt, n):
+    """Greedy continuation from `kvslim generate` (the CLI's own path), as an independent reference."""
+    out = subprocess.run([KVSLIM, "generate", "-m", MODEL, "-p", prompt, "--temp", "0", "-n", str(n)],
+                         capture_output=True, text=True, check=True).stdout
+    out = out.split("\n\n--- kvslim ---")[0]
+    return out[len(prompt):] if out.startswith(prompt) else out
+
+
+class Endpoints(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = ServerProc("--parallel", 4, "--temp", 0, "-c", 256, "--chat-template", "chatml",
+                             "--max-body", 4096, "--timeout", 60)
+        cls.port = cls.srv.port
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.close()
+
+    def complete(self, **body):
+        status, j = post(self.port, "/v1/completions", body)
+        self.assertEqual(status, 200, j)
+        return j
+
+    def test_health(self):
+        status, j = request(self.port, "GET", "/health")
+        self.assertEqual(status, 200)
+        self.assertEqual(j["status"], "ok")
+        self.assertEqual(j["slots_idle"] + j["slots_processing"], 4)
+
+    def test_models(self):
+        status, j = request(self.port, "GET", "/v1/models")
+        self.assertEqual(status, 200)
+        self.assertEqual(j["object"], "list")
+        self.assertEqual([m["id"] for m in j["data"]], ["stories260K.gguf"])
+        self.assertEqual(j["data"][0]["object"], "model")
+        self.assertEqual(j["data"][0]["meta"]["n_ctx"], 256)
+        self.assertEqual(j["data"][0]["meta"]["chat_template"], "chatml")
+
+    def test_metrics(self):
+        before = self.srv.metrics()
+        self.complete(prompt="Once", max_tokens=5)
+        after = self.srv.metrics()
+        for name in ["kvslim_requests_finished_total", "kvslim_tokens_generated_total", "kvslim_kv_bytes_in_use",
+                     "kvslim_kv_bytes_saved", "kvslim_requests_queued", "kvslim_prompt_tokens_per_second",
+                     "kvslim_decode_tokens_per_second", "kvslim_kv_budget_bytes"]:
+            self.assertIn(name, after)
+        self.assertGreaterEqual(after["kvslim_requests_finished_total"], before["kvslim_requests_finished_total"] + 1)
+        self.assertGreaterEqual(after["kvslim_tokens_generated_total"], before["kvslim_tokens_generated_total"] + 5)
+        status, text = request(self.port, "GET", "/metrics", raw=True)
+        self.assertIn("# TYPE kvslim_requests_finished_total counter", text)
+
+    def test_completion_shape_and_usage(self):
+        j = self.complete(prompt=STORY, max_tokens=8)
+        self.assertEqual(j["object"], "text_completion")
+        self.assertTrue(j["id"].startswith("cmpl-"))
+        self.assertEqual(j["model"], "stories260K.gguf")
+        c = j["choices"][0]
+        self.assertEqual(c["index"], 0)
+        self.assertEqual(c["finish_reason"], "length")
+        self.assertIsInstance(c["text"], str)
+        u = j["usage"]
+        self.assertEqual(u["completion_tokens"], 8)
+        self.assertEqual(u["total_tokens"], u["prompt_tokens"] + 8)
+        # stories260K: 5 layers x 4 KV heads; no press keeps every entry.
+        self.assertEqual(u["entries_total"], u["prompt_tokens"] * 20)
+        self.assertEqual(u["entries_kept"], u["entries_total"])
+        self.assertEqual(u["compression_ratio"], 0.0)
+        self.assertEqual(u["kv_bytes"], u["kv_full_f16_bytes"])
+
+    def test_press_per_request_measured(self):
+        long_prompt = " ".join([STORY] * 4)
+        full = self.complete(prompt=long_prompt, max_tokens=1)["usage"]
+        pressed = self.complete(prompt=long_prompt, max_tokens=1, press="knorm", compression_ratio=0.5)["usage"]
+        n = pressed["prompt_tokens"]
+        # The design's rule: each segment keeps floor(n * (1 - r)) entries.
+        kept = (n * 1) // 2
+        self.assertEqual(pressed["entries_kept"], kept * 20)
+        self.assertAlmostEqual(pressed["compression_ratio"], 1 - kept / n, places=6)
+        self.assertLess(pressed["kv_bytes"], full["kv_bytes"])
+        self.assertTrue(pressed["press"].startswith("knorm"), pressed["press"])
+        q8 = self.complete(prompt=long_prompt, max_tokens=1, cache_type_k="q8_0", cache_type_v="q8_0")["usage"]
+        self.assertLess(q8["kv_bytes"], full["kv_bytes"])
+
+    def test_greedy_equals_generate_cli(self):
+        j = self.complete(prompt=STORY, max_tokens=24, temperature=0)
+        self.assertEqual(j["choices"][0]["text"], generate_cli(STORY, 24))
+
+    def test_prompt_as_tokens(self):
+        j = self.complete(prompt=[1, 400, 300, 500], max_tokens=6)
+        self.assertEqual(j["usage"]["prompt_tokens"], 4)
+        self.assertEqual(j["usage"]["completion_tokens"], 6)
+
+    def test_stop_string(self):
+        text = self.complete(prompt=STORY, max_tokens=32)["choices"][0]["text"]
+        stop = text[10:14]
+        j = self.complete(prompt=STORY, max_tokens=32, stop=[stop, "zzzz"])
+        self.assertEqual(j["choices"][0]["text"], text[:text.find(stop)])
+        self.assertEqual(j["choices"][0]["finish_reason"], "stop")
+        status, events, done = stream(self.port, "/v1/completions", {"prompt": STORY, "max_tokens": 32, "stop": stop})
+        self.assertTrue(done)
+        self.assertEqual(stream_text(events, False), text[:text.find(stop)])
+
+    def test_max_tokens_zero(self):
+        j = self.complete(prompt=STORY, max_tokens=0)
+        self.assertEqual(j["choices"][0]["text"], "")
+        self.assertEqual(j["choices"][0]["finish_reason"], "length")
+        self.assertEqual(j["usage"]["completion_tokens"], 0)
+
+    def test_completion_stream(self):
+        body = {"prompt": STORY, "max_tokens": 20}
+        whole = self.complete(**body)["choices"][0]["text"]
+        status, events, done = stream(self.port, "/v1/completions", dict(body, stream_options={"include_usage": True}))
+        self.assertEqual(status, 200)
+        self.assertTrue(done)
+        self.assertEqual(stream_text(events, False), whole)
+        self.assertEqual(events[-2]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(events[-1]["choices"], [])
+        self.assertEqual(events[-1]["usage"]["completion_tokens"], 20)
+        for e in events[:-2]:
+            self.assertIsNone(e["choices"][0]["finish_reason"])
+
+    def test_chat(self):
+        body = {"messages": [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Once upon"}],
+                "max_tokens": 16}
+        status, j = post(self.port, "/v1/chat/completions", body)
+        self.assertEqual(status, 200, j)
+        self.assertEqual(j["object"], "chat.completion")
+        self.assertEqual(j["choices"][0]["message"]["role"], "assistant")
+        whole = j["choices"][0]["message"]["content"]
+        # The prompt is the ChatML text: the bundled vocabulary spells its markers as plain text.
+        status, ref = post(self.port, "/v1/completions",
+                           {"prompt": "<|im_start|>system\nTell a story.<|im_end|>\n<|im_start|>user\nOnce upon"
+                                      "<|im_end|>\n<|im_start|>assistant\n", "max_tokens": 16})
+        self.assertEqual(ref["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"])
+        self.assertEqual(ref["choices"][0]["text"], whole)
+        status, events, done = stream(self.port, "/v1/chat/completions", body)
+        self.assertTrue(done)
+        self.assertEqual(events[0]["object"], "chat.completion.chunk")
+        self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
+        self.assertEqual(stream_text(events, True), whole)
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(events[-1]["choices"][0]["delta"], {})
+
+    def test_bad_requests(self):
+        cases = [
+            ("/v1/completions", "not json{", None),
+            ("/v1/completions", "[1, 2]", None),
+            ("/v1/completions", {}, "prompt"),
+            ("/v1/completions", {"prompt": ""}, "prompt"),
+            ("/v1/completions", {"prompt": 5}, "prompt"),
+            ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+            ("/v1/completions", {"prompt": [999999]}, "prompt"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, "max_tokens"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2.5}, "max_tokens"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, "max_tokens"),
+            ("/v1/completions", {"prompt": "hi", "temperature": 3}, "temperature"),
+            ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature"),
+            ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
+            ("/v1/completions", {"prompt": "hi", "top_k": -3}, "top_k"),
+            ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+            ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
+            ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+            ("/v1/completions", {"prompt": "hi", "stop": 7}, "stop"),
+            ("/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+            ("/v1/completions", {"prompt": "hi", "press": "nosuchpress"}, "press"),
+            ("/v1/completions", {"prompt": "hi", "press": "snapkv:window=x"}, "press"),
+            ("/v1/completions", {"prompt": "hi", "press": 3}, "press"),
+            ("/v1/completions", {"prompt": "hi", "press": "snapkv", "compression_ratio": 1.5}, "compression_ratio"),
+            ("/v1/completions", {"prompt": "hi", "compression_ratio": "half"}, "compression_ratio"),
+            ("/v1/completions", {"prompt": "hi", "cache_type_k": "q3_x"}, "cache_type_k"),
+            ("/v1/completions", {"prompt": "hi", "cache_type_v": 8}, "cache_type_v"),
+            ("/v1/completions", {"prompt": "word " * 400}, "prompt"),
+            ("/v1/chat/completions", {}, "messages"),
+            ("/v1/chat/completions", {"messages": []}, "messages"),
+            ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+            ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
+            ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages[0].role"),
+            ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+             "messages[0].content[0].type"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "question": "q"}, "question"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
+        ]
+        for path, body, param in cases:
+            with self.subTest(body=body):
+                status, j = post(self.port, path, body)
+                self.assertEqual(status, 400, j)
+                self.assertIn("error", j)
+                self.assertEqual(j["error"]["type"], "invalid_request_error")
+                self.assertEqual(j["error"]["param"], param, j)
+                self.assertTrue(j["error"]["message"])
+                if param:
+                    self.assertIn(param.split("[")[0], j["error"]["message"])
+        status, j = post(self.port, "/v1/completions", {"prompt": "word " * 400})
+        self.assertEqual(j["error"]["code"], "context_length_exceeded")
+        status, j = request(self.port, "GET", "/v1/nothing")
+        self.assertEqual(status, 404)
+        self.assertIn("/v1/nothing", j["error"]["message"])
+        status, j = post(self.port, "/v1/completions", {"prompt": "x" * 5000})
+        self.assertEqual(status, 413)
+        self.assertIn("4096", j["error"]["message"])
+        # Still up and serving.
+        self.complete(prompt="Once", max_tokens=2)
+
+    def test_identical_concurrent_greedy(self):
+        body = {"prompt": STORY, "max_tokens": 24}
+        solo = self.complete(**body)["choices"][0]["text"]
+        with ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(lambda _: post(self.port, "/v1/completions", body), range(8)))
+        for status, j in results:
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["choices"][0]["text"], solo)
+
+    def test_no_cross_talk(self):
+        prompts = ["Once upon a time", "The cat sat", "Tom had a red ball", "It was a sunny day",
+                   "Lily and Ben went", "The dog ran to", "Mom said to", "In the big forest"]
+        solo = [self.complete(prompt=p, max_tokens=16, press="knorm" if i % 2 else "none",
+                              compression_ratio=0.3)["choices"][0]["text"] for i, p in enumerate(prompts)]
+
+        def one(i):
+            if i % 3 == 0:
+                s, ev, done = stream(self.port, "/v1/completions", {"prompt": prompts[i], "max_tokens": 16,
+                                                                   "press": "knorm" if i % 2 else "none",
+                                                                   "compression_ratio": 0.3})
+                return stream_text(ev, False)
+            s, j = post(self.port, "/v1/completions", {"prompt": prompts[i], "max_tokens": 16,
+                                                       "press": "knorm" if i % 2 else "none", "compression_ratio": 0.3})
+            return j["choices"][0]["text"]
+
+        with ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(one, range(len(prompts))))
+        self.assertEqual(got, solo)
+        self.assertGreater(len(set(solo)), 4)  # the prompts do lead to different texts
+
+    def test_cancel_on_disconnect(self):
+        before = self.srv.metrics()["kvslim_requests_cancelled_total"]
+        status, events, done = stream(self.port, "/v1/completions", {"prompt": STORY, "max_tokens": 200,
+                                                                    "temperature": 1.0, "seed": 1},
+                                      stop_after=1)
+        self.assertEqual(status, 200)
+        self.assertFalse(done)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            m = self.srv.metrics()
+            if m["kvslim_requests_cancelled_total"] >= before + 1 or m["kvslim_requests_processing"] == 0:
+                break
+            time.sleep(0.05)
+        # Either cancelled, or it had already finished all 200 tokens before the socket closed.
+        m = self.srv.metrics()
+        self.assertEqual(m["kvslim_requests_processing"], 0)
+        self.complete(prompt="Once", max_tokens=2)
+
+
+class Limits(unittest.TestCase):
+    def test_api_key(self):
+        srv = ServerProc("--api-key", "sekret", "--temp", 0)
+        try:
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+            self.assertEqual(status, 401)
+            self.assertEqual(j["error"]["type"], "authentication_error")
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2},
+                             headers={"Authorization": "Bearer wrong"})
+            self.assertEqual(status, 401)
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2},
+                             headers={"Authorization": "Bearer sekret"})
+            self.assertEqual(status, 200, j)
+            self.assertEqual(request(srv.port, "GET", "/health")[0], 200)
+        finally:
+            srv.close()
+
+    def test_kv_budget(self):
+        # stories260K: 20 segments x 36 B per f16 entry = 720 B per token; 0.05 MiB holds ~72 tokens.
+        # A request reserves its peak: what the press kept so far plus one uncompressed chunk.
+        srv = ServerProc("--kv-budget", 0.05, "--temp", 0, "-c", 512, "--chunk-size", 16)
+        try:
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 300})
+            self.assertEqual(status, 503, j)
+            self.assertEqual(j["error"]["code"], "kv_budget_exceeded")
+            self.assertIn("budget", j["error"]["message"])
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8})
+            self.assertEqual(status, 200, j)
+            # The same long request fits once a press shrinks what it keeps.
+            long_prompt = " ".join([STORY] * 3)
+            status, j = post(srv.port, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4})
+            self.assertEqual(status, 503, j)
+            status, j = post(srv.port, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4,
+                                                           "press": "knorm", "compression_ratio": 0.75})
+            self.assertEqual(status, 200, j)
+            self.assertEqual(srv.metrics()["kvslim_kv_budget_bytes"], int(0.05 * 1024 * 1024))
+        finally:
+            srv.close()
+
+    def test_queue_full(self):
+        srv = ServerProc("--parallel", 1, "--queue", 0, "-c", 512, "--temp", 0)
+        try:
+            results = []
+
+            def long_one():
+                results.append(post(srv.port, "/v1/completions", {"prompt": STORY, "max_tokens": 400}))
+
+            t = threading.Thread(target=long_one)
+            t.start()
+            deadline = time.time() + 20
+            while srv.metrics()["kvslim_requests_processing"] == 0 and time.time() < deadline and t.is_alive():
+                time.sleep(0.001)
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+            t.join()
+            self.assertEqual(results[0][0], 200)
+            if status == 503:
+                self.assertEqual(j["error"]["code"], "queue_full")
+            else:  # the long request finished before this one arrived (a very fast machine)
+                self.assertEqual(status, 200)
+            self.assertGreaterEqual(srv.metrics()["kvslim_requests_rejected_total"], 1 if status == 503 else 0)
+        finally:
+            srv.close()
+
+
+class Load(unittest.TestCase):
+    def test_100_concurrent(self):
+        srv = ServerProc("--parallel", 8, "--queue", 128, "-c", 256, "--temp", 0)
+        try:
+            post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 4})
+            idle = srv.rss_kib()
+            prompts = [f"{STORY} Number {i}." for i in range(100)]
+
+            def one(i):
+                body = {"prompt": prompts[i], "max_tokens": 24 + i % 9,
+                        "press": ["none", "knorm", "snapkv", "streaming_llm"][i % 4], "compression_ratio": 0.5}
+                if i % 5 == 0:
+                    s, ev, done = stream(srv.port, "/v1/completions", body)
+                    return s if done else -1
+                return post(srv.port, "/v1/completions", body)[0]
+
+            with ThreadPoolExecutor(100) as ex:
+                statuses = list(ex.map(one, range(100)))
+            self.assertEqual(statuses, [200] * 100)
+            m = srv.metrics()
+            self.assertGreaterEqual(m["kvslim_requests_finished_total"], 101)
+            self.assertEqual(m["kvslim_requests_failed_total"], 0)
+            self.assertEqual(m["kvslim_kv_bytes_in_use"], 0)
+            self.assertEqual(m["kvslim_kv_bytes_reserved"], 0)
+            after = srv.rss_kib()
+            # Caches are freed when a request ends: RSS returns near its idle level.
+            self.assertLess(after, idle + 32 * 1024, (idle, after))
+        finally:
+            self.assertEqual(srv.close(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,79 @@
+// The server's request parsing, stop-string scanning and metrics text, without HTTP (the HTTP
+// tests are tests/server/*.py).
+#include <gtest/gtest.h>
+
+#include "server/api.h"
+#include "server/metrics.h"
+
+using namespace kvslim;
+using namespace kvslim::server;
+
+TEST(ServerApi, StopStringsAndUtf8) {
+  // No stop strings: everything is safe.
+  EXPECT_EQ(find_stop("hello", {}).safe, 5u);
+  // A match cuts before the earliest occurrence of any stop string.
+  StopMatch m = find_stop("one two three", {"three", "two"});
+  EXPECT_TRUE(m.stopped);
+  EXPECT_EQ(m.cut, 4u);
+  // "thr" may be the start of "three": held back.
+  m = find_stop("one thr", {"three"});
+  EXPECT_FALSE(m.stopped);
+  EXPECT_EQ(m.safe, 4u);
+  // The longest held tail over all stop strings.
+  EXPECT_EQ(find_stop("abcab", {"abx", "cabz"}).safe, 2u);
+  // An incomplete UTF-8 character is held back: "é" is C3 A9, "€" is E2 82 AC.
+  EXPECT_EQ(find_stop("caf\xC3", {}).safe, 3u);
+  EXPECT_EQ(find_stop("caf\xC3\xA9", {}).safe, 5u);
+  EXPECT_EQ(find_stop("x\xE2\x82", {}).safe, 1u);
+  EXPECT_EQ(find_stop("x\xE2\x82\xAC", {}).safe, 4u);
+}
+
+TEST(ServerApi, ParsesAndNamesFields) {
+  CompletionRequest r = parse_completion_request(
+      R"({"prompt":"hi","max_tokens":3,"temperature":0,"stop":"x","press":"snapkv","compression_ratio":0.5,
+          "question":"q?","seed":7,"stream":true,"stream_options":{"include_usage":true}})",
+      false);
+  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_EQ(r.max_tokens, 3);
+  EXPECT_EQ(*r.temperature, 0.0f);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(*r.press, "snapkv");
+  EXPECT_DOUBLE_EQ(*r.compression_ratio, 0.5);
+  EXPECT_EQ(r.question, "q?");
+  EXPECT_EQ(*r.seed, 7u);
+  EXPECT_TRUE(r.stream && r.include_usage);
+  r = parse_completion_request(R"({"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})", true);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "ab");
+  try {
+    parse_completion_request(R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":null}]})", true);
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages[1].content");
+    nlohmann::json j = error_json(e);
+    EXPECT_EQ(j["error"]["param"], "messages[1].content");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(j["error"]["code"].is_null());
+  }
+  EXPECT_THROW(parse_completion_request(R"({"prompt":"a","seed":1.5})", false), ApiError);
+  EXPECT_THROW(parse_completion_request(R"({"prompt":"a","max_tokens":1e3})", false), ApiError);
+}
+
+TEST(ServerApi, InvalidUtf8IsReplacedNotThrown) {
+  EXPECT_EQ(dump(nlohmann::json("a\xC3")), "\"a\xEF\xBF\xBD\"");
+}
+
+TEST(ServerApi, PrometheusText) {
+  EngineMetrics m;
+  m.requests_finished = 3;
+  m.kv_bytes_in_use = 100;
+  m.kv_bytes_full_f16 = 400;
+  m.decode_rows = 50;
+  m.decode_seconds = 2.0;
+  std::string t = prometheus_text(m);
+  EXPECT_NE(t.find("# TYPE kvslim_requests_finished_total counter\nkvslim_requests_finished_total 3\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_kv_bytes_saved 300\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_decode_tokens_per_second 25\n"), std::string::npos);
+}
