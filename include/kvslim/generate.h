@@ -14,6 +14,9 @@ namespace kvslim {
 
 struct GenerateOptions {
   std::string context;      ///< compressed by the press
+  /// When not empty, the context as tokens, used instead of tokenizing `context` (a chat
+  /// template's output, whose special tokens the plain tokenization would not parse).
+  std::vector<Token> context_tokens;
   std::string question;     ///< appended after compression, never compressed (may be empty)
   int n_predict = 64;       ///< tokens to generate; stops early at end-of-generation; < 0: until the context is full
   SamplingParams sampling;

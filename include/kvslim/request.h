@@ -170,6 +170,10 @@ class Request {
 
  private:
   void finish(FinishReason r);
+  /// step() up to, not including, advance(): returns true with the token to run next, false once
+  /// finished.
+  bool sample_step(Token* next);
+  friend void step_batch(const std::vector<Request*>& requests);
   const Model& model_;
   std::unique_ptr<Press> owned_press_;
   Press* press_;
@@ -190,8 +194,10 @@ class Request {
 };
 
 /// Advances every unfinished request in `requests` by one step() (each with its own callback).
-/// Requests must be distinct. Today the steps run one after another; the signature lets a later
-/// version run all decode steps in one pass over the weights.
+/// Requests must be distinct and share one model. The decode steps of all requests whose press
+/// needs no decode-time observation or attention selection run in one pass over the weights
+/// (Session::decode_batch: continuous batching, bit-identical to stepping them one by one); the
+/// others step on their own.
 void step_batch(const std::vector<Request*>& requests);
 
 }  // namespace kvslim

@@ -95,6 +95,15 @@ class Session {
                              const ObservationRequest* req = nullptr, Observation* obs = nullptr,
                              int32_t record_from = 0);
 
+  /// One decode step for several sessions in one pass over the weights (continuous batching):
+  /// tokens[i] runs at sessions[i]->next_position() on sessions[i]'s cache. Returns logits
+  /// [sessions.size()][n_vocab], bit-identical to sessions[i]->forward({tokens[i]}) (f32/f16/bf16
+  /// weights are multiplied three rows at a time, as forward does for fewer than four tokens).
+  /// Records nothing and selects nothing: a session whose press needs a decode observation or an
+  /// attention selector goes through forward(). Sessions must be distinct, over the same model and
+  /// with the same `exact` option. Throws kvslim::Error like forward (context full, bad token id).
+  static std::vector<float> decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens);
+
   KVCache& cache() { return cache_; }
   const KVCache& cache() const { return cache_; }
   const Model& model() const { return model_; }

@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "kvslim/generate.h"
+#include "tokenizer/chat_template.h"
 
 namespace kvslim::cli {
 
@@ -36,6 +37,8 @@ struct GenerateArgs {
   bool display_prompt = true;
   std::string json;
   bool no_progress = false;
+  bool chat = false;            // the prompt is a user message, rendered with the chat template
+  std::string chat_template;    // family name; "" = the model's tokenizer.chat_template
 };
 
 std::string human_bytes(double b) {
@@ -60,6 +63,12 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
+  if (a.chat || !a.chat_template.empty()) {
+    // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
+    const ChatTemplate t =
+        a.chat_template.empty() ? ChatTemplate::from_gguf(model->file()) : ChatTemplate::from_name(a.chat_template);
+    opt.context_tokens = t.tokenize(model->tokenizer(), {{"user", opt.context}});
+  }
   opt.n_predict = a.n_predict;
   opt.sampling = {a.temp, a.top_k, a.top_p, a.seed};
   opt.chunk_size = a.chunk_size;
@@ -213,6 +222,10 @@ void add_generate(CLI::App& app, Action& action) {
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
   sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+  sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template");
+  sub->add_option("--chat-template", a->chat_template,
+                  "chat template family (llama2, llama3, chatml, qwen2, mistral); implies --chat");
+  sub->callback([a, &action, prompt_opt, file_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;
     a->ratio_given = ratio_opt->count() > 0;

@@ -313,3 +313,122 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
 }
 
 }  // namespace kvslim
+
+namespace kvslim {
+
+namespace {
+
+// Float weights take the per-row dot path below four tokens and sgemm tiles above, which round
+// differently; three rows at a time keep a batched step bit-identical to a single decode step
+// while each weight row is still read once for the three (it stays in cache between them). The
+// exact path (tests) runs row by row.
+void matmul_rows(const WeightView& W, const float* X, int n, float* Y, bool ex) {
+  const bool fp = W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
+  const int step = ex ? 1 : fp ? 3 : n;
+  for (int b = 0; b < n; b += step) {
+    const int m = std::min(step, n - b);
+    matmul(W, X + static_cast<size_t>(b) * W.cols, m, Y + static_cast<size_t>(b) * W.rows, ex);
+  }
+}
+
+}  // namespace
+
+std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens) {
+  if (sessions.empty() || sessions.size() != tokens.size())
+    throw Error(fmt::format("decode_batch: {} sessions for {} tokens", sessions.size(), tokens.size()));
+  const Model& model = sessions[0]->model_;
+  const HParams& hp = model.hparams();
+  const bool ex = sessions[0]->opt_.exact;
+  const int n = static_cast<int>(sessions.size());
+  for (int i = 0; i < n; ++i) {
+    Session& s = *sessions[i];
+    if (&s.model_ != &model || s.opt_.exact != ex) throw Error("decode_batch: sessions differ in model or options");
+    if (s.next_pos_ + 1 > s.n_ctx_)
+      throw Error(fmt::format("token at position {} exceeds the context size -c {}", s.next_pos_, s.n_ctx_));
+    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
+      throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", tokens[i], hp.n_vocab - 1));
+  }
+  const int d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, G = hp.n_group();
+  const int dq = nh * hd, dkv = nkv * hd, half = hd / 2;
+
+  // Row i is session i's token at its own position.
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = sessions[i]->next_pos_;
+  std::vector<float> cs, sn;
+  rope_tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
+  std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
+  const WeightView& emb = model.token_embd();
+  for (int i = 0; i < n; ++i) dequantize_row(emb.type, emb.row(tokens[i]), x.data() + static_cast<size_t>(i) * d, d);
+  std::vector<float> q(static_cast<size_t>(n) * dq), k(static_cast<size_t>(n) * dkv), v(k.size()),
+      att(static_cast<size_t>(n) * dq);
+  std::vector<float> g(static_cast<size_t>(n) * hp.n_ff), u(g.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const LayerWeights& L = model.layer(l);
+    // Norm and Q/K/V for every row: one pass over wq, wk, wv.
+    for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, L.attn_norm.data(), xn.data() + i * d, d, hp.rms_eps);
+    const bool fp = L.wq->type == GGMLType::F32 || L.wq->type == GGMLType::F16 || L.wq->type == GGMLType::BF16;
+    if (fp || ex) {
+      matmul_rows(*L.wq, xn.data(), n, q.data(), ex);
+      matmul_rows(*L.wk, xn.data(), n, k.data(), ex);
+      matmul_rows(*L.wv, xn.data(), n, v.data(), ex);
+    } else {
+      matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn.data(), n, {q.data(), k.data(), v.data()}, ex);
+    }
+    if (!L.bq.empty())
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < dq; ++j) q[i * dq + j] += L.bq[j];
+        for (int j = 0; j < dkv; ++j) {
+          k[i * dkv + j] += L.bk[j];
+          v[i * dkv + j] += L.bv[j];
+        }
+      }
+    for (int i = 0; i < n; ++i) {
+      apply_rope(q.data() + i * dq, nh, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
+      apply_rope(k.data() + i * dkv, nkv, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
+    }
+    // Store each row's entry in its own cache, then attend over that cache only.
+    int64_t macs = 0;
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < nkv; ++h) {
+        Segment& s = sessions[i]->cache_.seg(l, h);
+        s.append(k.data() + i * dkv + h * hd, v.data() + i * dkv + h * hd, pos[i]);
+        macs += static_cast<int64_t>(G) * hd * 2 * static_cast<int64_t>(s.size());
+      }
+    parallel_for(static_cast<int64_t>(n) * nkv, macs, [&](int64_t b, int64_t e) {
+      std::vector<float> orow(static_cast<size_t>(G) * hd);
+      std::vector<int32_t> vis(G);
+      for (int64_t w = b; w < e; ++w) {
+        const int i = static_cast<int>(w / nkv), h = static_cast<int>(w % nkv);
+        const Segment& s = sessions[i]->cache_.seg(l, h);
+        for (int gi = 0; gi < G; ++gi) vis[gi] = static_cast<int32_t>(s.size());
+        // The group's query rows are contiguous in q: heads h*G .. h*G+G-1 of row i.
+        attend_segment(s, q.data() + static_cast<size_t>(i) * dq + static_cast<size_t>(h) * G * hd, G, vis.data(), scale,
+                       orow.data(), hd, nullptr);
+        std::memcpy(att.data() + static_cast<size_t>(i) * dq + static_cast<size_t>(h) * G * hd, orow.data(),
+                    orow.size() * sizeof(float));
+      }
+    });
+    matmul_rows(*L.wo, att.data(), n, tmp.data(), ex);
+    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
+    // Feed-forward for every row: one pass over the gate, up and down matrices.
+    for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, L.ffn_norm.data(), xn.data() + i * d, d, hp.rms_eps);
+    if (fp || ex) {
+      matmul_rows(*L.w_gate, xn.data(), n, g.data(), ex);
+      matmul_rows(*L.w_up, xn.data(), n, u.data(), ex);
+    } else {
+      matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
+    }
+    for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    matmul_rows(*L.w_down, g.data(), n, tmp.data(), ex);
+    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
+  }
+  for (int i = 0; i < n; ++i) ++sessions[i]->next_pos_;
+  for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, model.output_norm().data(), xn.data() + i * d, d, hp.rms_eps);
+  std::vector<float> logits(static_cast<size_t>(n) * hp.n_vocab);
+  matmul_rows(model.output(), xn.data(), n, logits.data(), ex);
+  return logits;
+}
+
+}  // namespace kvslim

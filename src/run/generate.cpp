@@ -27,7 +27,11 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
   ro.n_predict = opt.n_predict;
   ro.sampling = opt.sampling;
   Request req(model, press, ro);
-  req.set_prompt(opt.context, opt.question);
+  if (opt.context_tokens.empty())
+    req.set_prompt(opt.context, opt.question);
+  else
+    req.set_prompt_tokens(opt.context_tokens,
+                          opt.question.empty() ? std::vector<Token>{} : model.tokenizer().encode(opt.question, false, false));
   TokenCallback cb;
   if (on_text) cb = [&](const TokenEvent& e) {
       on_text(e.piece);

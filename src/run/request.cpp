@@ -160,6 +160,13 @@ void Request::finish(FinishReason r) {
 }
 
 bool Request::step() {
+  Token t = -1;
+  if (!sample_step(&t)) return false;
+  advance(t);
+  return true;
+}
+
+bool Request::sample_step(Token* next) {
   if (finished()) return false;
   if (!prefilled_) {
     prefill();
@@ -221,7 +228,7 @@ bool Request::step() {
     finish(done);
     return false;
   }
-  advance(t);
+  *next = t;
   return true;
 }
 
@@ -245,8 +252,32 @@ const RequestStats& Request::stats() const {
 }
 
 void step_batch(const std::vector<Request*>& requests) {
-  for (Request* r : requests)
-    if (r && !r->finished()) r->step();
+  std::vector<Session*> sessions;
+  std::vector<Token> tokens;
+  std::vector<Request*> batched;
+  for (Request* r : requests) {
+    Token t = -1;
+    if (!r || !r->sample_step(&t)) continue;
+    const ObservationRequest dreq = r->press_->decode_request();
+    const bool own_step = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
+                          dreq.on_attention_input || dreq.selector;
+    if (own_step) {
+      r->advance(t);
+    } else {
+      sessions.push_back(r->session_.get());
+      tokens.push_back(t);
+      batched.push_back(r);
+    }
+  }
+  if (batched.empty()) return;
+  const std::vector<float> logits = Session::decode_batch(sessions, tokens);
+  const size_t nv = static_cast<size_t>(batched[0]->model_.hparams().n_vocab);
+  for (size_t i = 0; i < batched.size(); ++i) {
+    Request& r = *batched[i];
+    r.logits_.assign(logits.begin() + i * nv, logits.begin() + (i + 1) * nv);
+    // As run::decode_step with nothing recorded: a decoding press may still evict here.
+    r.press_->after_decode(r.session_->cache(), r.model_, Observation{});
+  }
 }
 
 }  // namespace kvslim

@@ -6,22 +6,12 @@
 
 namespace kvslim::server {
 
-namespace {
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
-
-/// A request holding a slot: its session (cache), sampler and progress.
+/// A request holding a slot: the runner's Request (session, press, sampler) and its reservation.
 struct Engine::Active {
   std::shared_ptr<Job> job;
-  std::unique_ptr<Session> session;
-  std::unique_ptr<Sampler> sampler;
-  size_t prefilled = 0;         // context tokens run so far
-  bool decoding = false;        // context and question done; `next` waits for its forward pass
-  Token next = -1;              // the token sampled last, to be run by the next decode step
-  std::vector<float> logits;
-  int generated = 0;
+  std::unique_ptr<Request> req;
+  bool decoding = false;        // the prompt is in; step_batch generates
   size_t reservation = 0;
-  size_t peak_bytes = 0;
 };
 
 Engine::Engine(const Model& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
@@ -75,12 +65,12 @@ size_t Engine::estimate(const Job& job) const {
 }
 
 size_t Engine::growth_bytes(const Active& a) const {
-  const KVCache& c = a.session->cache();
+  const KVCache& c = a.req->cache();
   const size_t segs = static_cast<size_t>(c.n_layer()) * c.n_head_kv();
   const size_t per_seg = (c.entries() + segs - 1) / segs;
-  size_t left = a.job->max_tokens >= 0 ? static_cast<size_t>(std::max(0, a.job->max_tokens - a.generated))
-                                       : static_cast<size_t>(std::max(0, a.session->n_ctx() - a.session->next_position()));
-  left = std::min(left, static_cast<size_t>(std::max(0, a.session->n_ctx() - a.session->next_position())));
+  const int n_ctx = a.req->session().n_ctx();
+  size_t left = static_cast<size_t>(std::max(0, n_ctx - a.req->position()));
+  if (a.job->max_tokens >= 0) left = std::min(left, static_cast<size_t>(a.job->max_tokens));
   if (left == 0) return 0;
   return segs * (segment_bytes(a.job->session, per_seg + left) - segment_bytes(a.job->session, per_seg));
 }
@@ -161,8 +151,12 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
   Job& j = *a.job;
   {
     std::lock_guard<std::mutex> lk(j.mu);
-    j.usage.completion_tokens = a.generated;
-    if (a.session) j.usage.kv_bytes_final = a.session->cache().bytes();
+    if (a.req) {
+      const RequestStats& st = a.req->stats();
+      j.usage.completion_tokens = st.generated_tokens;
+      j.usage.kv_bytes_final = st.final_kv_bytes;
+      if (!err) j.text = a.req->text();  // the final text, cut before a stop string
+    }
     j.finish_reason = reason;
     j.error = std::move(err);
     j.done = true;
@@ -178,116 +172,86 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
   }
   reserved_ -= a.reservation;
   a.reservation = 0;
-  a.session.reset();  // frees the cache now, not when the slot is reused
-}
-
-bool Engine::take_token(Active& a) {
-  Job& j = *a.job;
-  const Tokenizer& tok = model_.tokenizer();
-  if (j.max_tokens >= 0 && a.generated >= j.max_tokens) {
-    finish(a, "length");
-    return false;
-  }
-  Token t = a.sampler->sample(a.logits);
-  ++a.generated;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++m_.generated_tokens;
-  }
-  if (tok.is_eog(t)) {
-    finish(a, "stop");
-    return false;
-  }
-  bool stopped = false;
-  {
-    std::lock_guard<std::mutex> lk(j.mu);
-    j.text += tok.piece(t);
-    if (!j.stop.empty()) {
-      StopMatch m = find_stop(j.text, j.stop);
-      if (m.stopped) {
-        j.text.resize(m.cut);
-        stopped = true;
-      }
-    }
-    j.usage.completion_tokens = a.generated;
-  }
-  j.cv.notify_all();
-  if (stopped) {
-    finish(a, "stop");
-    return false;
-  }
-  if ((j.max_tokens >= 0 && a.generated >= j.max_tokens) || a.session->next_position() >= a.session->n_ctx()) {
-    finish(a, "length");
-    return false;
-  }
-  a.next = t;
-  return true;
+  a.req.reset();  // frees the cache now, not when the slot is reused
 }
 
 void Engine::prefill_step(Active& a) {
   Job& j = *a.job;
   const auto t0 = Clock::now();
-  if (!a.session) {
-    a.session = std::make_unique<Session>(model_, j.session);
-    a.sampler = std::make_unique<Sampler>(j.sampling);
-    j.press->reset();  // a press object serves exactly one request, but be explicit
+  if (!a.req) {
+    RequestOptions ro;
+    ro.session = j.session;
+    ro.chunk_size = opt_.chunk_size;
+    ro.n_predict = j.max_tokens;
+    ro.sampling = j.sampling;
+    ro.stop = j.stop;
+    const std::string press_name = j.press->describe();
+    a.req = std::make_unique<Request>(model_, std::move(j.press), ro);
+    a.req->set_prompt_tokens(j.context, j.question);
+    std::shared_ptr<Job> job = a.job;
+    a.req->set_token_callback([job](const TokenEvent& ev) {
+      {
+        std::lock_guard<std::mutex> lk(job->mu);
+        job->text += ev.piece;
+        job->usage.completion_tokens = ev.index + 1;
+      }
+      job->cv.notify_all();
+      return true;
+    });
+    std::lock_guard<std::mutex> lk(j.mu);
+    j.usage.press = press_name;
   }
-  Session& s = *a.session;
-  Press& press = *j.press;
-  const ObservationRequest req = press.request();
-  const size_t e = std::min(j.context.size(), a.prefilled + static_cast<size_t>(opt_.chunk_size));
-  std::vector<Token> chunk(j.context.begin() + a.prefilled, j.context.begin() + e);
-  Observation obs;
-  const int32_t first = s.next_position();
-  int32_t record_from = first + static_cast<int32_t>(chunk.size()) - std::max(req.window, 0);
-  if (req.hidden_states || req.attention_mass || req.tokens) record_from = first;
-  a.logits = s.forward(chunk, false, &req, &obs, std::max(record_from, first));
-  a.peak_bytes = std::max(a.peak_bytes, s.cache().bytes());
-  press.compress(s.cache(), model_, obs);
-  a.prefilled = e;
-  if (a.prefilled == j.context.size()) {
-    const KVCache& c = s.cache();
+  if (a.req->prefill_step()) {
+    const RequestStats& st = a.req->stats();
     {
       std::lock_guard<std::mutex> lk(j.mu);
-      j.usage.prompt_tokens = static_cast<int>(j.context.size() + j.question.size());
-      j.usage.entries_kept = c.entries();
-      j.usage.entries_total = j.context.size() * c.n_layer() * c.n_head_kv();
-      j.usage.kv_bytes = c.bytes();
-      j.usage.full_f16_bytes = c.full_f16_bytes(j.context.size());
-      j.usage.press = press.describe();
+      j.usage.prompt_tokens = st.context_tokens + st.question_tokens;
+      j.usage.entries_kept = st.entries_kept;
+      j.usage.entries_total = st.entries_total;
+      j.usage.kv_bytes = st.kv_bytes;
+      j.usage.full_f16_bytes = st.full_f16_bytes;
     }
-    if (!j.question.empty()) a.logits = s.forward(j.question);
     a.decoding = true;
     // From now on the request holds what its cache measures plus room to generate.
-    const size_t now = c.bytes() + growth_bytes(a);
+    const size_t now = a.req->cache().bytes() + growth_bytes(a);
     std::lock_guard<std::mutex> lk(mu_);
     reserved_ = reserved_ - a.reservation + now;
     a.reservation = now;
-    m_.prompt_tokens += j.context.size() + j.question.size();
+    m_.prompt_tokens += st.context_tokens + st.question_tokens;
   }
   std::lock_guard<std::mutex> lk(mu_);
-  m_.prefill_seconds += seconds_since(t0);
+  m_.prefill_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void Engine::decode_step(std::vector<Active*>& rows) {
   if (rows.empty()) return;
   const auto t0 = Clock::now();
-  // TODO(batching): one pass over the weights for every row.
-  for (Active* a : rows) {
-    Press& press = *a->job->press;
-    const ObservationRequest dreq = press.decode_request();
-    const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
-                      dreq.on_attention_input || dreq.selector;
-    Observation dobs;
-    a->logits = a->session->forward({a->next}, false, want ? &dreq : nullptr, want ? &dobs : nullptr,
-                                    a->session->next_position());
-    press.after_decode(a->session->cache(), model_, dobs);
+  std::vector<Request*> reqs;
+  for (Active* a : rows) reqs.push_back(a->req.get());
+  if (opt_.batch_decode) {
+    step_batch(reqs);  // one pass over the weights for every request that allows it
+  } else {
+    for (Request* r : reqs) r->step();
   }
+  size_t generated = 0;
+  for (Active* a : rows)
+    if (!a->req->finished() || a->req->finish_reason() != FinishReason::Cancelled) ++generated;
   std::lock_guard<std::mutex> lk(mu_);
-  m_.decode_seconds += seconds_since(t0);
-  m_.decode_steps += rows.size();
+  m_.decode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  m_.decode_steps += opt_.batch_decode ? 1 : rows.size();
   m_.decode_rows += rows.size();
-  m_.last_batch = 1;
+  m_.generated_tokens += generated;
+  m_.last_batch = static_cast<int>(rows.size());
+}
+
+void Engine::end_if_finished(Active& a) {
+  if (!a.req || !a.req->finished()) return;
+  switch (a.req->finish_reason()) {
+    case FinishReason::Length:
+    case FinishReason::ContextFull: finish(a, "length"); break;
+    case FinishReason::Cancelled: finish(a, "cancelled"); break;
+    default: finish(a, "stop"); break;
+  }
 }
 
 void Engine::loop() {
@@ -322,19 +286,19 @@ void Engine::loop() {
           Active& x = *a;
           try {
             prefill_step(x);
-            if (x.decoding) take_token(x);
           } catch (const std::exception& e) {
             finish(x, "", ApiError(500, fmt::format("prefill failed: {}", e.what()), "", "server_error"));
           }
           break;
         }
       sweep();
+      // One token for every request past its prompt.
       std::vector<Active*> rows;
       for (auto& a : active_)
-        if (a->decoding && a->next >= 0) rows.push_back(a.get());
+        if (a->decoding) rows.push_back(a.get());
       try {
         decode_step(rows);
-        for (Active* a : rows) take_token(*a);
+        for (Active* a : rows) end_if_finished(*a);
       } catch (const std::exception& e) {
         for (Active* a : rows)
           if (!a->job->done) finish(*a, "", ApiError(500, fmt::format("decode failed: {}", e.what()), "", "server_error"));
@@ -348,9 +312,9 @@ void Engine::loop() {
     size_t in_use = 0, full = 0;
     int prefilling = 0;
     for (auto& a : active_) {
-      if (!a->session) continue;
-      in_use += a->session->cache().bytes();
-      full += a->session->cache().full_f16_bytes(static_cast<size_t>(a->session->next_position()));
+      if (!a->req) continue;
+      in_use += a->req->cache().bytes();
+      full += a->req->cache().full_f16_bytes(static_cast<size_t>(a->req->position()));
       prefilling += a->decoding ? 0 : 1;
     }
     m_.kv_bytes_in_use = in_use;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kvslim/press.h"
+#include "kvslim/request.h"
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"
 #include "server/api.h"
@@ -37,7 +38,7 @@ struct EngineOptions {
   size_t kv_budget = 0;        ///< bytes of KV cache over all running requests; 0 = no limit
   int max_queue = 64;          ///< requests waiting for a slot; one more gets 503
   int chunk_size = 256;        ///< prefill tokens per engine step (the press acts after each)
-  bool batch_decode = true;    ///< one forward pass over the weights for all decoding requests
+  bool batch_decode = true;    ///< one pass over the weights for all decoding requests (step_batch)
   SessionOptions session;      ///< n_ctx and the default cache codecs
 };
 
@@ -110,8 +111,8 @@ class Engine {
   bool can_admit_locked() const;
   void prefill_step(Active& a);
   void decode_step(std::vector<Active*>& rows);
-  /// Samples from a.logits and hands the token to the job; returns false when the request ended.
-  bool take_token(Active& a);
+  /// Ends the job when its Request finished (mapping the finish reason to OpenAI's).
+  void end_if_finished(Active& a);
   void finish(Active& a, const std::string& reason, std::optional<ApiError> err = std::nullopt);
   size_t segment_bytes(const SessionOptions& s, size_t n) const;
   size_t growth_bytes(const Active& a) const;

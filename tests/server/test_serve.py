@@ -18,9 +18,9 @@ from serve_util import KVSLIM, MODEL, ServerProc, post, request, stream, stream_
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
 
 
-def generate_cli(prompt, n):
+def generate_cli(prompt, n, *extra):
     """Greedy continuation from `kvslim generate` (the CLI's own path), as an independent reference."""
-    out = subprocess.run([KVSLIM, "generate", "-m", MODEL, "-p", prompt, "--temp", "0", "-n", str(n)],
+    out = subprocess.run([KVSLIM, "generate", "-m", MODEL, "-p", prompt, "--temp", "0", "-n", str(n), *extra],
                          capture_output=True, text=True, check=True).stdout
     out = out.split("\n\n--- kvslim ---")[0]
     return out[len(prompt):] if out.startswith(prompt) else out
@@ -161,6 +161,13 @@ class Endpoints(unittest.TestCase):
         self.assertEqual(stream_text(events, True), whole)
         self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
         self.assertEqual(events[-1]["choices"][0]["delta"], {})
+
+    def test_generate_chat_uses_the_same_template(self):
+        status, j = post(self.port, "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "Once upon"}], "max_tokens": 12})
+        self.assertEqual(status, 200, j)
+        self.assertEqual(generate_cli("Once upon", 12, "--chat-template", "chatml"),
+                         j["choices"][0]["message"]["content"])
 
     def test_bad_requests(self):
         cases = [

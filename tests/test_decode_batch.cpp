@@ -1,0 +1,159 @@
+// Continuous batching: Session::decode_batch (one pass over the weights for several sessions) and
+// step_batch (the server's decode step) must give exactly what each session or request gives on
+// its own: the same logits bit for bit, the same text, the same cache.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "kernels/matmul.h"
+#include "kvslim/gguf.h"
+#include "kvslim/model.h"
+#include "kvslim/request.h"
+
+using namespace kvslim;
+
+namespace {
+
+const char* kModel = KVSLIM_SOURCE_DIR "/models/stories260K.gguf";
+
+// The bundled model with every matrix whose rows are whole q8_0 blocks stored as q8_0: the
+// quantized-weight kernels (the bundled file is f32, which takes another path).
+std::string q8_copy() {
+  static std::string path;
+  if (!path.empty()) return path;
+  auto f = GGUFFile::open(kModel);
+  GGUFWriter w;
+  for (const auto& [k, v] : f->metadata())
+    if (k != "general.alignment") w.set(k, v);
+  for (const TensorInfo& t : f->tensors()) {
+    const bool q = t.ne.size() == 2 && t.ne[0] % 32 == 0;
+    w.add_tensor_f32(t.name, q ? GGMLType::Q8_0 : GGMLType::F32, t.ne, f->tensor_f32(t));
+  }
+  path = ::testing::TempDir() + "kvslim_decode_batch_q8_" + std::to_string(::getpid()) + ".gguf";
+  w.write(path);
+  return path;
+}
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog ran to the park and saw a big",
+                                           "Lily"};
+
+void check_decode_batch(const Model& model) {
+  const Tokenizer& tok = model.tokenizer();
+  const size_t nv = model.hparams().n_vocab;
+  std::vector<std::unique_ptr<Session>> solo, batch;
+  std::vector<std::vector<float>> logits;
+  for (const auto& p : kPrompts) {
+    std::vector<Token> ids = tok.encode(p, true, false);
+    solo.push_back(std::make_unique<Session>(model, SessionOptions{}));
+    batch.push_back(std::make_unique<Session>(model, SessionOptions{}));
+    logits.push_back(solo.back()->forward(ids));
+    batch.back()->forward(ids);
+  }
+  for (int step = 0; step < 6; ++step) {
+    std::vector<Token> next;
+    std::vector<Session*> ss;
+    for (size_t i = 0; i < solo.size(); ++i) {
+      next.push_back(argmax(logits[i].data(), nv));
+      ss.push_back(batch[i].get());
+    }
+    std::vector<float> got = Session::decode_batch(ss, next);
+    ASSERT_EQ(got.size(), nv * solo.size());
+    for (size_t i = 0; i < solo.size(); ++i) {
+      logits[i] = solo[i]->forward({next[i]});
+      std::vector<float> row(got.begin() + i * nv, got.begin() + (i + 1) * nv);
+      ASSERT_EQ(row, logits[i]) << "session " << i << " step " << step;
+      EXPECT_EQ(batch[i]->next_position(), solo[i]->next_position());
+      EXPECT_EQ(batch[i]->cache().bytes(), solo[i]->cache().bytes());
+    }
+  }
+}
+
+}  // namespace
+
+TEST(DecodeBatch, BitIdenticalToOneByOneF32) {
+  auto model = Model::load(kModel);
+  check_decode_batch(*model);
+}
+
+TEST(DecodeBatch, BitIdenticalToOneByOneQ8) {
+  auto model = Model::load(q8_copy());
+  ASSERT_EQ(model->layer(0).wq->type, GGMLType::Q8_0);  // the attention matrices take the quantized kernels
+  check_decode_batch(*model);
+}
+
+TEST(DecodeBatch, RefusesBadInput) {
+  auto model = Model::load(kModel);
+  Session a(*model, SessionOptions{});
+  a.forward({1});
+  EXPECT_THROW(Session::decode_batch({&a}, {1, 2}), Error);
+  EXPECT_THROW(Session::decode_batch({&a}, {-1}), Error);
+  SessionOptions tiny;
+  tiny.n_ctx = 1;
+  Session b(*model, tiny);
+  b.forward({1});
+  EXPECT_THROW(Session::decode_batch({&b}, {1}), Error);  // the context is full
+}
+
+TEST(DecodeBatch, StepBatchEqualsRunningAlone) {
+  // Different presses (one with a decode-time observation, so it steps on its own), stop strings,
+  // sampling and lengths, stepped together, against each request run alone.
+  auto model = Model::load(kModel);
+  struct Spec {
+    std::string prompt, press;
+    double ratio;
+    float temp;
+    int n;
+    std::vector<std::string> stop;
+  };
+  const std::vector<Spec> specs = {
+      {"Once upon a time, there was a little girl", "none", 0.0, 0.0f, 20, {}},
+      {"Once upon a time, there was a little girl", "knorm", 0.5, 0.0f, 24, {}},
+      {"The cat sat on the mat and", "snapkv", 0.3, 0.8f, 16, {}},
+      {"Tom had a red ball", "h2o", 0.5, 0.0f, 12, {}},
+      {"Lily went to the park", "none", 0.0, 0.0f, 30, {"."}},
+  };
+  auto make = [&](const Spec& s) {
+    RequestOptions o;
+    o.n_predict = s.n;
+    o.sampling.temp = s.temp;
+    o.sampling.seed = 7;
+    o.stop = s.stop;
+    o.chunk_size = 4;
+    auto r = std::make_unique<Request>(*model, make_press(s.press, s.ratio), o);
+    r->set_prompt(s.prompt);
+    return r;
+  };
+  std::vector<std::string> alone;
+  std::vector<size_t> alone_bytes;
+  for (const auto& s : specs) {
+    auto r = make(s);
+    alone.push_back(r->run());
+    alone_bytes.push_back(r->cache().bytes());
+  }
+  std::vector<std::unique_ptr<Request>> reqs;
+  std::vector<Request*> ptrs;
+  for (const auto& s : specs) {
+    reqs.push_back(make(s));
+    ptrs.push_back(reqs.back().get());
+  }
+  // Prefill one chunk of one request at a time, as the server does, while the others decode.
+  for (int guard = 0; guard < 1000; ++guard) {
+    bool all_done = true;
+    for (auto& r : reqs)
+      if (!r->prefilled()) {
+        r->prefill_step();
+        break;
+      }
+    std::vector<Request*> decoding;
+    for (Request* r : ptrs)
+      if (r->prefilled() && !r->finished()) decoding.push_back(r);
+    step_batch(decoding);
+    for (Request* r : ptrs) all_done = all_done && r->finished();
+    if (all_done) break;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(reqs[i]->finished());
+    EXPECT_EQ(reqs[i]->text(), alone[i]) << "request " << i;
+    EXPECT_EQ(reqs[i]->cache().bytes(), alone_bytes[i]) << "request " << i;
+  }
+}
