@@ -221,11 +221,10 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_flag("!--no-display-prompt", a->display_prompt, "do not echo the prompt before the generated text");
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
-  sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
-  sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template");
+  sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
   sub->add_option("--chat-template", a->chat_template,
                   "chat template family (llama2, llama3, chatml, qwen2, mistral); implies --chat");
-  sub->callback([a, &action, prompt_opt, file_opt] {
+  sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;
     a->ratio_given = ratio_opt->count() > 0;

@@ -108,6 +108,8 @@ std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv) {
     if (out[i] == "--") break;
     if (out[i] == "-ctk") out[i] = "--cache-type-k";
     else if (out[i] == "-ctv") out[i] = "--cache-type-v";
+    else if (out[i] == "-cnv") out[i] = "--chat";
+    else if (out[i] == "-np") out[i] = "--parallel";
   }
   return out;
 }

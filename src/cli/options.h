@@ -48,7 +48,7 @@ CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress);
 /// file -> kvslim::Error naming the flag and the file.
 std::string read_text_input(const std::string& path, const std::string& flag);
 
-/// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv), which CLI11 would read
+/// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv, -cnv, -np), which CLI11 would read
 /// as clusters of one-letter flags (-c tk), rewritten to their long names.
 std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv);
 

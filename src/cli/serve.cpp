@@ -1,5 +1,5 @@
 // `kvslim serve`: the OpenAI-compatible server (see src/server/server.h). Flags follow
-// llama-server's names where they overlap (--host, --port, --parallel, -c, -n, --api-key,
+// llama-server's names where they overlap (--host, --port, -np/--parallel, -c, -n, --api-key,
 // --chat-template, --alias, --timeout).
 #include <csignal>
 #include <filesystem>

@@ -23,6 +23,8 @@ def generate_cli(prompt, n, *extra):
     out = subprocess.run([KVSLIM, "generate", "-m", MODEL, "-p", prompt, "--temp", "0", "-n", str(n), *extra],
                          capture_output=True, text=True, check=True).stdout
     out = out.split("\n\n--- kvslim ---")[0]
+    if out.endswith("\n"):  # generate ends its text with a newline
+        out = out[:-1]
     return out[len(prompt):] if out.startswith(prompt) else out
 
 
@@ -168,6 +170,9 @@ class Endpoints(unittest.TestCase):
         self.assertEqual(status, 200, j)
         self.assertEqual(generate_cli("Once upon", 12, "--chat-template", "chatml"),
                          j["choices"][0]["message"]["content"])
+        # llama.cpp's -cnv is --chat.
+        self.assertEqual(generate_cli("Once upon", 12, "-cnv", "--chat-template", "chatml"),
+                         j["choices"][0]["message"]["content"])
 
     def test_bad_requests(self):
         cases = [
@@ -283,7 +288,7 @@ class Endpoints(unittest.TestCase):
 
 class Limits(unittest.TestCase):
     def test_api_key(self):
-        srv = ServerProc("--api-key", "sekret", "--temp", 0)
+        srv = ServerProc("--api-key", "sekret", "--temp", 0, "-np", 2)  # llama-server's -np
         try:
             status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
             self.assertEqual(status, 401)
