@@ -19,7 +19,7 @@ namespace {
 
 // Presses whose default spec needs a file the test data does not hold (covered elsewhere with a
 // file made in the test: test_seedpapers.cpp).
-const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention"};
+const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter"};
 // Presses that do not remove a ratio of the context in prefill, so "measured == requested" does
 // not apply: the reason is the press's documented behaviour.
 const std::set<std::string> kNotRatioDriven = {
@@ -29,6 +29,7 @@ const std::set<std::string> kNotRatioDriven = {
     "per_layer",  // its own per-layer ratios
     "decoding",   // compresses during decode only
     "leankv",     // precision tiers: a share is kept at low precision, not evicted
+    "simlayerkv", // keeps everything in non-lazy layers; no ratio (default threshold 1: no-op)
 };
 
 std::string story(int lines) {

@@ -12,9 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "kernels/matmul.h"
 #include "kvslim/press.h"
-#include "kvslim/quant.h"
+#include "press/output_norm.h"
 
 namespace kvslim {
 namespace {
@@ -41,26 +40,7 @@ class CriticalKVPress : public ScorerPress {
   }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     inner_->score(view, out);
-    const HParams& hp = view.hp();
-    const int hd = hp.head_dim, G = hp.n_group(), H = hp.n_head_kv;
-    // W_o restricted to one query head's head_dim input columns is a view of its rows at a column
-    // offset; where the weight type's blocks do not align with head_dim, an f32 copy is sliced.
-    const WeightView& wo = *view.model().layer(view.layer()).wo;
-    const int64_t n_embd = wo.rows, cols = wo.cols;
-    const TypeTraits* tt = type_traits(wo.type);
-    WeightView base = wo;
-    std::vector<float> wf;
-    if (!tt || hd % tt->block_size != 0) {
-      wf.resize(static_cast<size_t>(n_embd) * cols);
-      for (int64_t r = 0; r < n_embd; ++r) dequantize_row(wo.type, wo.row(r), wf.data() + r * cols, cols);
-      base = WeightView{GGMLType::F32, wf.data(), cols, n_embd, static_cast<size_t>(cols) * sizeof(float)};
-    }
-    auto head_slice = [&](int q) {
-      WeightView v = base;
-      v.cols = hd;
-      v.data = static_cast<const uint8_t*>(base.data) + row_bytes(base.type, static_cast<int64_t>(q) * hd);
-      return v;
-    };
+    const int H = view.hp().n_head_kv;
     const int stage1_keep = uniform_keep(view.target().n_context, view.target().ratio);
     for (int h = 0; h < H; ++h) {
       std::vector<float>& sc = out[h];
@@ -79,27 +59,10 @@ class CriticalKVPress : public ScorerPress {
         else
           todo.push_back(static_cast<int32_t>(j));
       }
-      // ||W_o^g v||_1 for every remaining entry: one product per query head of the group with
-      // the engine's matmul (for quantized W_o, its 8-bit-activation kernel).
-      constexpr size_t kBlock = 256;
-      std::vector<float> V(kBlock * hd), Y(kBlock * n_embd);
-      for (size_t b0 = 0; b0 < todo.size(); b0 += kBlock) {
-        const size_t nb = std::min(kBlock, todo.size() - b0);
-        for (size_t i = 0; i < nb; ++i) view.seg(h).value(todo[b0 + i], V.data() + i * hd);
-        std::vector<double> norm(nb, 0.0);
-        for (int g = 0; g < G; ++g) {
-          matmul(head_slice(h * G + g), V.data(), static_cast<int64_t>(nb), Y.data());
-          for (size_t i = 0; i < nb; ++i) {
-            double l1 = 0;
-            const float* y = Y.data() + i * n_embd;
-            for (int64_t r = 0; r < n_embd; ++r) l1 += std::fabs(y[r]);
-            norm[i] += l1 / G;
-          }
-        }
-        for (size_t i = 0; i < nb; ++i) {
-          float& x = sc[todo[b0 + i]];
-          x = static_cast<float>((double(x) + eps_) * norm[i]);
-        }
+      const std::vector<double> norm = projected_value_l1(view, h, todo);
+      for (size_t i = 0; i < todo.size(); ++i) {
+        float& x = sc[todo[i]];
+        x = static_cast<float>((double(x) + eps_) * norm[i]);
       }
     }
   }

@@ -39,6 +39,22 @@ const std::vector<Entry>& table() {
       {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
       {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},
       {"LagKVPress", "lagkv", {{"lag_size", "lag"}}},
+      {"CURPress", "cur",
+       {{"num_sinks", "n_sink"},
+        {"leverage_type", "leverage"},
+        {"use_random_leverage", "random_projection"},
+        {"use_local_approximation", "local"},
+        {"local_window_size", "window"}}},
+      {"SimLayerKVPress", "simlayerkv", {}},
+      {"ChunkPress", "chunk", {{"chunk_length", "chunk"}}},
+      {"BlockPress", "block", {{"block_size", "block"}}},
+      {"QFilterPress", "qfilter", {}},
+      {"LeverageScorePress", "leverage", {{"sketch_dimension", "sketch"}}},
+      {"NonCausalAttnPress", "non_causal_attention", {{"chunk_size", "chunk"}}},
+      {"CompactorPress", "compactor",
+       {{"sink_size_start", "sink_start"}, {"sink_size_end", "sink_end"}, {"chunk_size", "chunk"},
+        {"sketch_dimension", "sketch"}}},
+      {"CriticalAdaKVPress", "critical_adakv", {{"alpha_safeguard", "alpha"}, {"first_stage_ratio", "first_stage"}}},
   };
   return t;
 }

@@ -1,0 +1,142 @@
+// Q-Filters: computing the directions on a model and a text, and their GGUF file (see qfilter.h).
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "kvslim/gguf.h"
+#include "kvslim/session.h"
+#include "press/qfilter.h"
+
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
+
+namespace kvslim {
+
+namespace {
+
+/// Top eigenvector of the symmetric a [n][n] (float64, LAPACK), its eigenvalue and the trace.
+std::vector<double> top_eigenvector(std::vector<double> a, int n, double& top, double& trace) {
+  trace = 0;
+  for (int i = 0; i < n; ++i) trace += a[static_cast<size_t>(i) * n + i];
+  std::vector<double> w(n);
+  int info = 0, lwork = -1, liwork = -1, iwq = 0;
+  double wq = 0;
+  const char jobz = 'V', uplo = 'L';
+  dsyevd_(&jobz, &uplo, &n, a.data(), &n, w.data(), &wq, &lwork, &iwq, &liwork, &info);
+  lwork = static_cast<int>(wq);
+  liwork = iwq;
+  std::vector<double> work(std::max(1, lwork));
+  std::vector<int> iwork(std::max(1, liwork));
+  dsyevd_(&jobz, &uplo, &n, a.data(), &n, w.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+  if (info != 0) throw Error(fmt::format("qfilter-calibrate: LAPACK dsyevd failed (info {})", info));
+  top = w[n - 1];  // ascending
+  return std::vector<double>(a.begin() + static_cast<size_t>(n - 1) * n, a.begin() + static_cast<size_t>(n) * n);
+}
+
+}  // namespace
+
+QFilters qfilter_calibrate(const Model& model, const std::vector<std::vector<Token>>& docs,
+                           const std::function<void(size_t, size_t)>& progress) {
+  const HParams& hp = model.hparams();
+  const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim;
+  const size_t segs = static_cast<size_t>(L) * H;
+  std::vector<std::vector<double>> C(segs, std::vector<double>(static_cast<size_t>(hd) * hd, 0.0));
+  std::vector<std::vector<double>> S(segs, std::vector<double>(hd, 0.0));
+  size_t tokens = 0;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const auto& doc = docs[d];
+    if (doc.empty()) continue;
+    SessionOptions so;
+    so.n_ctx = static_cast<int>(doc.size());
+    Session s(model, so);
+    ObservationRequest req;
+    req.window = static_cast<int>(doc.size());
+    Observation obs;
+    s.forward(doc, false, &req, &obs);
+    const int w = obs.n_window();
+    tokens += static_cast<size_t>(w);
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        std::vector<double>& c = C[static_cast<size_t>(l) * H + h];
+        std::vector<double>& sum = S[static_cast<size_t>(l) * H + h];
+        for (int g = 0; g < G; ++g) {
+          const float* q = obs.queries[l].data() + static_cast<size_t>(h * G + g) * w * hd;
+          for (int i = 0; i < w; ++i) {
+            const float* x = q + static_cast<size_t>(i) * hd;
+            for (int a = 0; a < hd; ++a) {
+              sum[a] += x[a];
+              double* row = c.data() + static_cast<size_t>(a) * hd;
+              for (int b = 0; b < hd; ++b) row[b] += double(x[a]) * x[b];
+            }
+          }
+        }
+      }
+    if (progress) progress(d + 1, docs.size());
+  }
+  if (tokens == 0) throw Error("qfilter-calibrate: no tokens to compute the filters from");
+  QFilters f;
+  f.n_layer = L;
+  f.n_head_kv = H;
+  f.head_dim = hd;
+  f.dir.resize(segs * hd);
+  f.explained.resize(segs);
+  for (size_t i = 0; i < segs; ++i) {
+    double top = 0, trace = 0;
+    std::vector<double> u = top_eigenvector(C[i], hd, top, trace);
+    double dot = 0;
+    for (int a = 0; a < hd; ++a) dot += u[a] * S[i][a];
+    const double sign = dot < 0 ? -1.0 : 1.0;
+    for (int a = 0; a < hd; ++a) f.dir[i * hd + a] = static_cast<float>(sign * u[a]);
+    f.explained[i] = static_cast<float>(trace > 0 ? top / trace : 0.0);
+  }
+  return f;
+}
+
+void QFilters::save(const std::string& path) const {
+  GGUFWriter w;
+  w.set("general.architecture", GGUFValue::str("qfilter"));
+  w.set("qfilter.base_model", GGUFValue::str(base_model));
+  w.set("qfilter.n_layer", GGUFValue::u32(n_layer));
+  w.set("qfilter.n_head_kv", GGUFValue::u32(n_head_kv));
+  w.set("qfilter.head_dim", GGUFValue::u32(head_dim));
+  w.add_tensor_f32("qfilter.dir", GGMLType::F32, {head_dim, n_head_kv, n_layer}, dir);
+  w.add_tensor_f32("qfilter.explained", GGMLType::F32, {n_head_kv, n_layer}, explained);
+  w.write(path);
+}
+
+QFilters QFilters::load(const std::string& path) {
+  auto f = GGUFFile::open(path);
+  QFilters q;
+  if (f->get_string("general.architecture") != "qfilter")
+    throw Error(fmt::format("{}: not a Q-filters file (general.architecture is '{}'; write one with kvslim "
+                            "qfilter-calibrate)",
+                            path, f->get_string("general.architecture")));
+  q.n_layer = static_cast<int>(f->get_int("qfilter.n_layer"));
+  q.n_head_kv = static_cast<int>(f->get_int("qfilter.n_head_kv"));
+  q.head_dim = static_cast<int>(f->get_int("qfilter.head_dim"));
+  q.base_model = f->get_string("qfilter.base_model");
+  if (q.n_layer < 1 || q.n_head_kv < 1 || q.head_dim < 1)
+    throw Error(fmt::format("{}: bad Q-filters shape ({} layers, {} KV heads, head_dim {})", path, q.n_layer,
+                            q.n_head_kv, q.head_dim));
+  const TensorInfo& t = f->tensor("qfilter.dir");
+  const int64_t want = int64_t(q.n_layer) * q.n_head_kv * q.head_dim;
+  if (t.nelements() != want)
+    throw Error(fmt::format("{}: tensor qfilter.dir has {} values, expected {}", path, t.nelements(), want));
+  q.dir = f->tensor_f32(t);
+  const TensorInfo& e = f->tensor("qfilter.explained");
+  if (e.nelements() != int64_t(q.n_layer) * q.n_head_kv)
+    throw Error(fmt::format("{}: tensor qfilter.explained has {} values, expected {}", path, e.nelements(),
+                            int64_t(q.n_layer) * q.n_head_kv));
+  q.explained = f->tensor_f32(e);
+  return q;
+}
+
+void QFilters::check(const HParams& hp, const std::string& what) const {
+  if (n_layer != hp.n_layer || n_head_kv != hp.n_head_kv || head_dim != hp.head_dim)
+    throw Error(fmt::format("{}: Q-filters for {} layers x {} KV heads x head_dim {} do not fit the model ({} x {} x "
+                            "{})",
+                            what, n_layer, n_head_kv, head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
+}
+
+}  // namespace kvslim
