@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -654,4 +655,52 @@ TEST(PressCatalogue, CompactorBlendsLeverageAndAttentionBetweenSinks) {
     auto q = make_press("compactor", 0.5);
     EXPECT_EQ(prefill(*q, story_tokens(t))->cache().seg(0, 0).size(), std::max<size_t>(1, t / 2)) << t;
   }
+}
+
+// LeanKV's per-head dynamic sparsity: each head keeps the fewest best entries holding `mass` of
+// its attention mass (SnapKV's scores, window chosen first and kept at full precision) and keeps
+// the fewest holding `mass_high` at full precision; the counts differ from head to head.
+TEST(PressCatalogue, LeanKVDynamicSparsityFollowsEachHeadsAttentionMass) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  auto toks = story_tokens(200);
+  // The scores SnapKV gives on the uncompressed cache (what the wrapper sees).
+  Observation obs;
+  {
+    SessionOptions so;
+    so.key_codec = so.value_codec = KVCodec::F32;
+    so.n_ctx = 512;
+    Session s(m, so);
+    auto snap = scorer("snapkv", 0.5);
+    ObservationRequest req = snap->request();
+    s.forward(toks, false, &req, &obs);
+    Scores sc = snap->score_all(s.cache(), m, obs, Target{0.5, toks.size()});
+    auto p = make_press("leankv(snapkv):mass=0.9,mass_high=0.6", 0.5);
+    p->apply(s.cache(), m, obs, Target{0.5, toks.size()});
+    std::set<size_t> sizes;
+    for (int l = 0; l < hp.n_layer; ++l)
+      for (int h = 0; h < hp.n_head_kv; ++h) {
+        std::vector<double> v;
+        int first = 0;
+        for (float x : sc[l][h]) {
+          if (x >= kPreferred) ++first;
+          else v.push_back(std::max(0.0, double(x)));
+        }
+        std::sort(v.rbegin(), v.rend());
+        double total = 0;
+        for (double x : v) total += x;
+        auto fewest = [&](double f) {
+          double c = 0;
+          size_t i = 0;
+          while (i < v.size() && c < f * total * (1 - 1e-12)) c += v[i++];
+          return i;
+        };
+        const size_t keep = fewest(0.9), high = fewest(0.6);
+        EXPECT_EQ(s.cache().seg(l, h).size(), first + keep) << "l" << l << " h" << h;
+        EXPECT_EQ(s.cache().seg(l, h).low_tier_size(), keep - high) << "l" << l << " h" << h;
+        sizes.insert(s.cache().seg(l, h).size());
+      }
+    EXPECT_GT(sizes.size(), 1u) << "every head kept the same count: not per-head";
+  }
+  EXPECT_THROW(make_press("leankv(snapkv):mass=1.5", 0.5), Error);
 }

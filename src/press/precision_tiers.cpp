@@ -3,6 +3,22 @@
 // bits than values) and evicted. Zhang et al., "Unifying KV Cache Compression for Large Language
 // Models with LeanKV", arXiv 2412.03131 (Hetero-KV: keys above values; per-head precision by
 // significance).
+//
+// Two ways to size the tiers:
+// - by ratio (default, mass=0): the inner press's budget policy decides how many entries each
+//   segment keeps, and the lowest-scored fraction `low` of them goes to the low tier;
+// - per-head dynamic sparsity (mass > 0, LeanKV's per-head and per-request allocation): in every
+//   segment, the inner scores (attention mass: use an attention scorer such as snapkv or
+//   observed_attention; negative scores count as 0) are normalised to sum 1; the fewest
+//   highest-scored entries holding `mass` of it are kept and the fewest holding `mass_high` of it
+//   stay in the high tier, the rest of the kept ones go to the low tier, everything else is
+//   evicted (at least one entry stays). Entries the inner press chooses first (its window or sinks)
+//   are kept in the high tier outside the normalisation. The compression ratio is then whatever
+//   the attention distribution of each head gives; it is reported, not requested.
+// K at higher precision than V (Hetero-KV): the low tier's codecs default to K q8_0 / V q4_0 (K8V4)
+// under an f16 high tier; with -ctk q8_0 -ctv q4_0 the high tier is K8V4 itself. A 2-bit row codec
+// (the paper's K4V2 low tier) is not in the cache yet.
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -15,15 +31,16 @@ namespace {
 
 class PrecisionTiersPress : public Press {
  public:
-  PrecisionTiersPress(std::unique_ptr<Press> inner, double low, KVCodec k_low, KVCodec v_low)
-      : inner_(std::move(inner)), low_(low), k_low_(k_low), v_low_(v_low) {
+  PrecisionTiersPress(std::unique_ptr<Press> inner, double low, KVCodec k_low, KVCodec v_low, double mass,
+                      double mass_high)
+      : inner_(std::move(inner)), low_(low), k_low_(k_low), v_low_(v_low), mass_(mass), mass_high_(mass_high) {
     scorer_ = dynamic_cast<ScorerPress*>(inner_.get());
     if (!scorer_)
       throw Error(fmt::format("press leankv: '{}' is not a scorer press (use e.g. leankv(snapkv))", inner_->describe()));
   }
   std::string describe() const override {
-    return fmt::format("leankv({}):low={},k_low={},v_low={}", inner_->describe(), low_, codec_name(k_low_),
-                       codec_name(v_low_));
+    return fmt::format("leankv({}):low={},k_low={},v_low={},mass={},mass_high={}", inner_->describe(), low_,
+                       codec_name(k_low_), codec_name(v_low_), mass_, mass_high_);
   }
   ObservationRequest request() const override { return inner_->request(); }
   ObservationRequest decode_request() const override { return inner_->decode_request(); }
@@ -33,7 +50,46 @@ class PrecisionTiersPress : public Press {
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return inner_->kept_after(t); }
 
+  /// Per-head dynamic sparsity: how many entries stay in the high and low tiers of a segment with
+  /// these scores (see the top of the file).
+  static void dynamic_counts(const std::vector<float>& sc, double mass, double mass_high, int& n_high, int& n_low) {
+    std::vector<double> v;
+    int first = 0;
+    for (float s : sc) {
+      if (s >= kPreferred)
+        ++first;
+      else
+        v.push_back(std::isnan(s) ? 0.0 : std::max(0.0, double(s)));
+    }
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    double total = 0;
+    for (double x : v) total += x;
+    auto fewest = [&](double m) {
+      double c = 0;
+      int i = 0;
+      while (i < static_cast<int>(v.size()) && c < m * total * (1 - 1e-12)) c += v[i++];
+      return i;
+    };
+    const int keep = fewest(mass), high = std::min(keep, fewest(mass_high));
+    n_high = first + high;
+    n_low = keep - high;
+    if (n_high + n_low == 0 && !sc.empty()) n_high = 1;
+  }
+
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
+    if (mass_ > 0.0) {
+      Scores scores = scorer_->score_all(cache, model, obs, target);
+      const int L = cache.n_layer(), H = cache.n_head_kv();
+      parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const int l = static_cast<int>(i / H), h = static_cast<int>(i % H);
+          int n_high = 0, n_low = 0;
+          dynamic_counts(scores[l][h], mass_, mass_high_, n_high, n_low);
+          apply_precision_tiers(cache.seg(l, h), scores[l][h], n_high, n_low, k_low_, v_low_, kProtected);
+        }
+      });
+      return;
+    }
     if (low_ <= 0.0) return inner_->apply(cache, model, obs, target);
     const int L = cache.n_layer(), H = cache.n_head_kv();
     std::vector<double> stat;
@@ -63,15 +119,17 @@ class PrecisionTiersPress : public Press {
   ScorerPress* scorer_ = nullptr;
   double low_;
   KVCodec k_low_, v_low_;
+  double mass_, mass_high_;
 };
 
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "leankv";
   i.summary = "wrapper: of the entries a scorer keeps, the lowest-scored fraction `low` is re-encoded in cheaper "
-              "codecs (k_low / v_low); the rest keep the cache's precision";
+              "codecs (k_low / v_low); with mass > 0, per-head dynamic sparsity: keep the entries holding `mass` "
+              "of each head's attention, the top `mass_high` of it at full precision";
   i.source = "Zhang et al. 2024, Unifying KV Cache Compression for Large Language Models with LeanKV, arXiv 2412.03131";
-  i.params = {{"low", "0.5"}, {"k_low", "q8_0"}, {"v_low", "q4_0"}};
+  i.params = {{"low", "0.5"}, {"k_low", "q8_0"}, {"v_low", "q4_0"}, {"mass", "0"}, {"mass_high", "0.9"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
@@ -84,7 +142,11 @@ PressRegistrar reg([] {
     } catch (const Error& e) {
       throw Error(fmt::format("press leankv: {}", e.what()));
     }
-    return std::make_unique<PrecisionTiersPress>(std::move(inner), low, k, v);
+    const double mass = param_double(p, "leankv", "mass"), mass_high = param_double(p, "leankv", "mass_high");
+    if (!(mass >= 0.0 && mass <= 1.0)) throw Error(fmt::format("press leankv: mass={} must be in [0, 1]", mass));
+    if (!(mass_high >= 0.0 && mass_high <= 1.0))
+      throw Error(fmt::format("press leankv: mass_high={} must be in [0, 1]", mass_high));
+    return std::make_unique<PrecisionTiersPress>(std::move(inner), low, k, v, mass, mass_high);
   };
   return i;
 }());
