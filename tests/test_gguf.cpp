@@ -2,6 +2,8 @@
 // (hand-built images), a writer -> reader round trip of every value type, alignment, v2 files,
 // and hostile input: every malformed field raises kvslim::Error naming the file and the field,
 // and no truncation or byte flip of a real model file can crash the reader.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -328,7 +330,7 @@ TEST(GGUFTensors, StreamingWriteEqualsInMemoryWrite) {
   mem.add_tensor_f32("y", GGMLType::F32, {5}, {1, 2, 3, 4, 5});
   stream.add_tensor_deferred("x", GGMLType::Q4_K, {256, 3});
   stream.add_tensor_f32("y", GGMLType::F32, {5}, {1, 2, 3, 4, 5});
-  const std::string path = ::testing::TempDir() + "kvslim_stream.gguf";
+  const std::string path = ::testing::TempDir() + "kvslim_stream_" + std::to_string(::getpid()) + ".gguf";
   stream.write_streaming(path, [&](size_t i, std::string& out) {
     ASSERT_EQ(i, 0u);
     out.resize(3 * row_bytes(GGMLType::Q4_K, 256));

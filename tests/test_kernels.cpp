@@ -1,6 +1,8 @@
 // Tests of the matmul kernels (src/kernels/matmul.cpp, quant_dot*.cpp): every weight type against
 // a float64 product of ggml's dequantized weights, every SIMD level against the scalar reference
 // bit for bit, and independence from the thread count and the number of tokens.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -329,7 +331,8 @@ TEST(Kernels, SetLevelRejectsUnsupported) {
 // fields, and bad input reported as an error (exit 1) rather than a crash.
 TEST(BenchCli, RunsAndWritesJson) {
   const std::string dir = ::testing::TempDir();
-  const std::string json = dir + "/kvslim_bench.json", out = dir + "/kvslim_bench.out";
+  const std::string stem = dir + "/kvslim_bench_" + std::to_string(::getpid());
+  const std::string json = stem + ".json", out = stem + ".out";
   const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
   const std::string cmd = std::string("'") + KVSLIM_CLI + "' bench -m '" + model +
                           "' -p 32 -n 4 --depth 0,16 -t 1 --press none --press knorm --compression-ratio 0.5 --json '" +

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <map>
 
+#include <unistd.h>
+
 #include "test_press_util.h"
 
 using namespace press_test;
@@ -322,7 +324,7 @@ TEST(PressRerotation, KeysMoveToContiguousPositionsExactly) {
 TEST(PressRerotation, MatchesTheModelsOwnRoPE) {
   const std::string dir = ::testing::TempDir();
   for (const std::string shape : {"qwen2.5-0.5b", "llama-3.2-1b"}) {
-    const std::string path = dir + "/press_rerot_" + shape + ".gguf";
+    const std::string path = dir + "/press_rerot_" + std::to_string(::getpid()) + "_" + shape + ".gguf";
     std::string cmd = std::string(KVSLIM_CLI) + " synth --shape " + shape + " --type q4_0 --vocab-from " +
                       KVSLIM_SOURCE_DIR + "/models/stories260K.gguf -o " + path + " --layers 1 -q > /dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

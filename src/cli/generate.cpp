@@ -38,7 +38,7 @@ struct GenerateArgs {
   std::string json;
   bool no_progress = false;
   bool chat = false;            // the prompt is a user message, rendered with the chat template
-  std::string chat_template;    // family name; "" = the model's tokenizer.chat_template
+  ChatTemplateArgs chat_template;
 };
 
 std::string human_bytes(double b) {
@@ -63,10 +63,10 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  if (a.chat || !a.chat_template.empty()) {
+  if (a.chat || a.chat_template.given()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
     const ChatTemplate t =
-        a.chat_template.empty() ? ChatTemplate::from_gguf(model->file()) : ChatTemplate::from_name(a.chat_template);
+        ChatTemplate::choose(model->file(), a.chat_template.name, a.chat_template.file, a.chat_template.jinja);
     opt.context_tokens = t.tokenize(model->tokenizer(), {{"user", opt.context}});
   }
   opt.n_predict = a.n_predict;
@@ -222,8 +222,7 @@ void add_generate(CLI::App& app, Action& action) {
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
   sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
-  sub->add_option("--chat-template", a->chat_template,
-                  "chat template family (llama2, llama3, chatml, qwen2, mistral); implies --chat");
+  add_chat_template_options(sub, a->chat_template);  // each implies --chat
   sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;

@@ -33,6 +33,15 @@ int apply_threads(int threads) {
   return n;
 }
 
+void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args) {
+  sub->add_option("--chat-template", args.name, "chat template family: llama2, llama3, chatml, qwen2, mistral "
+                                                "(default: the model's tokenizer.chat_template)");
+  sub->add_option("--chat-template-file", args.file, "read the chat template (Jinja source) from FILE")
+      ->type_name("FILE");
+  sub->add_flag("--jinja", args.jinja,
+                "render the template with the Jinja engine (python3-jinja2) even when kvslim knows its family");
+}
+
 CLI::Option* add_json_option(CLI::App* sub, std::string& path) {
   return sub->add_option("--json", path, "write a JSON summary to FILE, or to stdout with '-' (stdout then holds only the JSON)")
       ->type_name("FILE|-");

@@ -17,6 +17,18 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads);
 /// Sets the thread pool (and OpenBLAS) to `threads`, 0 meaning all cores; returns the count used.
 int apply_threads(int threads);
 
+/// How a chat template is chosen (generate and serve): a family by name, a template file, or the
+/// model's; `jinja` renders a source template with the Jinja engine even when its family is known.
+struct ChatTemplateArgs {
+  std::string name;
+  std::string file;
+  bool jinja = false;
+  /// Whether any of the flags was given (generate then applies a template without --chat).
+  bool given() const { return !name.empty() || !file.empty() || jinja; }
+};
+/// "--chat-template NAME", "--chat-template-file FILE", "--jinja" (llama.cpp's names).
+void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args);
+
 /// "--json FILE|-": a JSON summary of the run; "-" writes it to stdout, which then carries nothing else.
 CLI::Option* add_json_option(CLI::App* sub, std::string& path);
 /// Writes `j` (indented, newline-terminated) to `path`, or to stdout for "-". An unwritable file

@@ -13,7 +13,7 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
-#include "kernels/threads.h"
+#include "cli/options.h"
 #include "server/server.h"
 
 namespace kvslim::cli {
@@ -28,11 +28,11 @@ void on_signal(int) {
 }
 
 struct ServeArgs {
-  std::string model = "models/stories260K.gguf";
+  std::string model;
   std::string alias;
   server::ServerOptions opt;
   double kv_budget_mib = 0;
-  int threads = 2;
+  int threads = 0;
   int ctx = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
@@ -40,12 +40,13 @@ struct ServeArgs {
   int top_k = 40;
   float top_p = 0.95f;
   bool no_batch = false;
+  ChatTemplateArgs chat_template;
 };
 
 int run(ServeArgs& a) {
   check_ratio(a.opt.compression_ratio, "--compression-ratio");
   if (a.kv_budget_mib < 0) throw Error(fmt::format("--kv-budget {} must not be negative", a.kv_budget_mib));
-  set_num_threads(a.threads);
+  apply_threads(a.threads);
   auto model = Model::load(a.model);
   warn_context_size(*model, a.ctx);
   server::ServerOptions& o = a.opt;
@@ -58,6 +59,9 @@ int run(ServeArgs& a) {
   validate_cache_config(o.engine.session.key_codec, o.engine.session.value_codec, a.kv_quant,
                         model->hparams().head_dim);
   o.sampling = {a.temp, a.top_k, a.top_p, 0};
+  o.chat_template = a.chat_template.name;
+  o.chat_template_file = a.chat_template.file;
+  o.jinja = a.chat_template.jinja;
   o.model_name = a.alias.empty() ? std::filesystem::path(a.model).filename().string() : a.alias;
 
   // SIGINT / SIGTERM stop the server: the handler only writes to a pipe (async-signal-safe) and a
@@ -94,7 +98,7 @@ void add_serve(CLI::App& app, Action& action) {
   auto a = std::make_shared<ServeArgs>();
   server::ServerOptions& o = a->opt;
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request KV-cache compression");
-  sub->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(sub, a->model);
   sub->add_option("--alias", a->alias, "model name in /v1/models and responses (default: the file name)");
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "port (0 = any free port, printed at start)")->capture_default_str()
@@ -117,13 +121,12 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1 = until end of generation or context)")
       ->capture_default_str()->check(CLI::Range(-1, 1 << 30));
-  sub->add_option("-t,--threads", a->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
+  add_threads_option(sub, a->threads);
   sub->add_option("--temp", a->temp, "default temperature; 0 = greedy")->capture_default_str();
   sub->add_option("--top-k", a->top_k, "default top-k (0 = off)")->capture_default_str();
   sub->add_option("--top-p", a->top_p, "default top-p (1 = off)")->capture_default_str();
   sub->add_option("--api-key", o.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");
-  sub->add_option("--chat-template", o.chat_template,
-                  "chat template family: llama2, llama3, chatml, qwen2, mistral (default: the model's)");
+  add_chat_template_options(sub, a->chat_template);
   sub->add_option("--timeout", o.timeout_s, "seconds a request may take from arrival to its last token")
       ->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--max-body", o.max_body, "request body limit in bytes")->capture_default_str()

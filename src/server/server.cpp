@@ -8,6 +8,7 @@
 #include <httplib.h>
 
 #include "server/metrics.h"
+#include "server/peer_socket.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvslim::server {
@@ -38,11 +39,11 @@ Server::Server(const Model& model, ServerOptions opt) : model_(model), opt_(std:
   std::signal(SIGPIPE, SIG_IGN);
   if (opt_.model_name.empty()) opt_.model_name = "kvslim";
   make_press(opt_.press, opt_.compression_ratio);  // fails early, naming the press
-  if (!opt_.chat_template.empty()) {
-    impl_->chat = ChatTemplate::from_name(opt_.chat_template);
+  if (!opt_.chat_template.empty() || !opt_.chat_template_file.empty()) {
+    impl_->chat = ChatTemplate::choose(model.file(), opt_.chat_template, opt_.chat_template_file, opt_.jinja);
   } else {
     try {
-      impl_->chat = ChatTemplate::from_gguf(model.file());
+      impl_->chat = ChatTemplate::from_gguf(model.file(), opt_.jinja);
     } catch (const Error& e) {
       chat_template_error_ = e.what();  // /v1/chat/completions answers with it
     }
@@ -245,8 +246,16 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   const std::string model_name = opt_.model_name;
 
   if (!r.stream) {
+    // Nothing reaches the client before the response, so its going away is noticed on the socket.
+    const int fd = find_connection_fd(http_req.local_addr, http_req.local_port, http_req.remote_addr,
+                                      http_req.remote_port);
     std::unique_lock<std::mutex> lk(job->mu);
-    job->cv.wait(lk, [&] { return job->done; });
+    while (!job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return job->done; })) {
+      if (!job->cancelled && peer_closed(fd)) {
+        job->cancelled = true;
+        engine_->notify();
+      }
+    }
     if (job->error) throw *job->error;
     json choice = {{"index", 0}, {"finish_reason", job->finish_reason}};
     if (chat)

@@ -5,7 +5,8 @@
 // Every refused request gets a 4xx/5xx with OpenAI's error body naming the field; the server stays
 // up. A streaming request whose client disconnects is cancelled at the engine's next step (the
 // stream writes a keep-alive comment every second while it waits, so a closed socket is noticed
-// even before the first token); a non-streaming one is bounded by --timeout.
+// even before the first token); a non-streaming one is cancelled when its socket shows the client
+// closed it (checked every 200 ms, src/server/peer_socket.h). Both are bounded by --timeout.
 #include <memory>
 #include <string>
 
@@ -34,7 +35,9 @@ struct ServerOptions {
   size_t max_body = 1 << 20;       ///< request body limit, bytes (413 beyond)
   int max_prompt_tokens = 0;       ///< prompt limit in tokens; 0: the context size
   double timeout_s = 600;          ///< per request, from arrival to the last token (503 beyond)
-  std::string chat_template;       ///< family name; "" = recognise the model's tokenizer.chat_template
+  std::string chat_template;       ///< family name; "" = chat_template_file, else the model's tokenizer.chat_template
+  std::string chat_template_file;  ///< a Jinja template's file ("" = none)
+  bool jinja = false;              ///< render a source template with the Jinja engine even when its family is known
   int http_threads = 0;            ///< 0: parallel + queue + 8 (each open request holds one)
 };
 

@@ -1,8 +1,13 @@
 #include "tokenizer/chat_template.h"
 
+#include <fstream>
+#include <sstream>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "kvslim/error.h"
+#include "tokenizer/jinja.h"
 
 namespace kvslim {
 
@@ -65,7 +70,14 @@ ChatTemplate ChatTemplate::from_name(const std::string& name) {
   throw Error(fmt::format("unknown chat template '{}' (known: llama2, llama3, chatml, qwen2, mistral)", name));
 }
 
-ChatTemplate ChatTemplate::from_source(const std::string& src, const std::string& where) {
+ChatTemplate ChatTemplate::from_source(const std::string& src, const std::string& where, bool jinja) {
+  if (jinja || !(has(src, "<|im_start|>") || has(src, "<|start_header_id|>") || has(src, "[INST]"))) {
+    ChatTemplate t(ChatFamily::Jinja);
+    t.source_ = std::make_shared<const std::string>(src);
+    t.where_ = fmt::format("{} {}", where, quote_start(src));
+    t.render({{"user", "Hello"}}, "<s>", "</s>");
+    return t;
+  }
   if (has(src, "<|im_start|>")) {
     ChatTemplate t(ChatFamily::ChatML);
     t.default_system_ = default_system_message(src);
@@ -73,20 +85,28 @@ ChatTemplate ChatTemplate::from_source(const std::string& src, const std::string
   }
   if (has(src, "<|start_header_id|>")) return ChatTemplate(ChatFamily::Llama3);
   if (has(src, "[INST]") && has(src, "<<SYS>>")) return ChatTemplate(ChatFamily::Llama2);
-  if (has(src, "[INST]")) return ChatTemplate(ChatFamily::Mistral);
-  throw Error(fmt::format(
-      "{} {} is not one kvslim can render (llama2, llama3, chatml/qwen2, mistral; no Jinja engine is "
-      "packaged for Debian 12); choose a family with --chat-template NAME",
-      where, quote_start(src)));
+  return ChatTemplate(ChatFamily::Mistral);
 }
 
-ChatTemplate ChatTemplate::from_gguf(const GGUFFile& file) {
+ChatTemplate ChatTemplate::from_gguf(const GGUFFile& file, bool jinja) {
   if (!file.has("tokenizer.chat_template"))
     throw Error(fmt::format("{}: the model has no tokenizer.chat_template; choose one with --chat-template NAME "
                             "(llama2, llama3, chatml, qwen2, mistral)",
                             file.path()));
   return from_source(file.get_string("tokenizer.chat_template"),
-                     fmt::format("{}: tokenizer.chat_template", file.path()));
+                     fmt::format("{}: tokenizer.chat_template", file.path()), jinja);
+}
+
+ChatTemplate ChatTemplate::choose(const GGUFFile& model, const std::string& name, const std::string& template_file,
+                                  bool jinja) {
+  if (!name.empty()) return from_name(name);
+  if (template_file.empty()) return from_gguf(model, jinja);
+  std::ifstream in(template_file, std::ios::binary);
+  if (!in) throw Error(fmt::format("--chat-template-file {}: cannot read the file", template_file));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) throw Error(fmt::format("--chat-template-file {}: the file is empty", template_file));
+  return from_source(ss.str(), template_file, jinja);
 }
 
 std::string ChatTemplate::name() const {
@@ -95,6 +115,7 @@ std::string ChatTemplate::name() const {
     case ChatFamily::Llama3: return "llama3";
     case ChatFamily::ChatML: return default_system_.empty() ? "chatml" : "qwen2";
     case ChatFamily::Mistral: return "mistral";
+    case ChatFamily::Jinja: return "jinja";
   }
   return "?";
 }
@@ -102,6 +123,13 @@ std::string ChatTemplate::name() const {
 std::string ChatTemplate::render(const std::vector<ChatMessage>& msgs, const std::string& bos,
                                  const std::string& eos) const {
   if (msgs.empty()) throw Error(fmt::format("chat template {}: the conversation has no messages", name()));
+  if (family_ == ChatFamily::Jinja) {
+    nlohmann::json messages = nlohmann::json::array();
+    for (const auto& m : msgs) messages.push_back({{"role", m.role}, {"content", m.content}});
+    return render_jinja(*source_,
+                        {{"messages", messages}, {"bos_token", bos}, {"eos_token", eos}, {"add_generation_prompt", true}},
+                        where_);
+  }
   for (size_t i = 0; i < msgs.size(); ++i) {
     const std::string& r = msgs[i].role;
     if (r != "system" && r != "user" && r != "assistant")
@@ -161,6 +189,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& msgs, const std
       }
       return out;
     }
+    case ChatFamily::Jinja: break;  // rendered above
   }
   return out;
 }

@@ -7,8 +7,10 @@
 //   llama3   Llama 3 instruct  <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>...
 //   chatml   ChatML / Qwen2    <|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n
 //   mistral  Mistral instruct  <s>[INST] U [/INST]A</s>[INST] U2 [/INST]
-// Debian 12 packages no C++ Jinja engine (inja is not in bookworm), so another template is an error
-// that names it; `--chat-template NAME` picks a family by hand.
+// Any other template (and any template with `--jinja`) is rendered by Python's jinja2 in a child
+// process (src/tokenizer/jinja.h): Debian 12 packages no C++ Jinja engine. `--chat-template NAME`
+// picks a family by hand, `--chat-template-file FILE` reads a template from a file.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,8 @@ struct ChatMessage {
 };
 
 /// The template families kvslim renders.
-enum class ChatFamily { Llama2, Llama3, ChatML, Mistral };
+/// Jinja: rendered from the template's source by the Jinja engine.
+enum class ChatFamily { Llama2, Llama3, ChatML, Mistral, Jinja };
 
 /// A recognised chat template. Cheap to copy; immutable, so safe to share between threads.
 class ChatTemplate {
@@ -35,12 +38,20 @@ class ChatTemplate {
   /// Recognises a Jinja template source by the markers its family writes ("<|im_start|>",
   /// "<|start_header_id|>", "[INST]" with or without "<<SYS>>"). ChatML templates that insert a
   /// default system message when the conversation has none (Qwen2's "You are a helpful
-  /// assistant.") keep that behaviour. Throws kvslim::Error quoting the start of the template
-  /// (and `where`, e.g. the file's name) when it belongs to no known family.
-  static ChatTemplate from_source(const std::string& source, const std::string& where = "chat template");
+  /// assistant.") keep that behaviour. A template of no known family, or any template when
+  /// `jinja` is true, is kept as source for the Jinja engine and rendered once here on a
+  /// one-message conversation, so that a template that cannot be rendered fails now: kvslim::Error
+  /// naming `where` (e.g. the file's name) and quoting the template's start and the cause.
+  static ChatTemplate from_source(const std::string& source, const std::string& where = "chat template",
+                                  bool jinja = false);
   /// The template of a model file: `tokenizer.chat_template`, through from_source. Throws
   /// kvslim::Error naming the file when the key is missing.
-  static ChatTemplate from_gguf(const GGUFFile& file);
+  static ChatTemplate from_gguf(const GGUFFile& file, bool jinja = false);
+  /// What the CLI's flags choose: a family `name` if given, else the template in `template_file`
+  /// if given, else the model's; `jinja` renders a source template with the Jinja engine even when
+  /// its family is recognised. Throws kvslim::Error naming the flag's value or the file.
+  static ChatTemplate choose(const GGUFFile& model, const std::string& name, const std::string& template_file,
+                             bool jinja);
 
   ChatFamily family() const { return family_; }
   /// The family's name as accepted by from_name.
@@ -55,6 +66,7 @@ class ChatTemplate {
   /// message followed by a blank line (what Mistral's later templates do with it).
   std::string render(const std::vector<ChatMessage>& messages, const std::string& bos, const std::string& eos) const;
 
+  /// For the Jinja family: any role is passed to the template, which decides what it accepts.
   /// render() with the tokenizer's BOS/EOS texts, then encoded with special tokens parsed. A
   /// leading BOS text becomes the BOS id (never doubled).
   std::vector<Token> tokenize(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const;
@@ -62,6 +74,8 @@ class ChatTemplate {
  private:
   explicit ChatTemplate(ChatFamily f) : family_(f) {}
   ChatFamily family_;
+  std::shared_ptr<const std::string> source_;  // Jinja: the template's text
+  std::string where_;                          // Jinja: where the template came from, for errors
   std::string default_system_;  // chatml: inserted when the first message is not a system message
 };
 

@@ -5,8 +5,10 @@ cancellation, limits, the KV budget, and a bounded load test. Run one class per 
     KVSLIM=build/kvslim python3 tests/server/test_serve.py Endpoints"""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -291,6 +293,58 @@ class Endpoints(unittest.TestCase):
         m = self.srv.metrics()
         self.assertEqual(m["kvslim_requests_processing"], 0)
         self.complete(prompt="Once", max_tokens=2)
+
+
+class ChatJinja(unittest.TestCase):
+    """A template of no family kvslim renders itself (Gemma's turn markers), from --chat-template-file,
+    rendered by the Jinja engine; expected prompt text derived by hand from the template."""
+    TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
+                "{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+                "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+                "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix=f"kvslim_jinja_{os.getpid()}_")
+        cls.path = os.path.join(cls.dir, "turns.jinja")
+        with open(cls.path, "w") as f:
+            f.write(cls.TEMPLATE)
+        cls.srv = ServerProc("--temp", 0, "-c", 256, "--chat-template-file", cls.path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.close()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_rendered_by_jinja(self):
+        body = {"messages": [{"role": "user", "content": " Once upon "}, {"role": "assistant", "content": "a time"},
+                             {"role": "user", "content": "go on"}], "max_tokens": 12}
+        status, j = post(self.srv.port, "/v1/chat/completions", body)
+        self.assertEqual(status, 200, j)
+        # The BOS text leads the rendering and becomes the BOS token (the completion adds its own).
+        text = ("<start_of_turn>user\nOnce upon<end_of_turn>\n<start_of_turn>model\na time<end_of_turn>\n"
+                "<start_of_turn>user\ngo on<end_of_turn>\n<start_of_turn>model\n")
+        status, ref = post(self.srv.port, "/v1/completions", {"prompt": text, "max_tokens": 12})
+        self.assertEqual(status, 200, ref)
+        self.assertEqual(ref["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"])
+        self.assertEqual(ref["choices"][0]["text"], j["choices"][0]["message"]["content"])
+        # The CLI reads the same file the same way.
+        status, one = post(self.srv.port, "/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": " Once upon "}], "max_tokens": 12})
+        self.assertEqual(status, 200, one)
+        by_file = generate_cli(" Once upon ", 12, "--chat-template-file", self.path)
+        by_text = generate_cli("<start_of_turn>user\nOnce upon<end_of_turn>\n<start_of_turn>model\n", 12)
+        self.assertEqual(by_file, by_text)
+        self.assertEqual(by_file, one["choices"][0]["message"]["content"])
+
+    def test_template_error_is_400(self):
+        status, j = post(self.srv.port, "/v1/chat/completions",
+                         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                          "max_tokens": 2})
+        self.assertEqual(status, 400, j)
+        self.assertIn("System role not supported", j["error"]["message"])
+        self.assertEqual(j["error"]["param"], "messages")
 
 
 class Limits(unittest.TestCase):
