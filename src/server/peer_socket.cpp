@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -52,12 +51,11 @@ int find_connection_fd(const std::string& local_addr, int local_port, const std:
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     sockaddr_storage peer {}, self {};
     socklen_t lp = sizeof peer, ls = sizeof self;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &lp) != 0) continue;
+    // getsockname fails at once (ENOTSOCK) for descriptors that are not sockets.
     if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &ls) != 0) continue;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &lp) != 0) continue;
     std::string pa, sa;
     int pp = -1, sp = -1;
     if (!address_of(peer, pa, pp) || !address_of(self, sa, sp)) continue;

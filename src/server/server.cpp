@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
 #include <csignal>
 #include <ctime>
 #include <random>
@@ -21,6 +23,7 @@ struct Server::Impl {
   std::mt19937_64 seeds{std::random_device{}()};
   std::mutex seed_mu;
   int64_t created = static_cast<int64_t>(std::time(nullptr));
+  std::atomic<int> listen_fd{-1};
 };
 
 namespace {
@@ -52,6 +55,14 @@ Server::Server(const Model& model, ServerOptions opt) : model_(model), opt_(std:
   http_ = std::make_unique<httplib::Server>();
   const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.engine.parallel + opt_.engine.max_queue + 8;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // httplib 0.11 listens with a backlog of 5 (fixed when Debian built it): a burst of clients
+  // overflows it and some connections are reset. The listening socket is remembered here, where
+  // httplib lets us set its options, and listened on again with the system's limit after bind().
+  http_->set_socket_options([impl = impl_.get()](int fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    impl->listen_fd = fd;
+  });
   http_->set_payload_max_length(opt_.max_body);
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
@@ -66,6 +77,7 @@ Server::~Server() {
 int Server::bind() {
   int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
   if (port <= 0) throw Error(fmt::format("cannot listen on {}:{} (address in use or not available)", opt_.host, opt_.port));
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   return port;
 }
 
@@ -246,11 +258,17 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   const std::string model_name = opt_.model_name;
 
   if (!r.stream) {
-    // Nothing reaches the client before the response, so its going away is noticed on the socket.
-    const int fd = find_connection_fd(http_req.local_addr, http_req.local_port, http_req.remote_addr,
-                                      http_req.remote_port);
+    // Nothing reaches the client before the response, so its going away is noticed on the socket,
+    // looked up once the request has run for a second (most finish sooner; the lookup is a scan).
+    int fd = -1;
+    bool looked_up = false;
+    const auto start = Clock::now();
     std::unique_lock<std::mutex> lk(job->mu);
     while (!job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return job->done; })) {
+      if (!looked_up && Clock::now() - start >= std::chrono::seconds(1)) {
+        looked_up = true;
+        fd = find_connection_fd(http_req.local_addr, http_req.local_port, http_req.remote_addr, http_req.remote_port);
+      }
       if (!job->cancelled && peer_closed(fd)) {
         job->cancelled = true;
         engine_->notify();
