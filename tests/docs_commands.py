@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]{1,}(\.[a-z]+)?(,[A-Z0-9_]+)*$")
 STARTS = ("kvslim ", "build/kvslim ", "./build/kvslim ", "mpirun ")
@@ -212,6 +213,11 @@ def main():
             print(f"{f}: {' '.join(shlex.quote(t) for t in tokens)}")
             continue
         ran += 1
+        if len(tokens) > 1 and tokens[1] == "serve":
+            why = try_serve(tokens, scratch)
+            if why:
+                failed.append((f, line, why))
+            continue
         r = subprocess.run(tokens, cwd=scratch, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             failed.append((f, line, f"exit {r.returncode}: {r.stderr.strip()[-400:]}"))
@@ -239,6 +245,52 @@ def main():
     print(f"{ran} commands ran, {len(failed)} failed, {len(skipped)} skipped")
     subprocess.run(["rm", "-rf", scratch])
     return 1 if failed else 0
+
+
+def try_serve(tokens, cwd):
+    """A `kvslim serve` line: started on a free port (its --port replaced by 0), then asked for
+    /health and one completion over HTTP, then stopped with SIGTERM. Returns why it failed, or ''."""
+    import http.client
+    import json
+    tokens = [t for t in tokens if t != "&"]
+    if "--port" in tokens:
+        tokens[tokens.index("--port") + 1] = "0"
+    else:
+        tokens += ["--port", "0"]
+    proc = subprocess.Popen(tokens, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port, log = None, []
+        deadline = time.time() + 120
+        while time.time() < deadline and port is None:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            log.append(line)
+            m = re.search(r"on http://[^:]+:(\d+)", line)
+            port = int(m.group(1)) if m else None
+        if port is None:
+            return "did not start: " + "".join(log)[-400:]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        r.read()
+        if r.status != 200:
+            return f"/health answered {r.status}"
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once upon a time", "max_tokens": 8}),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        body = r.read().decode()
+        if r.status != 200:
+            return f"/v1/completions answered {r.status}: {body[:300]}"
+        return ""
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def shutil_which(name):
