@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "kernels/matmul.h"
+#include "press/ea_stats.h"
 #include "press/qfilter.h"
 #include "kvslim/quant.h"
 #include "test_press_util.h"
@@ -703,4 +704,123 @@ TEST(PressCatalogue, LeanKVDynamicSparsityFollowsEachHeadsAttentionMass) {
     EXPECT_GT(sizes.size(), 1u) << "every head kept the same count: not per-head";
   }
   EXPECT_THROW(make_press("leankv(snapkv):mass=1.5", 0.5), Error);
+}
+
+// Expected Attention with statistics from a file (kvpress's ExpectedAttentionStatsPress): the
+// statistics are the mean and unbiased covariance of the pre-RoPE queries after the first n_sink
+// tokens of each sample (recomputed here from the forward pass's own post-RoPE queries, rotated
+// back); a file holding the context's own statistics reproduces the context-statistics press.
+TEST(PressCatalogue, ExpectedAttentionStatsFileHoldsPreRoPEQueryMoments) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  const int hd = hp.head_dim;
+  std::vector<std::vector<Token>> samples = {story_tokens(50), story_tokens(30)};
+  QueryStatsFile st = compute_query_stats(m, samples, 4);
+  EXPECT_EQ(st.tokens, 46 + 26);
+  std::vector<std::vector<std::vector<double>>> q(hp.n_layer * hp.n_head);  // pre-RoPE queries
+  for (const auto& smp : samples) {
+    Recorded r = record_all(smp);
+    for (int l = 0; l < hp.n_layer; ++l)
+      for (int qh = 0; qh < hp.n_head; ++qh)
+        for (int i = 4; i < r.obs.n_window(); ++i) {
+          auto x = window_query(r.obs, hp, l, qh, i);
+          for (int p = 0; p < hd / 2; ++p) {
+            const double th = -r.obs.window_positions[i] * std::pow(double(hp.rope_freq_base), -2.0 * p / hd);
+            const double x0 = x[2 * p], x1 = x[2 * p + 1];
+            x[2 * p] = x0 * std::cos(th) - x1 * std::sin(th);
+            x[2 * p + 1] = x0 * std::sin(th) + x1 * std::cos(th);
+          }
+          q[l * hp.n_head + qh].push_back(x);
+        }
+  }
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int qh = 0; qh < hp.n_head; ++qh) {
+      const auto& Q = q[l * hp.n_head + qh];
+      const double N = Q.size();
+      std::vector<double> mu(hd, 0);
+      for (const auto& x : Q)
+        for (int a = 0; a < hd; ++a) mu[a] += x[a] / N;
+      for (int a = 0; a < hd; ++a) EXPECT_NEAR(st.mean_at(l, qh)[a], mu[a], 1e-4 + 1e-4 * std::fabs(mu[a]));
+      for (int a = 0; a < hd; ++a)
+        for (int b = 0; b < hd; ++b) {
+          double c = 0;
+          for (const auto& x : Q) c += (x[a] - mu[a]) * (x[b] - mu[b]) / (N - 1);
+          EXPECT_NEAR(st.cov_at(l, qh)[a * hd + b], c, 2e-4 + 2e-4 * std::fabs(c)) << "l" << l << " q" << qh;
+        }
+    }
+  // The context's own statistics in a file (population covariance, as the context press uses)
+  // keep the same entries as the context press.
+  auto ctx = story_tokens(120);
+  QueryStatsFile own = compute_query_stats(m, {ctx}, 4);
+  for (float& c : own.cov) c = static_cast<float>(c * (own.tokens - 1) / own.tokens);
+  const std::string path = ::testing::TempDir() + "ea_stats_" + std::to_string(::getpid()) + ".gguf";
+  own.save(path);
+  EXPECT_EQ(QueryStatsFile::load(path).mean, own.mean);
+  auto a = make_press("expected_attention", 0.5);
+  auto b = make_press("ExpectedAttentionStatsPress:stats_folder=" + path, 0.5);
+  EXPECT_NE(b->describe().find("stats=" + path), std::string::npos);
+  auto sa = prefill(*a, ctx), sb = prefill(*b, ctx);
+  int same = 0, segs = 0;
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h, ++segs) same += sa->cache().seg(l, h).positions() == sb->cache().seg(l, h).positions();
+  EXPECT_EQ(same, segs);
+  EXPECT_THROW(make_press("expected_attention:stats=/nonexistent.gguf", 0.5), Error);
+  std::remove(path.c_str());
+}
+
+// MergingPress(KnormPress): kept entries as knorm keeps them, every evicted value folded into the
+// kept entry with the most cosine-similar key, weight max(sim, 0) |v_e| / (|v_e| + |v_t| + 1e-6);
+// merged value (v_t + sum w v_e) / (1 + sum w); keys unchanged. Recomputed in float64.
+TEST(PressCatalogue, MergingFoldsEvictedValuesIntoTheNearestKeptKey) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  const int n = 24, hd = hp.head_dim, keep = 12;
+  KVCache c = random_cache(m, n, 77), ref = random_cache(m, n, 77);
+  Observation obs;
+  make_press("MergingPress(KnormPress)", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      auto K = keys_of(ref.seg(l, h)), V = values_of(ref.seg(l, h));
+      std::vector<double> s(n);
+      for (int i = 0; i < n; ++i) {
+        double ss = 0;
+        for (double x : K[i]) ss += x * x;
+        s[i] = -std::sqrt(ss);
+      }
+      std::vector<int32_t> kept = top_indices(s, keep);
+      ASSERT_EQ(c.seg(l, h).positions(), kept);
+      auto norm = [](const std::vector<double>& x) {
+        double ss = 0;
+        for (double a : x) ss += a * a;
+        return std::sqrt(ss);
+      };
+      std::vector<std::vector<double>> acc(keep, std::vector<double>(hd, 0.0));
+      std::vector<double> wsum(keep, 0.0);
+      for (int j = 0; j < n; ++j) {
+        if (std::find(kept.begin(), kept.end(), j) != kept.end()) continue;
+        double best = -INFINITY;
+        int t = 0;
+        for (int k = 0; k < keep; ++k) {
+          double d = 0;
+          for (int a = 0; a < hd; ++a) d += K[j][a] * K[kept[k]][a];
+          d /= norm(K[j]) * norm(K[kept[k]]);
+          if (d > best) best = d, t = k;
+        }
+        const double w = std::max(best, 0.0) * norm(V[j]) / (norm(V[j]) + norm(V[kept[t]]) + 1e-6);
+        for (int a = 0; a < hd; ++a) acc[t][a] += w * V[j][a];
+        wsum[t] += w;
+      }
+      auto got = values_of(c.seg(l, h)), gotk = keys_of(c.seg(l, h));
+      for (int k = 0; k < keep; ++k)
+        for (int a = 0; a < hd; ++a) {
+          const double want = wsum[k] > 0 ? (V[kept[k]][a] + acc[k][a]) / (1 + wsum[k]) : V[kept[k]][a];
+          EXPECT_NEAR(got[k][a], want, 1e-5) << "l" << l << " h" << h << " k" << k;
+          EXPECT_EQ(gotk[k][a], K[kept[k]][a]);
+        }
+    }
+  // similarity_threshold 1: nothing merges, the cache is knorm's.
+  KVCache d = random_cache(m, n, 77), e = random_cache(m, n, 77);
+  make_press("merging(knorm):similarity_threshold=1", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
+  make_press("knorm", 0.5)->apply(e, m, obs, Target{0.5, size_t(n)});
+  EXPECT_TRUE(same_cache(d, e));
 }

@@ -13,7 +13,12 @@
 // budget. kvslim options: `window=N` estimates from the last N queries only (un-rotated from
 // their positions); `protect=1` never evicts the sinks. The rotation uses the model's own layout
 // (llama pairs or neox halves) and frequencies (Llama 3 rope_freqs included).
+// `stats=FILE` uses precomputed statistics instead (kvpress's ExpectedAttentionStatsPress, which
+// loads them from the hub; `kvslim ea-stats` computes them on a text, see press/ea_stats.h):
+// mean and unbiased covariance per (layer, query head) from the file, the same rotation and score.
 #include <cblas.h>
+
+#include <memory>
 
 #include <cmath>
 
@@ -21,6 +26,7 @@
 
 #include "kernels/attention.h"
 #include "kvslim/press.h"
+#include "press/ea_stats.h"
 #include "press/rope.h"
 
 namespace kvslim {
@@ -29,16 +35,20 @@ namespace {
 class ExpectedAttentionPress : public ScorerPress {
  public:
   ExpectedAttentionPress(double ratio, int window, int n_future, int n_sink, bool cov, bool vnorm, double eps,
-                         bool protect)
+                         bool protect, std::string stats_path)
       : ScorerPress(ratio), window_(window), n_future_(n_future), n_sink_(n_sink), cov_(cov), vnorm_(vnorm),
-        eps_(eps), protect_(protect) {}
+        eps_(eps), protect_(protect), stats_path_(std::move(stats_path)) {
+    if (!stats_path_.empty()) file_ = std::make_shared<QueryStatsFile>(QueryStatsFile::load(stats_path_));
+  }
   std::string describe_scorer() const override {
     return fmt::format(
-        "expected_attention:ratio={},window={},n_future={},n_sink={},covariance={},vnorm={},epsilon={},protect={}",
-        ratio_, window_, n_future_, n_sink_, cov_ ? 1 : 0, vnorm_ ? 1 : 0, eps_, protect_ ? 1 : 0);
+        "expected_attention:ratio={},window={},n_future={},n_sink={},covariance={},vnorm={},epsilon={},protect={}{}",
+        ratio_, window_, n_future_, n_sink_, cov_ ? 1 : 0, vnorm_ ? 1 : 0, eps_, protect_ ? 1 : 0,
+        stats_path_.empty() ? "" : ",stats=" + stats_path_);
   }
   ObservationRequest scorer_request() const override {
     ObservationRequest r;
+    if (file_) return r;
     if (window_ > 0) {
       r.window = window_;
       return r;
@@ -54,7 +64,8 @@ class ExpectedAttentionPress : public ScorerPress {
     stats_.clear();
   }
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
-    if (window_ == 0 && !stats_.empty() &&
+    if (file_) file_->check(model.hparams(), "press expected_attention (" + stats_path_ + ")");
+    if (!file_ && window_ == 0 && !stats_.empty() &&
         (static_cast<int>(stats_.size()) != model.hparams().n_layer || hd_ != model.hparams().head_dim))
       throw Error("press expected_attention: query statistics do not match the model");
     ScorerPress::apply(cache, model, obs, target);
@@ -69,7 +80,7 @@ class ExpectedAttentionPress : public ScorerPress {
       for (int i = std::max(0, nw - window_); i < nw; ++i)
         if (view.obs().window_positions[i] >= n_sink_) rows.push_back(i);
     // The future positions follow the tokens seen so far (kvpress: q_len .. q_len + n_future - 1).
-    const int32_t next = window_ > 0 && nw > 0 ? view.obs().window_positions[nw - 1] + 1 : cache_next_position(view.cache());
+    const int32_t next = !file_ && window_ > 0 && nw > 0 ? view.obs().window_positions[nw - 1] + 1 : cache_next_position(view.cache());
     // Averaged rotation, one (cos, sin) pair per rotated pair.
     std::vector<double> cbar(half, 0.0), sbar(half, 0.0);
     for (int i = 0; i < half; ++i) {
@@ -110,7 +121,14 @@ class ExpectedAttentionPress : public ScorerPress {
         // Statistics of the pre-RoPE queries (float64).
         std::vector<double> mu(hd, 0.0), cov(static_cast<size_t>(hd) * hd, 0.0);
         double N = 0;
-        if (window_ > 0) {
+        if (file_) {
+          N = 1;  // the file holds the mean and the (N - 1) covariance already
+          const float* fm = file_->mean_at(view.layer(), qh);
+          const float* fc = file_->cov_at(view.layer(), qh);
+          for (int d = 0; d < hd; ++d) mu[d] = fm[d];
+          if (cov_)
+            for (size_t i = 0; i < cov.size(); ++i) cov[i] = fc[i];
+        } else if (window_ > 0) {
           std::vector<std::vector<double>> qs;
           const float* wq = view.window_queries(qh);
           for (int i : rows) {
@@ -222,6 +240,8 @@ class ExpectedAttentionPress : public ScorerPress {
   bool protect_;
   int nh_ = 0, hd_ = 0;                         // query heads and head_dim the sums are for
   std::vector<std::vector<QueryStats>> stats_;  // [layer][query head]
+  std::string stats_path_;
+  std::shared_ptr<const QueryStatsFile> file_;  // stats=FILE
 };
 
 PressRegistrar reg({"expected_attention",
@@ -231,7 +251,7 @@ PressRegistrar reg({"expected_attention",
                     "from Future Queries Distribution, arXiv 2510.00636; reference: "
                     "kvpress/presses/expected_attention_press.py (ExpectedAttentionPress)",
                     {{"ratio", "0"}, {"window", "0"}, {"n_future", "512"}, {"n_sink", "4"}, {"covariance", "1"},
-                     {"vnorm", "1"}, {"epsilon", "0"}, {"protect", "0"}},
+                     {"vnorm", "1"}, {"epsilon", "0"}, {"protect", "0"}, {"stats", ""}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       const char* n = "expected_attention";
                       int w = param_int(p, n, "window"), f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");
@@ -244,7 +264,8 @@ PressRegistrar reg({"expected_attention",
                         throw Error(fmt::format("press {}: covariance and vnorm are 0 or 1", n));
                       return std::make_unique<ExpectedAttentionPress>(param_double(p, n, "ratio"), w, f, s, c == 1,
                                                                       v == 1, param_double(p, n, "epsilon"),
-                                                                      param_bool(p, n, "protect"));
+                                                                      param_bool(p, n, "protect"),
+                                                                      param_str(p, n, "stats"));
                     }});
 
 }  // namespace
