@@ -13,6 +13,8 @@
 #include <cstdio>
 
 #include "kernels/matmul.h"
+#include "kvslim/request.h"
+#include "press/duo_attention.h"
 #include "press/ea_stats.h"
 #include "press/qfilter.h"
 #include "kvslim/quant.h"
@@ -823,4 +825,43 @@ TEST(PressCatalogue, MergingFoldsEvictedValuesIntoTheNearestKeptKey) {
   make_press("merging(knorm):similarity_threshold=1", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
   make_press("knorm", 0.5)->apply(e, m, obs, Target{0.5, size_t(n)});
   EXPECT_TRUE(same_cache(d, e));
+}
+
+// DuoAttention end to end on models/retrieval.gguf (layer 1's KV head is the induction head that
+// retrieves, layer 0's previous-token heads read the last 5 entries; models/RETRIEVAL.md): with
+// the calibrated labels (half the heads streaming: 128 sinks + 256 recent) the pass key 1,000+
+// tokens back is still answered; with the labels swapped (the retrieval head made streaming) it
+// is not.
+TEST(PressCatalogue, DuoAttentionWithCalibratedLabelsStillRetrieves) {
+  auto m = Model::load(std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.gguf");
+  DuoCalibration cal;
+  cal.samples = 2;
+  DuoLabels labels = duo_calibrate(*m, cal);
+  DuoLabels swapped = labels;
+  std::swap(swapped.score[0][0], swapped.score[1][0]);
+  const std::string dir = ::testing::TempDir() + "duo_" + std::to_string(::getpid());
+  labels.save(dir + "_ok.gguf");
+  swapped.save(dir + "_swapped.gguf");
+  const std::string prompt = duo_passkey_prompt(*m, 1500, 0.2, 71432);
+  auto answer = [&](const std::string& spec) {
+    auto p = make_press(spec, 0.0);
+    RequestOptions o;
+    o.n_predict = 6;  // " 7 1 4 3 2": five tokens
+    o.sampling.temp = 0;
+    Request r(*m, *p, o);
+    r.set_prompt(prompt);
+    r.run();
+    size_t kept = r.cache().entries();
+    return std::make_pair(m->tokenizer().decode(r.generated()), kept);
+  };
+  auto [full, n_full] = answer("none");
+  auto [ok, n_ok] = answer("duo_attention:labels=" + dir + "_ok.gguf,head_ratio=0.5");
+  auto [bad, n_bad] = answer("duo_attention:labels=" + dir + "_swapped.gguf,head_ratio=0.5");
+  EXPECT_NE(full.find("71432"), std::string::npos) << full;
+  EXPECT_NE(ok.find("71432"), std::string::npos) << ok;
+  EXPECT_EQ(bad.find("71432"), std::string::npos) << bad;
+  EXPECT_LT(n_ok, n_full);
+  EXPECT_EQ(n_ok, n_bad);  // the same number of entries, kept in the other layer
+  std::remove((dir + "_ok.gguf").c_str());
+  std::remove((dir + "_swapped.gguf").c_str());
 }
