@@ -865,3 +865,42 @@ TEST(PressCatalogue, DuoAttentionWithCalibratedLabelsStillRetrieves) {
   std::remove((dir + "_ok.gguf").c_str());
   std::remove((dir + "_swapped.gguf").c_str());
 }
+
+// FinchPress: window = the last 8 entries (the prompt); each earlier entry scores the window's
+// causal softmax attention with row i scaled by (n - 8 + i), averaged over rows and the GQA
+// group; the window is chosen first; int(40 x 0.5) = 20 stay. Recomputed in float64.
+TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  const int n = 40, w = 8, G = hp.n_group();
+  std::vector<int32_t> wpos = range(n - w, n);
+  Observation obs = random_window(m, wpos, 19);
+  KVCache c = random_cache(m, n, 18), ref = random_cache(m, n, 18);
+  make_press("FinchPress:window_size=8,rerotate_keys=False", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
+  KVCache d = random_cache(m, n, 18);
+  make_press("finch:window=8,rerotate=0,chunk=16", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      std::vector<double> s(n, 1e9);  // window: chosen first
+      for (int j = 0; j < n - w; ++j) s[j] = 0;
+      for (int g = 0; g < G; ++g)
+        for (int i = 0; i < w; ++i) {
+          auto p = softmax_row(window_query(obs, hp, l, h * G + g, i), wpos[i], ref.seg(l, h));
+          for (int j = 0; j < n - w; ++j) s[j] += p[j] * (n - w + i) / w / G;
+        }
+      EXPECT_EQ(c.seg(l, h).positions(), top_indices(s, 20)) << "l" << l << " h" << h;
+      // chunk=16: 8 of [0, 16), 8 of [16, 32) and 4 of the window [32, 40) (equal scores: the newest)
+      std::vector<int32_t> want;
+      for (int b = 0; b < n; b += 16) {
+        std::vector<double> part(s.begin() + b, s.begin() + std::min(n, b + 16));
+        for (int32_t j : top_indices(part, part.size() / 2)) want.push_back(b + j);
+      }
+      EXPECT_EQ(d.seg(l, h).positions(), want) << "chunks l" << l << " h" << h;
+    }
+  EXPECT_EQ(make_press("finch:window=8", 0.5)->describe(), "key_rerotation(finch:ratio=0.5,window=8,normalize=1,chunk=0)");
+  EXPECT_THROW(make_press("finch", 0.5), Error);
+  // Through the model with rerotation: int(100 x 0.5) per head, positions contiguous at the end.
+  auto p = make_press("finch:window=16", 0.5);
+  auto sess = prefill(*p, story_tokens(100));
+  EXPECT_EQ(sess->cache().seg(2, 1).positions(), range(50, 100));
+}

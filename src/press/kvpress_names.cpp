@@ -53,6 +53,7 @@ const std::vector<Entry>& table() {
       {"BlockPress", "block", {{"block_size", "block"}}},
       {"QFilterPress", "qfilter", {}},
       {"MergingPress", "merging", {}},
+      {"FinchPress", "finch", {{"window_size", "window"}, {"normalize_scores", "normalize"}, {"chunk_length", "chunk"}, {"rerotate_keys", "rerotate"}}},
       {"LeverageScorePress", "leverage", {{"sketch_dimension", "sketch"}}},
       {"NonCausalAttnPress", "non_causal_attention", {{"chunk_size", "chunk"}}},
       {"CompactorPress", "compactor",
