@@ -904,3 +904,13 @@ TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
   auto sess = prefill(*p, story_tokens(100));
   EXPECT_EQ(sess->cache().seg(2, 1).positions(), range(50, 100));
 }
+
+// kvpress's CompressionRatioDecodingPress is the decoding wrapper with size=0 (the inner press's
+// ratio of every token seen); PrefillDecodingPress is a composition (PREFILL + decoding(...)).
+TEST(PressCatalogue, CompressionRatioDecodingIsDecodingToTheRatioOfTokensSeen) {
+  EXPECT_EQ(make_press("CompressionRatioDecodingPress(KnormPress,compression_interval=8,target_compression_ratio=0.25)", 0)
+                ->describe(),
+            "decoding(knorm:ratio=0.25):interval=8,size=0");
+  EXPECT_EQ(make_press("compression_ratio_decoding(snapkv)", 0.5)->describe(),
+            make_press("decoding(snapkv):size=0", 0.5)->describe());
+}

@@ -28,6 +28,7 @@ const std::set<std::string> kNotRatioDriven = {
     "threshold",  // keeps by score threshold (tau)
     "per_layer",  // its own per-layer ratios
     "decoding",   // compresses during decode only
+    "compression_ratio_decoding",  // the same (decoding with size=0)
     "leankv",     // precision tiers: a share is kept at low precision, not evicted
     "simlayerkv", // keeps everything in non-lazy layers; no ratio (default threshold 1: no-op)
 };

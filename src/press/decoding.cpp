@@ -115,3 +115,29 @@ PressRegistrar reg([] {
 
 }  // namespace
 }  // namespace kvslim
+
+namespace kvslim {
+namespace {
+
+// kvpress's CompressionRatioDecodingPress (kvpress/presses/compression_ratio_decoding_press.py):
+// the decoding wrapper whose target is the inner press's ratio of every token seen so far,
+// max(1, floor(seen (1 - ratio))) entries per KV head every `interval` steps: decoding(...):size=0.
+PressRegistrar reg_ratio([] {
+  PressInfo i;
+  i.name = "compression_ratio_decoding";
+  i.summary = "wrapper: during decode, every `interval` tokens, compress to the inner press's ratio of all tokens "
+              "seen (decoding with size=0)";
+  i.source = "kvpress CompressionRatioDecodingPress (kvpress/presses/compression_ratio_decoding_press.py)";
+  i.params = {{"interval", "512"}};
+  i.kind = PressKind::Wrapper;
+  i.default_inner = "knorm";
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+    const PressInfo* d = PressRegistry::instance().find("decoding");
+    if (!d) throw Error("press compression_ratio_decoding: decoding is not registered");
+    return d->make_wrapper({{"interval", p.at("interval")}, {"size", "0"}}, std::move(inner));
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim

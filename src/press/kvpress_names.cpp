@@ -53,6 +53,8 @@ const std::vector<Entry>& table() {
       {"BlockPress", "block", {{"block_size", "block"}}},
       {"QFilterPress", "qfilter", {}},
       {"MergingPress", "merging", {}},
+      {"CompressionRatioDecodingPress", "compression_ratio_decoding",
+       {{"compression_interval", "interval"}, {"target_compression_ratio", "ratio"}}},
       {"FinchPress", "finch", {{"window_size", "window"}, {"normalize_scores", "normalize"}, {"chunk_length", "chunk"}, {"rerotate_keys", "rerotate"}}},
       {"LeverageScorePress", "leverage", {{"sketch_dimension", "sketch"}}},
       {"NonCausalAttnPress", "non_causal_attention", {{"chunk_size", "chunk"}}},
