@@ -46,8 +46,8 @@ class TimedPress : public Press {
  public:
   explicit TimedPress(std::unique_ptr<Press> p) : p_(std::move(p)) {}
   std::string describe() const override { return p_->describe(); }
-  ObservationRequest request() const override { return p_->request(); }
-  ObservationRequest decode_request() const override { return p_->decode_request(); }
+  ObservationNeeds needs() const override { return p_->needs(); }
+  ObservationNeeds decode_needs() const override { return p_->decode_needs(); }
   void observe(const KVCache& c, const Model& m, const Observation& o) override {
     Timer t(this);
     p_->observe(c, m, o);

@@ -18,6 +18,7 @@
 #include "press/ea_stats.h"
 #include "press/qfilter.h"
 #include "kvslim/quant.h"
+#include "press/recorders.h"
 #include "test_press_util.h"
 
 using namespace press_test;
@@ -375,10 +376,10 @@ TEST(PressCatalogue, QFilterIsThePrincipalQueryDirection) {
     SessionOptions so;
     so.n_ctx = 256;
     Session s(m, so);
-    ObservationRequest req;
-    req.window = static_cast<int>(d.size());
+    ObservationNeeds needs;
+    needs.window = static_cast<int>(d.size());
     Observation obs;
-    s.forward(d, false, &req, &obs);
+    run_observed(s, d, needs, obs);
     for (int l = 0; l < hp.n_layer; ++l)
       for (int qh = 0; qh < hp.n_head; ++qh)
         for (int i = 0; i < obs.n_window(); ++i) {
@@ -458,10 +459,10 @@ Recorded record_all(const std::vector<Token>& toks) {
   so.key_codec = so.value_codec = KVCodec::F32;
   so.n_ctx = 512;
   r.s = std::make_unique<Session>(bundled_model(), so);
-  ObservationRequest req;
-  req.window = static_cast<int>(toks.size());
-  req.hidden_states = true;
-  r.s->forward(toks, false, &req, &r.obs);
+  ObservationNeeds needs;
+  needs.window = static_cast<int>(toks.size());
+  needs.hidden_states = true;
+  run_observed(*r.s, toks, needs, r.obs);
   return r;
 }
 
@@ -675,8 +676,7 @@ TEST(PressCatalogue, LeanKVDynamicSparsityFollowsEachHeadsAttentionMass) {
     so.n_ctx = 512;
     Session s(m, so);
     auto snap = scorer("snapkv", 0.5);
-    ObservationRequest req = snap->request();
-    s.forward(toks, false, &req, &obs);
+    run_observed(s, toks, snap->needs(), obs);
     Scores sc = snap->score_all(s.cache(), m, obs, Target{0.5, toks.size()});
     auto p = make_press("leankv(snapkv):mass=0.9,mass_high=0.6", 0.5);
     p->apply(s.cache(), m, obs, Target{0.5, toks.size()});

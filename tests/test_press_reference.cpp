@@ -5,6 +5,7 @@
 #include <set>
 
 #include "press/duo_attention.h"
+#include "press/recorders.h"
 #include "test_press_util.h"
 
 using namespace press_test;
@@ -202,10 +203,10 @@ TEST(PressReference, ExpectedAttentionUsesEveryContextQueryAfterTheSinks) {
   so.key_codec = so.value_codec = KVCodec::F32;
   so.n_ctx = 4096;
   Session ref(m, so);
-  ObservationRequest req;
-  req.window = n;
+  ObservationNeeds needs;
+  needs.window = n;
   Observation obs;
-  ref.forward(toks, false, &req, &obs, 0);
+  run_observed(ref, toks, needs, obs);
   ASSERT_EQ(obs.n_window(), n);
   for (int chunk : {0, 40}) {
     auto p = scorer("expected_attention:n_future=16", 0.0);  // ratio 0: nothing evicted

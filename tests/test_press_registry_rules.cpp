@@ -8,7 +8,10 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "kvslim/request.h"
+#include "press/wrappers.h"
 #include "test_press_util.h"
 
 using namespace kvslim;
@@ -91,6 +94,78 @@ RunResult generate_with(Press& press, const std::string& context, const std::str
   if (keep) *keep = std::move(r);
   return out;
 }
+
+/// Wraps a press and logs what it is shown: a digest of every Observation handed to observe() and
+/// after_decode(), and every call of the one layer hook at its three points (the spy adds its own
+/// hook next to the press's when the press needs anything, so a press that needs nothing keeps the
+/// batched decode path).
+class SpyPress : public Press, private LayerHook {
+ public:
+  explicit SpyPress(std::unique_ptr<Press> p) : p_(std::move(p)) {}
+  std::string describe() const override { return p_->describe(); }
+  ObservationNeeds needs() const override { return with_spy(p_->needs()); }
+  ObservationNeeds decode_needs() const override { return with_spy(p_->decode_needs()); }
+  void observe(const KVCache& c, const Model& m, const Observation& o) override {
+    log_.push_back("observe " + digest(o));
+    p_->observe(c, m, o);
+  }
+  void apply(KVCache& c, const Model& m, const Observation& o, const Target& t) override { p_->apply(c, m, o, t); }
+  void after_decode(KVCache& c, const Model& m, const Observation& o) override {
+    log_.push_back("decode " + digest(o));
+    p_->after_decode(c, m, o);
+  }
+  void reset() override {
+    p_->reset();
+    log_.clear();
+  }
+  double ratio() const override { return p_->ratio(); }
+  void set_ratio(double r) override { p_->set_ratio(r); }
+  size_t kept_after(const Target& t) const override { return p_->kept_after(t); }
+  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
+    p_->remap_positions(l, h, o, n);
+  }
+  bool evicts_in_decode() const override { return p_->evicts_in_decode(); }
+  bool selects_in_decode() const override { return p_->selects_in_decode(); }
+  const std::vector<std::string>& log() const { return log_; }
+  /// Hook calls seen at each point: after Q/K/V, before attention, after attention.
+  int calls[3] = {0, 0, 0};
+
+ private:
+  ObservationNeeds with_spy(ObservationNeeds n) const {
+    if (n.any()) n.hooks.push_back(const_cast<SpyPress*>(this));
+    return n;
+  }
+  void after_qkv(const LayerStep& s) override {
+    ++calls[0];
+    log_.push_back(fmt::format("qkv l{} n{} p{}", s.layer, s.n, s.positions[0]));
+  }
+  bool before_attention(const LayerStep& s, std::vector<std::vector<int32_t>>&) override {
+    ++calls[1];
+    size_t entries = 0;
+    for (int h = 0; h < s.hp->n_head_kv; ++h) entries += s.cache->seg(s.layer, h).size();
+    log_.push_back(fmt::format("attend l{} entries{}", s.layer, entries));
+    return false;
+  }
+  void after_attention(const LayerStep& s, const std::vector<std::vector<float>>*) override { ++calls[2]; }
+  static std::string digest(const Observation& o) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (const auto& q : o.queries) mix(q.data(), q.size() * sizeof(float));
+    mix(o.window_positions.data(), o.window_positions.size() * sizeof(int32_t));
+    for (const auto& l : o.attention_mass)
+      for (const auto& m : l) mix(m.data(), m.size() * sizeof(float));
+    for (const auto& x : o.hidden) mix(x.data(), x.size() * sizeof(float));
+    mix(o.tokens.data(), o.tokens.size() * sizeof(Token));
+    mix(o.token_positions.data(), o.token_positions.size() * sizeof(int32_t));
+    return fmt::format("w{} t{} m{} runner{} #{:016x}", o.n_window(), o.tokens.size(), o.attention_mass.size(),
+                       o.runner != nullptr, h);
+  }
+  std::unique_ptr<Press> p_;
+  std::vector<std::string> log_;
+};
 
 }  // namespace
 
@@ -186,4 +261,62 @@ TEST(RegistryRules, EveryJobPathLeavesTheSameCacheAndLogits) {
     EXPECT_EQ(fed.logits(), g.logits) << spec;
     EXPECT_TRUE(same_cache(fed.cache(), gen->cache())) << spec;
   }
+}
+
+TEST(RegistryRules, EveryJobPathShowsThePressTheSameObservations) {
+  // The one hook: generate (Request::run), eval/bench (prefill, then advance() with the same
+  // tokens) and serve (step_batch, several requests at once) show every press the same
+  // observations, and the hook is called at its three points of every layer.
+  const std::string ctx = story(6);
+  const int L = bundled_model().hparams().n_layer;
+  for (const std::string& spec : runnable_specs()) {
+    SpyPress gen_spy(make_press(spec, 0.5));
+    Request gen(bundled_model(), gen_spy, greedy(6));
+    gen.set_prompt(ctx);
+    gen.run();
+    ASSERT_FALSE(gen.generated().empty()) << spec;
+
+    SpyPress fed_spy(make_press(spec, 0.5));
+    Request fed(bundled_model(), fed_spy, greedy(0));
+    fed.set_prompt(ctx);
+    fed.prefill();
+    for (size_t i = 0; i + 1 < gen.generated().size(); ++i) fed.advance(gen.generated()[i]);
+    EXPECT_EQ(fed_spy.log(), gen_spy.log()) << spec;
+
+    SpyPress a_spy(make_press(spec, 0.5)), b_spy(make_press(spec, 0.5));
+    Request a(bundled_model(), a_spy, greedy(6)), b(bundled_model(), b_spy, greedy(6));
+    a.set_prompt(ctx);
+    b.set_prompt(ctx);
+    while (!a.finished() || !b.finished()) step_batch({&a, &b});
+    EXPECT_EQ(a_spy.log(), gen_spy.log()) << spec;
+    EXPECT_EQ(b_spy.log(), gen_spy.log()) << spec;
+    EXPECT_EQ(a.generated(), gen.generated()) << spec;
+
+    if (gen_spy.needs().any()) {
+      EXPECT_GE(gen_spy.calls[0], L) << spec;
+      EXPECT_EQ(gen_spy.calls[0], gen_spy.calls[1]) << spec;
+      EXPECT_EQ(gen_spy.calls[1], gen_spy.calls[2]) << spec;
+    }
+  }
+}
+
+TEST(RegistryRules, ACompositionCallsTheHooksOfEveryPress) {
+  // Each stage's own hook survives composition (before, only one query hook did).
+  auto a = std::make_unique<SpyPress>(make_press("expected_attention:window=0", 0.3));
+  auto b = std::make_unique<SpyPress>(make_press("expected_attention:window=0", 0.3));
+  SpyPress* pa = a.get();
+  SpyPress* pb = b.get();
+  ObservationNeeds n = merge_needs(a->needs(), b->needs());
+  EXPECT_EQ(n.hooks.size(), 4u);  // each press's own hook and each spy
+  std::vector<std::unique_ptr<Press>> parts;
+  parts.push_back(std::move(a));
+  parts.push_back(std::move(b));
+  ComposedPress both(std::move(parts));
+  Request r(bundled_model(), both, greedy(2));
+  r.set_prompt(story(3));
+  r.run();
+  const int L = bundled_model().hparams().n_layer;
+  EXPECT_EQ(pa->calls[0], L);
+  EXPECT_EQ(pb->calls[0], L);
+  EXPECT_LT(r.stats().entries_kept, r.stats().entries_total);
 }

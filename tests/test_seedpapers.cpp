@@ -19,6 +19,7 @@
 #include "press/duo_attention.h"
 #include "press/kvzap.h"
 #include "press/kvzip.h"
+#include "press/recorders.h"
 
 using namespace kvslim;
 
@@ -61,9 +62,8 @@ std::vector<std::vector<float>> run_press(Press& press, const std::vector<Token>
   all.push_back(prefill_and_compress(s, press, ctx, 0));
   for (int i = 0; i < steps; ++i) {
     Token t = argmax(all.back().data(), all.back().size());
-    ObservationRequest req = press.decode_request();
     Observation obs;
-    all.push_back(s.forward({t}, false, &req, &obs, s.next_position()));
+    all.push_back(run_observed(s, {t}, press.decode_needs(), obs));
     press.after_decode(s.cache(), model(), obs);
   }
   return all;
@@ -255,11 +255,11 @@ TEST(SeedKVzip, ReplayScoresMatchIndependentRecomputation) {
   const int R = static_cast<int>(replay.size());
   Session r(m, exact_f32());
   r.forward(ctx);
-  ObservationRequest req;
-  req.window = R;
-  req.hidden_states = true;
+  ObservationNeeds needs;
+  needs.window = R;
+  needs.hidden_states = true;
   Observation obs;
-  r.forward(replay, false, &req, &obs, n);
+  run_observed(r, replay, needs, obs);
   ASSERT_EQ(obs.n_window(), R);
   for (int l = 0; l < L; ++l) {
     const TensorInfo& wt = m.file().tensor(fmt::format("blk.{}.attn_output.weight", l));
@@ -431,9 +431,8 @@ TEST(SeedKVzap, ThresholdPressScoresAtCreationInPrefillAndDecode) {
       EXPECT_EQ(pos.front(), n - 8);
     }
   for (int i = 0; i < 3; ++i) {
-    ObservationRequest req = p->decode_request();
     Observation obs;
-    s.forward({42}, false, &req, &obs, s.next_position());
+    run_observed(s, {42}, p->decode_needs(), obs);
     p->after_decode(s.cache(), model(), obs);
     EXPECT_EQ(s.cache().seg(0, 0).size(), 8u);
   }
@@ -587,9 +586,8 @@ TEST(SeedClusterKV, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
   std::vector<float> lg = prefill_and_compress(s, *p, ctx, 0);
   EXPECT_EQ(s.cache().entries(), static_cast<size_t>(n) * hp.n_layer * hp.n_head_kv);
   for (int i = 0; i < 4; ++i) {
-    ObservationRequest req = p->decode_request();
     Observation obs;
-    lg = s.forward({argmax(lg.data(), lg.size())}, false, &req, &obs, s.next_position());
+    lg = run_observed(s, {argmax(lg.data(), lg.size())}, p->decode_needs(), obs);
     p->after_decode(s.cache(), model(), obs);
     for (float x : lg) ASSERT_TRUE(std::isfinite(x));
   }

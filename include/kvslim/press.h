@@ -25,10 +25,49 @@
 #include <vector>
 
 #include "kvslim/kv_cache.h"
+#include "kvslim/layer_hook.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
+
+/// What a press needs from the forward pass while a step runs. The plain needs are recorded by the
+/// hooks of src/press/recorders.h into an Observation; `hooks` are the press's own (Expected
+/// Attention's query statistics, KVzap's surrogate, ClusterKV's selection), called at every layer
+/// of every batch of the step.
+struct ObservationNeeds {
+  int window = 0;                  ///< queries (RoPE applied) of the last `window` tokens of the step
+  bool hidden_states = false;      ///< each layer's input hidden state for every token of the step
+  bool attention_mass = false;     ///< per entry, the attention it receives from the step's tokens
+  bool tokens = false;             ///< every token of the step with its position (KVzip's replay)
+  std::vector<LayerHook*> hooks;   ///< the press's own hooks, in order
+  /// Whether anything must be recorded or called (otherwise a step may run in a batched pass).
+  bool any() const { return window > 0 || hidden_states || attention_mass || tokens || !hooks.empty(); }
+};
+
+/// Union of two needs: largest window, any flag set in either, the hooks of both (a before b).
+ObservationNeeds merge_needs(const ObservationNeeds& a, const ObservationNeeds& b);
+
+/// What the recorders saw during one step (a prefill chunk or a decode step), for presses.
+struct Observation {
+  /// [layer] -> [n_head][n_window][head_dim] query vectors (RoPE applied) of the observation window.
+  std::vector<std::vector<float>> queries;
+  std::vector<int32_t> window_positions;  ///< positions of the observation-window queries
+  /// [layer] -> [n_tokens][n_embd] layer-input hidden states of the step's tokens.
+  std::vector<std::vector<float>> hidden;
+  std::vector<int32_t> hidden_positions;
+  /// [layer][kv head] -> per entry of the segment, the sum over the step's queries and over the
+  /// GQA group of the softmax probability the entry received (H2O's accumulated attention). Kept
+  /// aligned with the segment by the press that uses it.
+  std::vector<std::vector<std::vector<float>>> attention_mass;
+  /// Every token of the step and its position.
+  std::vector<Token> tokens;
+  std::vector<int32_t> token_positions;
+  /// The request runner's session, for a press that runs the model again on the same cache
+  /// (KVzip's replay); nullptr when the press is used outside a runner.
+  ModelRunner* runner = nullptr;
+  int n_window() const { return static_cast<int>(window_positions.size()); }
+  void clear() { *this = Observation{}; }
+};
 
 /// Score of entries that must never be evicted (sinks, observation window, sliding window).
 constexpr float kProtected = 3.0e38f;
@@ -111,13 +150,13 @@ class Press {
   virtual ~Press() = default;
   /// Spec with parameters, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg".
   virtual std::string describe() const = 0;
-  /// What the forward pass must record during prefill.
-  virtual ObservationRequest request() const { return {}; }
-  /// What the forward pass must record at each decode step (for after_decode).
-  virtual ObservationRequest decode_request() const { return {}; }
+  /// What the forward pass must record (or call) during prefill.
+  virtual ObservationNeeds needs() const { return {}; }
+  /// What the forward pass must record (or call) at each decode step (for after_decode).
+  virtual ObservationNeeds decode_needs() const { return {}; }
   /// Compresses `cache` after a prefill step (the whole context, or one chunk of it when prefill
   /// is chunked): observe(), then apply() toward {ratio(), tokens seen so far}. `obs` holds what
-  /// request() asked for, recorded over this step's tokens.
+  /// needs() asked for, recorded over this step's tokens.
   void compress(KVCache& cache, const Model& model, const Observation& obs);
   /// Updates per-request state from a forward step (e.g. H2O's accumulated attention). Called
   /// before any entry of the step is evicted.
@@ -125,7 +164,7 @@ class Press {
   /// Evicts toward `target`.
   virtual void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) = 0;
   /// Called after each decode step (the new token's entries are in the cache); decoding presses
-  /// evict here. `obs` holds what decode_request() asked for. Default: nothing.
+  /// evict here. `obs` holds what decode_needs() asked for. Default: nothing.
   virtual void after_decode(KVCache& cache, const Model& model, const Observation& obs) {}
   /// Forgets per-request state.
   virtual void reset() {}
@@ -147,10 +186,9 @@ class Press {
   /// Whether after_decode() may evict entries (a decoding policy, the decoding wrapper,
   /// DuoAttention's streaming heads). A decode-time selector cannot be combined with such a press.
   virtual bool evicts_in_decode() const { return false; }
+  /// Whether a decode_needs() hook chooses the entries attention reads (ClusterKV).
+  virtual bool selects_in_decode() const { return false; }
 };
-
-/// Union of two observation requests (largest window, any flag set in either).
-ObservationRequest merge_requests(const ObservationRequest& a, const ObservationRequest& b);
 
 /// Inputs of a budget policy.
 struct BudgetInput {
@@ -170,7 +208,7 @@ class BudgetPolicy {
   /// e.g. "adakv:alpha=0.2" ("uniform" for the default).
   virtual std::string describe() const = 0;
   /// Observation the policy needs beyond the scorer's (ZigZagKV: a window).
-  virtual ObservationRequest request() const { return {}; }
+  virtual ObservationNeeds needs() const { return {}; }
   /// False when the keep-counts do not depend on the ratio (threshold, per-layer ratios): then
   /// ratio 0 does not skip the press.
   virtual bool uses_ratio() const { return true; }
@@ -187,7 +225,7 @@ class BudgetPolicy {
   virtual KeepCounts keep_counts(const BudgetInput& in) const = 0;
   /// Told what the scorer it is set on records (ScorerPress::set_policy): PyramidKV sizes its
   /// layer budgets with the scorer's observation window, as kvpress's PyramidKVPress.
-  virtual void set_scorer_request(const ObservationRequest& scorer) {}
+  virtual void set_scorer_needs(const ObservationNeeds& scorer) {}
 };
 
 /// Uniform policy: every segment keeps min(size, uniform_keep(target.n_for(segment), ratio)).
@@ -214,9 +252,9 @@ class ScorerPress : public Press {
   /// The scorer's spec alone, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg".
   virtual std::string describe_scorer() const = 0;
   /// The scorer's needs merged with the policy's.
-  ObservationRequest request() const override;
-  virtual ObservationRequest scorer_request() const { return {}; }
-  ObservationRequest decode_request() const override;
+  ObservationNeeds needs() const override;
+  virtual ObservationNeeds scorer_needs() const { return {}; }
+  ObservationNeeds decode_needs() const override;
   /// Scores every layer (in parallel), runs the policy and retains the selection. Ratio 0 under a
   /// ratio-driven policy returns at once (bit-identical to no press).
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;

@@ -11,7 +11,7 @@
 #include "kernels/matmul.h"
 #include "kvslim/press.h"
 #include "kvslim/request.h"
-#include "press/recorder.h"
+#include "press/recording_press.h"
 
 namespace kvslim {
 
@@ -26,10 +26,10 @@ LayerBudgets layer_budgets(const Model& model, const std::vector<Token>& tokens,
     throw Error(fmt::format("attention-stats: similarity {} is outside (-1, 1]", opt.similarity));
   const HParams& hp = model.hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim, nh = hp.n_head;
-  ObservationRequest rec;
+  ObservationNeeds rec;
   rec.window = opt.window;
-  auto recorder = std::make_unique<ObservationRecorder>(rec);
-  const ObservationRecorder& recorded = *recorder;
+  auto recorder = std::make_unique<RecordingPress>(rec);
+  const RecordingPress& recorded = *recorder;
   RequestOptions ro;
   ro.session = session;
   Request sess(model, std::move(recorder), ro);

@@ -11,7 +11,7 @@
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/request.h"
-#include "press/recorder.h"
+#include "press/recording_press.h"
 #include "kvslim/sampling.h"
 
 namespace kvslim {
@@ -225,10 +225,10 @@ AttentionStats attention_stats(const Model& model, const std::vector<Token>& tok
   if (!(tau > 0.0 && tau <= 1.0)) throw Error(fmt::format("attention statistics: tau {} is outside (0, 1]", tau));
   if (static_cast<size_t>(window) > tokens.size())
     throw Error(fmt::format("attention statistics: window {} is longer than the {} tokens", window, tokens.size()));
-  ObservationRequest rec;
+  ObservationNeeds rec;
   rec.window = window;
-  auto recorder = std::make_unique<ObservationRecorder>(rec);
-  const ObservationRecorder& recorded = *recorder;
+  auto recorder = std::make_unique<RecordingPress>(rec);
+  const RecordingPress& recorded = *recorder;
   RequestOptions ro;
   ro.session = session;
   Request r(model, std::move(recorder), ro);

@@ -14,17 +14,6 @@
 
 namespace kvslim {
 
-void Observation::clear() {
-  queries.clear();
-  window_positions.clear();
-  hidden.clear();
-  hidden_positions.clear();
-  attention_mass.clear();
-  tokens.clear();
-  token_positions.clear();
-  session = nullptr;
-}
-
 Session::Session(const Model& model, SessionOptions opt)
     : model_(model), opt_(opt),
       n_ctx_(opt.n_ctx > 0 ? opt.n_ctx : model.hparams().n_ctx_train),
@@ -97,8 +86,7 @@ void apply_rope(float* x, int n_heads, int hd, const float* cs, const float* sn,
 
 }  // namespace
 
-std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_logits, const ObservationRequest* req,
-                                    Observation* obs, int32_t record_from) {
+std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_logits, LayerHook* hook) {
   const HParams& hp = model_.hparams();
   if (tokens.empty()) throw Error("forward: no tokens to process");
   if (next_pos_ + static_cast<int64_t>(tokens.size()) > n_ctx_)
@@ -106,208 +94,201 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
                             next_pos_, n_ctx_));
   for (Token t : tokens)
     if (t < 0 || t >= hp.n_vocab) throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1));
-  if (obs) obs->session = this;
-  if (obs && req && req->tokens)
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      obs->tokens.push_back(tokens[i]);
-      obs->token_positions.push_back(next_pos_ + static_cast<int32_t>(i));
-    }
-  if (obs && req) {
-    obs->queries.resize(hp.n_layer);
-    obs->hidden.resize(hp.n_layer);
-    if (req->attention_mass) obs->attention_mass.resize(hp.n_layer, std::vector<std::vector<float>>(hp.n_head_kv));
-  }
+  if (hook) hook->begin(tokens.data(), static_cast<int>(tokens.size()), next_pos_);
   const size_t nv = hp.n_vocab;
   std::vector<float> logits(all_logits ? tokens.size() * nv : nv);
   for (size_t b = 0; b < tokens.size(); b += opt_.batch) {
     int n = static_cast<int>(std::min<size_t>(opt_.batch, tokens.size() - b));
     bool last = b + n == tokens.size();
     float* out = all_logits ? logits.data() + b * nv : (last ? logits.data() : nullptr);
-    forward_batch(tokens.data() + b, n, all_logits, out, req, obs, record_from);
+    forward_batch(tokens.data() + b, n, all_logits, out, hook);
     if (opt_.on_batch_done) opt_.on_batch_done(next_pos_);
   }
   return logits;
 }
 
-void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* logits, const ObservationRequest* req,
-                            Observation* obs, int32_t record_from) {
+namespace {
+
+/// y[t] = rms_norm(x[t]) * w for each of n rows of d values.
+void norm_rows(const float* x, const std::vector<float>& w, float* y, int n, int d, float eps) {
+  for (int t = 0; t < n; ++t) rms_norm(x + static_cast<size_t>(t) * d, w.data(), y + static_cast<size_t>(t) * d, d, eps);
+}
+
+/// q, k, v = xn W_q, xn W_k, xn W_v (+ the biases qwen2 has), one pass over the three matrices.
+void project_qkv(const LayerWeights& L, const float* xn, int n, int dq, int dkv, float* q, float* k, float* v, bool ex) {
+  matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn, n, {q, k, v}, ex);
+  if (L.bq.empty()) return;
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < dq; ++i) q[t * dq + i] += L.bq[i];
+    for (int i = 0; i < dkv; ++i) {
+      k[t * dkv + i] += L.bk[i];
+      v[t * dkv + i] += L.bv[i];
+    }
+  }
+}
+
+/// Rotates the n rows of q ([n][n_head][hd]) and k ([n][n_head_kv][hd]) by their positions' angles.
+void rope_rows(const HParams& hp, const std::vector<float>& cs, const std::vector<float>& sn, int n, float* q, float* k) {
+  const int hd = hp.head_dim, half = hd / 2, dq = hp.n_head * hd, dkv = hp.n_head_kv * hd;
+  for (int t = 0; t < n; ++t) {
+    apply_rope(q + static_cast<size_t>(t) * dq, hp.n_head, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
+    apply_rope(k + static_cast<size_t>(t) * dkv, hp.n_head_kv, hd, cs.data() + t * half, sn.data() + t * half,
+               hp.rope_neox);
+  }
+}
+
+/// Causal attention of the batch's n query rows over layer l's segments (the batch's own entries
+/// follow n_old[h] older ones). subset (when non-null): the older entries each KV head (or query
+/// head) reads, as LayerHook::before_attention chose them. mass (when non-null): [kv head][entry],
+/// the probability every entry received summed over the batch's queries and the GQA group, added
+/// in a fixed order so it does not depend on the thread count. out: [n][n_head][hd].
+void attend(const KVCache& cache, int l, const HParams& hp, const float* q, int n, const std::vector<size_t>& n_old,
+            const std::vector<std::vector<int32_t>>* subset, std::vector<std::vector<float>>* mass, float* out) {
+  const int hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, G = hp.n_group(), dq = nh * hd;
+  // One unit of work = one KV head x a tile of tokens; rows are (token, group head).
+  const int tile = std::max(1, 64 / G);
+  const int n_tiles = (n + tile - 1) / tile;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<std::vector<float>> mass_part;
+  if (mass) mass_part.assign(static_cast<size_t>(nkv) * n_tiles, {});
+  auto attend_units = [&](int64_t b, int64_t e) {
+    std::vector<float> qr, orow;
+    std::vector<int32_t> vis;
+    for (int64_t w = b; w < e; ++w) {
+      int h = static_cast<int>(w / n_tiles), t0 = static_cast<int>(w % n_tiles) * tile;
+      int t1 = std::min(n, t0 + tile), rows = (t1 - t0) * G;
+      const Segment& s = cache.seg(l, h);
+      qr.resize(static_cast<size_t>(rows) * hd);
+      orow.resize(qr.size());
+      vis.resize(rows);
+      for (int t = t0; t < t1; ++t)
+        for (int gi = 0; gi < G; ++gi) {
+          int r = (t - t0) * G + gi;
+          std::memcpy(&qr[static_cast<size_t>(r) * hd], &q[static_cast<size_t>(t) * dq + (h * G + gi) * hd], hd * sizeof(float));
+          vis[r] = static_cast<int32_t>(n_old[h] + t + 1);
+        }
+      float* m = nullptr;
+      if (mass) {
+        auto& mp = mass_part[w];
+        mp.assign(s.size(), 0.0f);
+        m = mp.data();
+      }
+      if (subset && subset->size() == static_cast<size_t>(nh)) {
+        // One subset per query head (ClusterKV's default): each row attends to its own.
+        for (int r = 0; r < rows; ++r) {
+          std::vector<int32_t> idx = (*subset)[h * G + r % G];
+          for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
+          attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data() + static_cast<size_t>(r) * hd,
+                                1, vis.data() + r, scale, orow.data() + static_cast<size_t>(r) * hd, hd);
+        }
+      } else if (subset) {
+        // The selected old entries, then the batch's own entries (always attended, causally).
+        std::vector<int32_t> idx = (*subset)[h];
+        for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
+        attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data(), rows, vis.data(), scale,
+                              orow.data(), hd);
+      } else {
+        attend_segment(s, qr.data(), rows, vis.data(), scale, orow.data(), hd, m);
+      }
+      for (int t = t0; t < t1; ++t)
+        for (int gi = 0; gi < G; ++gi)
+          std::memcpy(&out[static_cast<size_t>(t) * dq + (h * G + gi) * hd], &orow[static_cast<size_t>((t - t0) * G + gi) * hd],
+                      hd * sizeof(float));
+    }
+  };
+  // Multiply-adds of this layer's attention (scores and values over the cache): tiny models and
+  // short contexts stay on the calling thread.
+  const int64_t attn_macs = static_cast<int64_t>(n) * nh * hd * 2 * static_cast<int64_t>(cache.seg(l, 0).size());
+  parallel_for(static_cast<int64_t>(nkv) * n_tiles, attn_macs, attend_units);
+  if (!mass) return;
+  mass->assign(nkv, {});
+  for (int h = 0; h < nkv; ++h) {
+    auto& dst = (*mass)[h];
+    dst.assign(cache.seg(l, h).size(), 0.0f);
+    for (int ti = 0; ti < n_tiles; ++ti) {
+      const auto& src = mass_part[static_cast<size_t>(h) * n_tiles + ti];
+      for (size_t j = 0; j < src.size(); ++j) dst[j] += src[j];
+    }
+  }
+}
+
+/// x += W x_in for the n rows (a residual branch's output projection).
+void add_projection(const WeightView& W, const float* in, int n, float* tmp, std::vector<float>& x, bool ex) {
+  matmul(W, in, n, tmp, ex);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+}
+
+}  // namespace
+
+// One batch of n tokens through every layer, llama-style: each layer is norm, Q/K/V, RoPE, store,
+// attend, output projection, then the SwiGLU feed-forward, each a residual branch. The hook (if
+// any) sees the layer after Q/K/V, before attention and after attention.
+void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* logits, LayerHook* hook) {
   const HParams& hp = model_.hparams();
-  const int d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, G = hp.n_group();
-  const int dq = nh * hd, dkv = nkv * hd;
+  const int d = hp.n_embd, hd = hp.head_dim, nkv = hp.n_head_kv;
+  const int dq = hp.n_head * hd, dkv = nkv * hd;
   const bool ex = opt_.exact;
 
+  // Positions and their rotation angles.
   std::vector<int32_t> pos(n);
   for (int t = 0; t < n; ++t) pos[t] = next_pos_ + t;
   std::vector<float> cs, sn;
   rope_tables(hp, model_.rope_freqs(), pos.data(), n, cs, sn);
 
-  std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size());
+  // Token embeddings: the residual stream x, [n][d].
+  std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
   const WeightView& emb = model_.token_embd();
   for (int t = 0; t < n; ++t) dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
 
   std::vector<float> q(static_cast<size_t>(n) * dq), k(static_cast<size_t>(n) * dkv), v(k.size()),
-      att(static_cast<size_t>(n) * dq), tmp(x.size());
+      att(static_cast<size_t>(n) * dq);
   std::vector<float> g(static_cast<size_t>(n) * hp.n_ff), u(g.size());
-
-  // Which batch rows fall in the recorded range.
-  int rec0 = n;
-  if (obs && req)
-    for (int t = 0; t < n; ++t)
-      if (pos[t] >= record_from) {
-        rec0 = t;
-        break;
-      }
-  const int half = hd / 2;
+  std::vector<size_t> n_old(nkv);
+  std::vector<std::vector<int32_t>> subset;
+  std::vector<std::vector<float>> mass;
+  const bool want_mass = hook && hook->wants_attention_mass();
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights& L = model_.layer(l);
-    if (obs && req && req->hidden_states && rec0 < n)
-      obs->hidden[l].insert(obs->hidden[l].end(), x.begin() + static_cast<size_t>(rec0) * d, x.end());
+    LayerStep step{l, n, tokens, pos.data(), &hp, x.data(), xn.data(), q.data(), &cache_, n_old.data()};
 
-    for (int t = 0; t < n; ++t) rms_norm(x.data() + t * d, L.attn_norm.data(), xn.data() + t * d, d, hp.rms_eps);
-    if (req && req->on_attention_input) req->on_attention_input(l, xn.data(), n, d, pos.data());
-    matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn.data(), n, {q.data(), k.data(), v.data()}, ex);
-    if (!L.bq.empty())
-      for (int t = 0; t < n; ++t) {
-        for (int i = 0; i < dq; ++i) q[t * dq + i] += L.bq[i];
-        for (int i = 0; i < dkv; ++i) {
-          k[t * dkv + i] += L.bk[i];
-          v[t * dkv + i] += L.bv[i];
-        }
-      }
-    if (req && req->on_queries) req->on_queries(l, q.data(), n, nh, hd, pos.data());
-    for (int t = 0; t < n; ++t) {
-      apply_rope(q.data() + t * dq, nh, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
-      apply_rope(k.data() + t * dkv, nkv, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
-    }
-
-    // Append this batch's entries, then attend: entry order is causal order.
-    std::vector<size_t> n_old(nkv);
+    // 1. Norm: the attention input.
+    norm_rows(x.data(), L.attn_norm, xn.data(), n, d, hp.rms_eps);
+    // 2. Q/K/V projections (queries before RoPE: what Expected Attention and KVzap read).
+    project_qkv(L, xn.data(), n, dq, dkv, q.data(), k.data(), v.data(), ex);
+    if (hook) hook->after_qkv(step);
+    // 3. RoPE on queries and keys: entries are cached rotated.
+    rope_rows(hp, cs, sn, n, q.data(), k.data());
+    // 4. Store the batch's entries, then attend: entry order is causal order.
     for (int h = 0; h < nkv; ++h) {
       Segment& s = cache_.seg(l, h);
       n_old[h] = s.size();
       for (int t = 0; t < n; ++t) s.append(k.data() + t * dkv + h * hd, v.data() + t * dkv + h * hd, pos[t]);
     }
-    if (obs && req && req->window > 0 && rec0 < n) {
-      // queries[l] is [n_head][window][hd]; rebuilt with the newest `window` recorded rows.
-      std::vector<float>& wq = obs->queries[l];
-      int have = static_cast<int>(obs->window_positions.size());
-      int add = n - rec0;
-      int keep_old = std::min(have, std::max(0, req->window - add));
-      int take = std::min(add, req->window);
-      int nw = keep_old + take;
-      std::vector<float> nq(static_cast<size_t>(nh) * nw * hd);
-      for (int h = 0; h < nh; ++h) {
-        for (int i = 0; i < keep_old; ++i)
-          std::memcpy(&nq[(static_cast<size_t>(h) * nw + i) * hd], &wq[(static_cast<size_t>(h) * have + have - keep_old + i) * hd],
-                      hd * sizeof(float));
-        for (int i = 0; i < take; ++i)
-          std::memcpy(&nq[(static_cast<size_t>(h) * nw + keep_old + i) * hd], &q[static_cast<size_t>(n - take + i) * dq + h * hd],
-                      hd * sizeof(float));
-      }
-      wq.swap(nq);
-      if (l == hp.n_layer - 1) {
-        std::vector<int32_t> wp(obs->window_positions.end() - keep_old, obs->window_positions.end());
-        for (int i = 0; i < take; ++i) wp.push_back(pos[n - take + i]);
-        obs->window_positions.swap(wp);
-      }
-    }
-    if (obs && req && req->attention_mass)
-      for (int h = 0; h < nkv; ++h) obs->attention_mass[l][h].resize(cache_.seg(l, h).size(), 0.0f);
-
-    // Decode-time selection (ClusterKV): per KV head, the old entries this batch attends to.
-    std::vector<std::vector<int32_t>> subset;
+    // 5. Attend: to every entry, or to the subset the hook chose (decode-time selection).
     bool use_subset = false;
-    if (req && req->selector) {
+    if (hook) {
       subset.assign(nkv, {});
-      use_subset = req->selector->select(l, q.data(), n, cache_, subset);
+      use_subset = hook->before_attention(step, subset);
     }
-    // One unit of work = one KV head x a tile of tokens; rows are (token, group head).
-    const int tile = std::max(1, 64 / G);
-    const int n_tiles = (n + tile - 1) / tile;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const bool want_mass = obs && req && req->attention_mass;
-    std::vector<std::vector<float>> mass_part;
-    if (want_mass) mass_part.assign(static_cast<size_t>(nkv) * n_tiles, {});
-    auto attend_units = [&](int64_t b, int64_t e) {
-      std::vector<float> qr, orow;
-      std::vector<int32_t> vis;
-      for (int64_t w = b; w < e; ++w) {
-        int h = static_cast<int>(w / n_tiles), t0 = static_cast<int>(w % n_tiles) * tile;
-        int t1 = std::min(n, t0 + tile), rows = (t1 - t0) * G;
-        const Segment& s = cache_.seg(l, h);
-        qr.resize(static_cast<size_t>(rows) * hd);
-        orow.resize(qr.size());
-        vis.resize(rows);
-        for (int t = t0; t < t1; ++t)
-          for (int gi = 0; gi < G; ++gi) {
-            int r = (t - t0) * G + gi;
-            std::memcpy(&qr[static_cast<size_t>(r) * hd], &q[static_cast<size_t>(t) * dq + (h * G + gi) * hd], hd * sizeof(float));
-            vis[r] = static_cast<int32_t>(n_old[h] + t + 1);
-          }
-        float* mass = nullptr;
-        if (want_mass) {
-          auto& mp = mass_part[w];
-          mp.assign(s.size(), 0.0f);
-          mass = mp.data();
-        }
-        if (use_subset && subset.size() == static_cast<size_t>(nh)) {
-          // One subset per query head (ClusterKV's default): each row attends to its own.
-          for (int r = 0; r < rows; ++r) {
-            std::vector<int32_t> idx = subset[h * G + r % G];
-            for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
-            attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data() + static_cast<size_t>(r) * hd,
-                                  1, vis.data() + r, scale, orow.data() + static_cast<size_t>(r) * hd, hd);
-          }
-        } else if (use_subset) {
-          // The selected old entries, then the batch's own entries (always attended, causally).
-          std::vector<int32_t> idx = subset[h];
-          for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
-          attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data(), rows, vis.data(), scale,
-                                orow.data(), hd);
-        } else {
-          attend_segment(s, qr.data(), rows, vis.data(), scale, orow.data(), hd, mass);
-        }
-        for (int t = t0; t < t1; ++t)
-          for (int gi = 0; gi < G; ++gi)
-            std::memcpy(&att[static_cast<size_t>(t) * dq + (h * G + gi) * hd], &orow[static_cast<size_t>((t - t0) * G + gi) * hd],
-                        hd * sizeof(float));
-      }
-    };
-    // Multiply-adds of this layer's attention (scores and values over the cache): tiny models and
-    // short contexts stay on the calling thread.
-    const int64_t attn_macs = static_cast<int64_t>(n) * nh * hd * 2 * static_cast<int64_t>(cache_.seg(l, 0).size());
-    parallel_for(static_cast<int64_t>(nkv) * n_tiles, attn_macs, attend_units);
-    if (want_mass)  // summed in a fixed order so results do not depend on the thread count
-      for (int h = 0; h < nkv; ++h)
-        for (int ti = 0; ti < n_tiles; ++ti) {
-          int t0 = ti * tile;
-          if (t0 + 1 + static_cast<int>(n_old[h]) <= 0) continue;
-          if (pos[t0] < record_from) continue;  // mass is accumulated over recorded queries only
-          auto& dst = obs->attention_mass[l][h];
-          const auto& src = mass_part[static_cast<size_t>(h) * n_tiles + ti];
-          for (size_t j = 0; j < src.size(); ++j) dst[j] += src[j];
-        }
-
-    matmul(*L.wo, att.data(), n, tmp.data(), ex);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-
-    for (int t = 0; t < n; ++t) rms_norm(x.data() + t * d, L.ffn_norm.data(), xn.data() + t * d, d, hp.rms_eps);
+    attend(cache_, l, hp, q.data(), n, n_old, use_subset ? &subset : nullptr, want_mass ? &mass : nullptr, att.data());
+    if (hook) hook->after_attention(step, want_mass ? &mass : nullptr);
+    // 6. Output projection back into the residual stream.
+    add_projection(*L.wo, att.data(), n, tmp.data(), x, ex);
+    // 7. Feed-forward: SwiGLU, silu(xn W_gate) * (xn W_up), then W_down into the residual stream.
+    norm_rows(x.data(), L.ffn_norm, xn.data(), n, d, hp.rms_eps);
     matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    matmul(*L.w_down, g.data(), n, tmp.data(), ex);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex);
     check_layer_finite(x.data(), x.size(), l, k.data(), v.data(), n, cache_, n_old);
   }
-  if (obs && req && req->hidden_states)
-    for (int t = rec0; t < n; ++t) obs->hidden_positions.push_back(pos[t]);
-
   next_pos_ += n;
+
+  // Logits of the last token (or every token): final norm and the output matrix.
   if (!logits) return;
   int first = all_logits ? 0 : n - 1;
   int rows = n - first;
-  for (int t = first; t < n; ++t)
-    rms_norm(x.data() + t * d, model_.output_norm().data(), xn.data() + (t - first) * d, d, hp.rms_eps);
+  norm_rows(x.data() + static_cast<size_t>(first) * d, model_.output_norm(), xn.data(), rows, d, hp.rms_eps);
   matmul(model_.output(), xn.data(), rows, logits, ex);
   check_logits_finite(logits, static_cast<size_t>(rows) * hp.n_vocab);
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvslim/kv_cache.h"
-#include "kvslim/session.h"
+#include "kvslim/press.h"
 
 namespace kvslim {
 

@@ -112,9 +112,9 @@ void ClusterKVPress::set_ratio(double r) {
   ratio_ = r;
 }
 
-ObservationRequest ClusterKVPress::decode_request() const {
-  ObservationRequest r;
-  r.selector = const_cast<ClusterKVPress*>(this);
+ObservationNeeds ClusterKVPress::decode_needs() const {
+  ObservationNeeds r;
+  r.hooks.push_back(const_cast<ClusterKVPress*>(this));
   return r;
 }
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "kvslim/press.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
 
@@ -31,7 +30,7 @@ void kmeans_cosine(const float* x, int n, int d, int k, int iters, std::vector<i
 /// budget = 0 means floor((1 - ratio) x context entries). Layers below min(`full_layers`,
 /// n_layer - 1) and heads whose budget covers their context attend to everything, so a budget of
 /// at least the sequence length is exactly full attention.
-class ClusterKVPress : public Press, public AttentionSelector {
+class ClusterKVPress : public Press, private LayerHook {
  public:
   ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers,
                  bool per_query_head = true);
@@ -39,12 +38,15 @@ class ClusterKVPress : public Press, public AttentionSelector {
   double ratio() const override { return 0.0; }  // nothing is evicted
   void set_ratio(double r) override;
   size_t kept_after(const Target& t) const override { return t.n_context; }
-  ObservationRequest decode_request() const override;
+  /// At decode: the press itself, as the hook choosing what attention reads.
+  ObservationNeeds decode_needs() const override;
+  bool selects_in_decode() const override { return true; }
   void reset() override;
   std::string report() const override;
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
-  bool select(int layer, const float* q, int n, const KVCache& cache,
-              std::vector<std::vector<int32_t>>& subset) override;
+  /// The decode-time selection of `layer` for the batch's n queries q [n][n_head][head_dim] (RoPE
+  /// applied; the batch's entries are the segments' last n): as LayerHook::before_attention.
+  bool select(int layer, const float* q, int n, const KVCache& cache, std::vector<std::vector<int32_t>>& subset);
 
   /// Fraction of the attention reads (old entries x KV heads x layers, over the decode steps of
   /// this request) that were skipped.
@@ -53,6 +55,10 @@ class ClusterKVPress : public Press, public AttentionSelector {
   size_t available() const { return available_; }
 
  private:
+  /// LayerHook: per layer, the old entries the decode token attends to (select()).
+  bool before_attention(const LayerStep& step, std::vector<std::vector<int32_t>>& subset) override {
+    return select(step.layer, step.q, step.n, *step.cache, subset);
+  }
   struct Index {
     std::vector<std::vector<int32_t>> members;  // entry indices per cluster, increasing
     std::vector<float> centroids;               // [k][head_dim], plain means of the keys

@@ -28,8 +28,8 @@ class CompactorPress : public ScorerPress {
                                                                               : fmt::format("{}", blending_),
                        seed_);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.hidden_states = true;
     return r;
   }

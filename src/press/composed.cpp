@@ -18,15 +18,15 @@ std::string ComposedPress::describe() const {
   return s;
 }
 
-ObservationRequest ComposedPress::request() const {
-  ObservationRequest r;
-  for (const auto& p : p_) r = merge_requests(r, p->request());
+ObservationNeeds ComposedPress::needs() const {
+  ObservationNeeds r;
+  for (const auto& p : p_) r = merge_needs(r, p->needs());
   return r;
 }
 
-ObservationRequest ComposedPress::decode_request() const {
-  ObservationRequest r;
-  for (const auto& p : p_) r = merge_requests(r, p->decode_request());
+ObservationNeeds ComposedPress::decode_needs() const {
+  ObservationNeeds r;
+  for (const auto& p : p_) r = merge_needs(r, p->decode_needs());
   return r;
 }
 
@@ -40,7 +40,7 @@ void ComposedPress::apply(KVCache& cache, const Model& model, const Observation&
   bool first = true;
   for (int selectors = 0; selectors < 2; ++selectors)
     for (auto& p : p_) {
-      if ((p->decode_request().selector != nullptr) != (selectors == 1)) continue;
+      if (p->selects_in_decode() != (selectors == 1)) continue;
       Target t{p->ratio(), target.n_context};
       if (!first) {
         // Sized from what the previous stages actually left, segment by segment.
@@ -71,6 +71,12 @@ size_t ComposedPress::kept_after(const Target& t) const {
   size_t n = t.n_context;
   for (const auto& p : p_) n = p->kept_after(Target{p->ratio(), n});
   return n;
+}
+
+bool ComposedPress::selects_in_decode() const {
+  for (const auto& p : p_)
+    if (p->selects_in_decode()) return true;
+  return false;
 }
 
 bool ComposedPress::evicts_in_decode() const {

@@ -32,7 +32,7 @@ class CriticalAdaKVPress : public ScorerPress {
     return fmt::format("critical_adakv({}):alpha={},epsilon={},first_stage={}", inner_->describe(), alpha_, eps_,
                        first_);
   }
-  ObservationRequest scorer_request() const override { return inner_->request(); }
+  ObservationNeeds scorer_needs() const override { return inner_->needs(); }
   void set_ratio(double r) override {
     ScorerPress::set_ratio(r);
     inner_->set_ratio(r);

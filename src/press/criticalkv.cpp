@@ -25,7 +25,7 @@ class CriticalKVPress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("criticalkv({}):epsilon={},first_stage={}", inner_->describe(), eps_, first_);
   }
-  ObservationRequest scorer_request() const override { return inner_->request(); }
+  ObservationNeeds scorer_needs() const override { return inner_->needs(); }
   void set_ratio(double r) override {
     ScorerPress::set_ratio(r);
     inner_->set_ratio(r);

@@ -21,9 +21,9 @@ class DecodingPress : public Press {
   std::string describe() const override {
     return fmt::format("decoding({}):interval={},size={}", inner_->describe(), interval_, size_);
   }
-  ObservationRequest request() const override { return inner_->request(); }
-  ObservationRequest decode_request() const override {
-    return merge_requests(inner_->request(), inner_->decode_request());
+  ObservationNeeds needs() const override { return inner_->needs(); }
+  ObservationNeeds decode_needs() const override {
+    return merge_needs(inner_->needs(), inner_->decode_needs());
   }
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void apply(KVCache&, const Model& model, const Observation& obs, const Target&) override {
@@ -60,7 +60,7 @@ class DecodingPress : public Press {
  private:
   /// Appends the decode step's recorded queries to the window, keeping the newest `window` rows.
   void append_window(const Model& model, const Observation& obs) {
-    const int W = inner_->request().window, add = obs.n_window();
+    const int W = inner_->needs().window, add = obs.n_window();
     if (W <= 0 || add == 0) return;
     const HParams& hp = model.hparams();
     const int nh = hp.n_head, hd = hp.head_dim, have = buf_.n_window();
@@ -104,7 +104,7 @@ PressRegistrar reg([] {
     if (sz < 0) throw Error(fmt::format("press decoding: size={} must be >= 0", sz));
     // Presses that run the model again over the context (KVzip's replay) have nothing to replay
     // during decode: refused rather than silently never compressing.
-    if (inner->request().tokens)
+    if (inner->needs().tokens)
       throw Error(fmt::format("press decoding: the inner press {} scores by replaying the context, which decode-time "
                               "compression cannot do; use it on the prefill (without decoding)",
                               inner->describe()));

@@ -19,6 +19,7 @@
 #include "kvslim/press.h"
 #include "kvslim/session.h"
 #include "press/kvzip.h"
+#include "press/recorders.h"
 
 namespace kvslim {
 
@@ -119,10 +120,10 @@ DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std
     SessionOptions so;
     so.n_ctx = n;
     Session sess(model, so);
-    ObservationRequest req;
-    req.window = cal.window;
+    ObservationNeeds needs;
+    needs.window = cal.window;
     Observation obs;
-    sess.forward(toks, false, &req, &obs, n - cal.window);
+    run_observed(sess, toks, needs, obs);
     const int W = obs.n_window();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {

@@ -20,8 +20,11 @@ QueryStatsFile compute_query_stats(const Model& model, const std::vector<std::ve
     so.n_ctx = static_cast<int>(samples[s].size());
     so.key_codec = so.value_codec = KVCodec::F32;  // the model's own precision for the later layers' queries
     Session sess(model, so);
-    ObservationRequest req;
-    req.on_queries = [&](int l, const float* q, int n, int nheads, int d, const int32_t* pos) {
+    // Every query before RoPE, as the forward pass computes it (the hook after Q/K/V).
+    AfterQKV collect([&](const LayerStep& st) {
+      const int l = st.layer, n = st.n, nheads = st.hp->n_head, d = st.hp->head_dim;
+      const float* q = st.q;
+      const int32_t* pos = st.positions;
       for (int t = 0; t < n; ++t) {
         if (pos[t] < n_sink) continue;
         count[l] += 1;
@@ -35,9 +38,8 @@ QueryStatsFile compute_query_stats(const Model& model, const std::vector<std::ve
           }
         }
       }
-    };
-    Observation obs;
-    sess.forward(samples[s], false, &req, &obs);
+    });
+    sess.forward(samples[s], false, &collect);
     if (progress) progress(s + 1, samples.size());
   }
   const double N = count[0];

@@ -32,7 +32,7 @@
 namespace kvslim {
 namespace {
 
-class ExpectedAttentionPress : public ScorerPress {
+class ExpectedAttentionPress : public ScorerPress, private LayerHook {
  public:
   ExpectedAttentionPress(double ratio, int window, int n_future, int n_sink, bool cov, bool vnorm, double eps,
                          bool protect, std::string stats_path)
@@ -46,17 +46,15 @@ class ExpectedAttentionPress : public ScorerPress {
         ratio_, window_, n_future_, n_sink_, cov_ ? 1 : 0, vnorm_ ? 1 : 0, eps_, protect_ ? 1 : 0,
         stats_path_.empty() ? "" : ",stats=" + stats_path_);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     if (file_) return r;
     if (window_ > 0) {
       r.window = window_;
       return r;
     }
-    auto* self = const_cast<ExpectedAttentionPress*>(this);
-    r.on_queries = [self](int l, const float* q, int n, int nh, int hd, const int32_t* pos) {
-      self->accumulate(l, q, n, nh, hd, pos);
-    };
+    // The press itself, as the hook that accumulates the statistics of every query (before RoPE).
+    r.hooks.push_back(const_cast<ExpectedAttentionPress*>(this));
     return r;
   }
   void reset() override {
@@ -200,6 +198,9 @@ class ExpectedAttentionPress : public ScorerPress {
   };
   /// Adds the pre-RoPE queries q [n][n_head][head_dim] of a batch's tokens at positions >=
   /// n_sink to layer l's sums (the forward pass calls layers in order, from one thread).
+  void after_qkv(const LayerStep& s) override {
+    accumulate(s.layer, s.q, s.n, s.hp->n_head, s.hp->head_dim, s.positions);
+  }
   void accumulate(int l, const float* q, int n, int nh, int hd, const int32_t* pos) {
     std::vector<int> rows;
     for (int t = 0; t < n; ++t)

@@ -60,8 +60,8 @@ class FinchPress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("finch:ratio={},window={},normalize={},chunk={}", ratio_, window_, normalize_ ? 1 : 0, chunk_);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.window = window_;
     return r;
   }

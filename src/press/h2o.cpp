@@ -24,13 +24,13 @@ class H2OPress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("h2o:ratio={},recent={},protect={}", ratio_, recent_, protect_ ? 1 : 0);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.attention_mass = true;
     return r;
   }
-  ObservationRequest decode_request() const override {
-    return ratio_ > 0 || policy_->decode_interval() > 0 ? request() : ObservationRequest{};
+  ObservationNeeds decode_needs() const override {
+    return ratio_ > 0 || policy_->decode_interval() > 0 ? needs() : ObservationNeeds{};
   }
   void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
     acc_.observe(cache, obs, model.hparams().n_group());

@@ -19,8 +19,8 @@ class KeyRerotationPress : public Press {
  public:
   explicit KeyRerotationPress(std::unique_ptr<Press> inner) : inner_(std::move(inner)) {}
   std::string describe() const override { return fmt::format("key_rerotation({})", inner_->describe()); }
-  ObservationRequest request() const override { return inner_->request(); }
-  ObservationRequest decode_request() const override { return inner_->decode_request(); }
+  ObservationNeeds needs() const override { return inner_->needs(); }
+  ObservationNeeds decode_needs() const override { return inner_->decode_needs(); }
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& t) override {
     const int32_t end = cache_next_position(cache);
@@ -34,6 +34,7 @@ class KeyRerotationPress : public Press {
   }
   void reset() override { inner_->reset(); }
   bool evicts_in_decode() const override { return inner_->evicts_in_decode(); }
+  bool selects_in_decode() const override { return inner_->selects_in_decode(); }
   double ratio() const override { return inner_->ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return inner_->kept_after(t); }

@@ -293,13 +293,14 @@ KVzapData collect_kvzap_data(const Model& model, const std::vector<std::vector<T
     so.n_ctx = 2 * n + 64;
     Session s(model, so);
     std::vector<std::vector<float>> xs(L, std::vector<float>(static_cast<size_t>(n) * d));
-    ObservationRequest req;
-    req.on_attention_input = [&](int l, const float* xn, int rows, int, const int32_t* pos) {
-      for (int t = 0; t < rows; ++t)
-        if (pos[t] < n) std::copy(xn + static_cast<size_t>(t) * d, xn + static_cast<size_t>(t + 1) * d, xs[l].begin() + static_cast<size_t>(pos[t]) * d);
-    };
-    Observation obs;
-    s.forward(doc, false, &req, &obs);
+    AfterQKV collect([&](const LayerStep& st) {
+      const float* xn = st.attn_input;
+      for (int t = 0; t < st.n; ++t)
+        if (st.positions[t] < n)
+          std::copy(xn + static_cast<size_t>(t) * d, xn + static_cast<size_t>(t + 1) * d,
+                    xs[st.layer].begin() + static_cast<size_t>(st.positions[t]) * d);
+    });
+    s.forward(doc, false, &collect);
     KVzipOptions ko = kvzip;
     ko.chunk = std::max(ko.chunk, 16);
     Scores sc = kvzip_replay_scores(s, doc, 0, ko);
@@ -337,7 +338,7 @@ std::unique_ptr<BudgetPolicy> threshold_policy(double tau, int window, bool deco
 /// KVzap's scorer: each entry gets the surrogate's prediction from its token's attention input
 /// when it is created (prefill and decode), kept by position. By default under the threshold
 /// policy (DMS), which evicts what leaves the sliding window under tau.
-class KVzapPress : public ScorerPress {
+class KVzapPress : public ScorerPress, private LayerHook {
  public:
   KVzapPress(std::shared_ptr<const KVzapSurrogate> s, std::string path, double tau, int window, bool decoding)
       : ScorerPress(0.0, threshold_policy(tau, window, decoding)),
@@ -354,16 +355,14 @@ class KVzapPress : public ScorerPress {
     if (policy().describe() != default_policy_) return ScorerPress::describe();
     return fmt::format("kvzap:surrogate={},threshold={},window={},decoding={}", path_, tau_, window_, decoding_ ? 1 : 0);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
-    auto* self = const_cast<KVzapPress*>(this);
-    r.on_attention_input = [self](int l, const float* x, int n, int dim, const int32_t* pos) {
-      self->predict(l, x, n, dim, pos);
-    };
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
+    // The press itself, as the hook that scores every entry from its attention input.
+    r.hooks.push_back(const_cast<KVzapPress*>(this));
     return r;
   }
   // Scoring happens in the forward pass; decode steps need it whether or not the policy acts then.
-  ObservationRequest decode_request() const override { return scorer_request(); }
+  ObservationNeeds decode_needs() const override { return scorer_needs(); }
   void reset() override {
     ScorerPress::reset();
     scores_.clear();
@@ -414,6 +413,7 @@ class KVzapPress : public ScorerPress {
   }
 
  private:
+  void after_qkv(const LayerStep& s) override { predict(s.layer, s.attn_input, s.n, s.hp->n_embd, s.positions); }
   void predict(int layer, const float* x, int n, int dim, const int32_t* pos) {
     if (dim != sur_->input_dim)
       throw Error(fmt::format("{}: surrogate input_dim {} does not fit the model's n_embd {}", path_, sur_->input_dim,

@@ -1,6 +1,7 @@
 // KVzip: scores from context reconstruction (replay), one global top-k over all layers and heads.
 // Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", arXiv 2505.23416.
 #include "press/kvzip.h"
+#include "press/recorders.h"
 
 #include <algorithm>
 #include <cmath>
@@ -110,13 +111,13 @@ size_t lower_index(const Segment& s, int32_t pos) {
 
 }  // namespace
 
-Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, int32_t first_pos,
+Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
                            const KVzipOptions& opt) {
   const Model& model = session.model();
   const HParams& hp = model.hparams();
   const Tokenizer& tok = model.tokenizer();
   const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim;
-  KVCache& cache = session.cache();
+  const KVCache& cache = session.cache();
   const int32_t P = session.next_position();
   const int N = static_cast<int>(tokens.size());
   if (first_pos < 0 || first_pos + N > P)
@@ -203,20 +204,24 @@ Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, i
       const int bl = std::min(opt.batch, R - off);
       const int32_t p0 = P + off;
       std::vector<std::vector<float>> inv_norm(L, std::vector<float>(bl, 1.0f));
-      ObservationRequest req;
-      req.window = bl;
-      if (opt.plus)
-        req.on_attention_input = [&](int l, const float* xn, int n, int, const int32_t* pos) {
-          for (int t = 0; t < n; ++t) {
-            int row = pos[t] - p0;
-            if (row < 0 || row >= bl) continue;
-            double ss = 0;
-            for (int i = 0; i < hp.n_embd; ++i) ss += double(xn[static_cast<size_t>(t) * hp.n_embd + i]) * xn[static_cast<size_t>(t) * hp.n_embd + i];
-            inv_norm[l][row] = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
-          }
-        };
+      // The replay queries (the window recorder) and, for KVzip+, 1 / ||attention input|| per query.
+      WindowQueryRecorder window(bl, p0);
+      AfterQKV norms([&](const LayerStep& st) {
+        const float* xn = st.attn_input;
+        for (int t = 0; t < st.n; ++t) {
+          int row = st.positions[t] - p0;
+          if (row < 0 || row >= bl) continue;
+          double ss = 0;
+          for (int i = 0; i < hp.n_embd; ++i) ss += double(xn[static_cast<size_t>(t) * hp.n_embd + i]) * xn[static_cast<size_t>(t) * hp.n_embd + i];
+          inv_norm[st.layer][row] = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
+        }
+      });
+      HookList hooks;
+      hooks.add(&window);
+      if (opt.plus) hooks.add(&norms);
+      session.run(std::vector<Token>(replay.begin() + off, replay.begin() + off + bl), &hooks);
       Observation obs;
-      session.forward(std::vector<Token>(replay.begin() + off, replay.begin() + off + bl), false, &req, &obs, p0);
+      window.finish(obs);
       if (obs.n_window() != bl) throw Error("kvzip: the forward pass did not record the replay queries");
       std::vector<int32_t> vis(bl);
       for (int r = 0; r < bl; ++r) vis[r] = off + r + 1;
@@ -255,8 +260,8 @@ class KVzipPress : public ScorerPress {
   std::string describe() const override {
     return policy().describe() == "global" ? describe_scorer() : ScorerPress::describe();
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.tokens = true;
     return r;
   }
@@ -267,10 +272,10 @@ class KVzipPress : public ScorerPress {
   /// Replays the step's tokens and stores their entries' scores by position.
   void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
     if (ratio_ <= 0.0 || obs.tokens.empty()) return;  // ratio 0 leaves the cache bit-identical: no replay
-    if (!obs.session || &obs.session->cache() != &cache)
-      throw Error("press kvzip: needs the observation of the session that owns the cache (it replays the context)");
+    if (!obs.runner || &obs.runner->cache() != &cache)
+      throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
     const int L = cache.n_layer(), H = cache.n_head_kv();
-    Scores fresh = kvzip_replay_scores(*obs.session, obs.tokens, obs.token_positions.front(), opt_);
+    Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, obs.token_positions.front(), opt_);
     if (stored_.size() != static_cast<size_t>(L)) stored_.assign(L, std::vector<Stored>(H));
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {

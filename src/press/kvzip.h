@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kvslim/press.h"
-#include "kvslim/session.h"
+#include "kvslim/layer_hook.h"
 
 namespace kvslim {
 
@@ -39,7 +39,7 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
                          const float* q, int G, int n_q, const int32_t* replay_visible, const float* inv_hnorm,
                          const float* wov, float* score);
 
-/// Runs KVzip's replay on `session`, whose cache holds the context entries at positions
+/// Runs KVzip's replay through `session` (the request runner's ModelRunner), whose cache holds the context entries at positions
 /// first_pos .. first_pos + tokens.size() - 1 (their tokens are `tokens`; a leading BOS is scored
 /// but not replayed). The context is replayed in chunks: an instruction ("Repeat the previous
 /// context exactly.", or for later chunks "Repeat the part of the previous context exactly,
@@ -48,7 +48,7 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
 /// scores[layer][kv head][entry] aligned with the segments: the (KVzip+) score of entries in the
 /// range, NaN elsewhere. Chunks are shortened when the context size would be exceeded; throws
 /// kvslim::Error when not even 16 replay tokens fit.
-Scores kvzip_replay_scores(Session& session, const std::vector<Token>& tokens, int32_t first_pos,
+Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
                            const KVzipOptions& opt);
 
 }  // namespace kvslim

@@ -18,8 +18,8 @@ class LeveragePress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("leverage:ratio={},sketch={},seed={}", ratio_, sketch_, seed_);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.hidden_states = true;
     return r;
   }

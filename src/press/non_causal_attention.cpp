@@ -18,8 +18,8 @@ class NonCausalAttentionPress : public ScorerPress {
   std::string describe_scorer() const override {
     return fmt::format("non_causal_attention:ratio={},chunk={}", ratio_, chunk_);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.hidden_states = true;
     return r;
   }

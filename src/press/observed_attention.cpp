@@ -15,8 +15,8 @@ class ObservedAttentionPress : public ScorerPress {
  public:
   using ScorerPress::ScorerPress;
   std::string describe_scorer() const override { return fmt::format("observed_attention:ratio={}", ratio_); }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.attention_mass = true;
     return r;
   }

@@ -42,8 +42,8 @@ class PrecisionTiersPress : public Press {
     return fmt::format("leankv({}):low={},k_low={},v_low={},mass={},mass_high={}", inner_->describe(), low_,
                        codec_name(k_low_), codec_name(v_low_), mass_, mass_high_);
   }
-  ObservationRequest request() const override { return inner_->request(); }
-  ObservationRequest decode_request() const override { return inner_->decode_request(); }
+  ObservationNeeds needs() const override { return inner_->needs(); }
+  ObservationNeeds decode_needs() const override { return inner_->decode_needs(); }
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void reset() override { inner_->reset(); }
   double ratio() const override { return inner_->ratio(); }

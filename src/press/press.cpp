@@ -233,15 +233,15 @@ size_t Press::kept_after(const Target& t) const {
   return ratio() > 0 ? static_cast<size_t>(uniform_keep(t.n_context, ratio())) : t.n_context;
 }
 
-ObservationRequest merge_requests(const ObservationRequest& a, const ObservationRequest& b) {
-  ObservationRequest r = a;
+ObservationNeeds merge_needs(const ObservationNeeds& a, const ObservationNeeds& b) {
+  ObservationNeeds r = a;
   r.window = std::max(a.window, b.window);
   r.hidden_states = a.hidden_states || b.hidden_states;
   r.attention_mass = a.attention_mass || b.attention_mass;
   r.tokens = a.tokens || b.tokens;
-  if (!r.on_attention_input) r.on_attention_input = b.on_attention_input;
-  if (!r.on_queries) r.on_queries = b.on_queries;
-  if (!r.selector) r.selector = b.selector;
+  // Every hook of both survives (a composition of two presses with query hooks calls both).
+  for (LayerHook* h : b.hooks)
+    if (std::find(r.hooks.begin(), r.hooks.end(), h) == r.hooks.end()) r.hooks.push_back(h);
   return r;
 }
 
@@ -285,7 +285,7 @@ ScorerPress::ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy)
 
 void ScorerPress::set_policy(std::unique_ptr<BudgetPolicy> p) {
   policy_ = p ? std::move(p) : std::make_unique<UniformBudget>();
-  policy_->set_scorer_request(scorer_request());
+  policy_->set_scorer_needs(scorer_needs());
 }
 
 void ScorerPress::set_ratio(double r) {
@@ -302,10 +302,10 @@ std::string ScorerPress::describe() const {
   return name + "(" + describe_scorer() + ")" + rest;
 }
 
-ObservationRequest ScorerPress::request() const { return merge_requests(scorer_request(), policy_->request()); }
+ObservationNeeds ScorerPress::needs() const { return merge_needs(scorer_needs(), policy_->needs()); }
 
-ObservationRequest ScorerPress::decode_request() const {
-  return policy_->decode_interval() > 0 ? request() : ObservationRequest{};
+ObservationNeeds ScorerPress::decode_needs() const {
+  return policy_->decode_interval() > 0 ? needs() : ObservationNeeds{};
 }
 
 size_t ScorerPress::kept_after(const Target& t) const {

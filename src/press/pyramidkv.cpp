@@ -45,7 +45,7 @@ class PyramidBudget : public BudgetPolicy {
  public:
   PyramidBudget(double beta, int window) : beta_(beta), window_(window) {}
   std::string describe() const override { return fmt::format("pyramidkv:beta={},window={}", beta_, window_); }
-  void set_scorer_request(const ObservationRequest& scorer) override {
+  void set_scorer_needs(const ObservationNeeds& scorer) override {
     scorer_window_ = scorer.window > 0 ? scorer.window : 64;
   }
   KeepCounts keep_counts(const BudgetInput& in) const override {

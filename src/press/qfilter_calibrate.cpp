@@ -7,6 +7,7 @@
 #include "kvslim/gguf.h"
 #include "kvslim/session.h"
 #include "press/qfilter.h"
+#include "press/recorders.h"
 
 extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
                         double* work, const int* lwork, int* iwork, const int* liwork, int* info);
@@ -50,10 +51,10 @@ QFilters qfilter_calibrate(const Model& model, const std::vector<std::vector<Tok
     SessionOptions so;
     so.n_ctx = static_cast<int>(doc.size());
     Session s(model, so);
-    ObservationRequest req;
-    req.window = static_cast<int>(doc.size());
+    ObservationNeeds needs;
+    needs.window = static_cast<int>(doc.size());
     Observation obs;
-    s.forward(doc, false, &req, &obs);
+    run_observed(s, doc, needs, obs);
     const int w = obs.n_window();
     tokens += static_cast<size_t>(w);
     for (int l = 0; l < L; ++l)

@@ -265,7 +265,7 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
   // during decode would leave it pointing at entries that no longer exist.
   for (size_t i = 0; i < presses.size(); ++i)
     for (size_t j = 0; j < presses.size(); ++j)
-      if (i != j && presses[i]->decode_request().selector && presses[j]->evicts_in_decode())
+      if (i != j && presses[i]->selects_in_decode() && presses[j]->evicts_in_decode())
         throw Error(fmt::format("press spec '{}': {} selects entries for attention at decode time and {} evicts "
                                 "entries during decode; they cannot be combined (run them separately)",
                                 whole, trim(parts[i]), trim(parts[j])));

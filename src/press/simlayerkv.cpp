@@ -29,8 +29,8 @@ class SimLayerKVPress : public Press {
     return fmt::format("simlayerkv:lazy_threshold={},n_last={},n_recent={},n_initial={}", thr_, n_last_, n_recent_,
                        n_initial_);
   }
-  ObservationRequest request() const override {
-    ObservationRequest r;
+  ObservationNeeds needs() const override {
+    ObservationNeeds r;
     r.window = n_last_;
     return r;
   }

@@ -23,8 +23,8 @@ class SnapKVPress : public ScorerPress {
     return fmt::format("snapkv:ratio={},window={},kernel={},pooling={},protect={}", ratio_, window_, kernel_,
                        max_pool_ ? "max" : "avg", protect_ ? 1 : 0);
   }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.window = window_;
     return r;
   }

@@ -28,7 +28,7 @@ std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::uniq
     throw Error(fmt::format("press {}: '{}' has a budget policy ({}); {} scores parts of the cache with a plain "
                             "scorer (as kvpress's ScorerPress)",
                             wrapper, inner->describe(), sp->policy().describe(), wrapper));
-  if (sp->request().attention_mass)
+  if (sp->needs().attention_mass)
     throw Error(fmt::format("press {}: '{}' scores from attention accumulated over the whole cache, which {} "
                             "cannot split (kvpress: not supported with attentions)",
                             wrapper, inner->describe(), wrapper));

@@ -20,7 +20,7 @@ KVCache sub_cache(const KVCache& cache, const SegmentIndices& idx);
 class SubsetScoringPress : public Press {
  public:
   explicit SubsetScoringPress(std::unique_ptr<ScorerPress> inner) : inner_(std::move(inner)) {}
-  ObservationRequest request() const override { return inner_->request(); }
+  ObservationNeeds needs() const override { return inner_->needs(); }
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void reset() override { inner_->reset(); }
   double ratio() const override { return inner_->ratio(); }

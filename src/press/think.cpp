@@ -32,8 +32,8 @@ class ThinKPress : public Press {
  public:
   ThinKPress(double key_ratio, int window) : key_ratio_(key_ratio), window_(window) {}
   std::string describe() const override { return fmt::format("think:key_ratio={},window={}", key_ratio_, window_); }
-  ObservationRequest request() const override {
-    ObservationRequest r;
+  ObservationNeeds needs() const override {
+    ObservationNeeds r;
     r.window = window_;
     return r;
   }

@@ -1,6 +1,6 @@
 #pragma once
 // Queries and pre-RoPE keys of the context tokens, recomputed from the recorded layer-input hidden
-// states (ObservationRequest::hidden_states) as the forward pass computes them: RMSNorm with the
+// states (ObservationNeeds::hidden_states) as the forward pass computes them: RMSNorm with the
 // layer's attention norm, W_q / W_k (+ biases), and for queries RoPE at the token's position.
 // kvpress's get_prerope_query_states / get_prerope_key_states. Internal to src/press.
 #include <cstdint>

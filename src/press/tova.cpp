@@ -18,8 +18,8 @@ class TOVAPress : public ScorerPress {
  public:
   TOVAPress(double ratio, bool protect) : ScorerPress(ratio), protect_(protect) {}
   std::string describe_scorer() const override { return fmt::format("tova:ratio={},protect={}", ratio_, protect_ ? 1 : 0); }
-  ObservationRequest scorer_request() const override {
-    ObservationRequest r;
+  ObservationNeeds scorer_needs() const override {
+    ObservationNeeds r;
     r.window = 1;
     return r;
   }

@@ -12,8 +12,8 @@ class ComposedPress : public Press {
  public:
   explicit ComposedPress(std::vector<std::unique_ptr<Press>> presses);
   std::string describe() const override;
-  ObservationRequest request() const override;
-  ObservationRequest decode_request() const override;
+  ObservationNeeds needs() const override;
+  ObservationNeeds decode_needs() const override;
   void observe(const KVCache& cache, const Model& model, const Observation& obs) override;
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
@@ -21,6 +21,7 @@ class ComposedPress : public Press {
   double ratio() const override;
   size_t kept_after(const Target& t) const override;
   bool evicts_in_decode() const override;
+  bool selects_in_decode() const override;
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override;
 
  private:

@@ -26,8 +26,8 @@ class ZigZagBudget : public BudgetPolicy {
   std::string describe() const override {
     return fmt::format("zigzagkv:reserve={},mass={},window={}", reserve_, mass_, window_);
   }
-  ObservationRequest request() const override {
-    ObservationRequest r;
+  ObservationNeeds needs() const override {
+    ObservationNeeds r;
     r.window = window_;
     return r;
   }

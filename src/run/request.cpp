@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "press/recorders.h"
 #include "run/steps.h"
 
 namespace kvslim {
@@ -19,13 +20,8 @@ namespace run {
 
 std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
                                  double* press_seconds) {
-  const ObservationRequest req = press.request();
   Observation obs;
-  const int32_t first = session.next_position();
-  int32_t record_from = first + static_cast<int32_t>(n) - std::max(req.window, 0);
-  if (req.hidden_states || req.attention_mass || req.tokens) record_from = first;
-  std::vector<float> logits =
-      session.forward(std::vector<Token>(tokens, tokens + n), false, &req, &obs, std::max(record_from, first));
+  std::vector<float> logits = run_observed(session, std::vector<Token>(tokens, tokens + n), press.needs(), obs);
   if (peak_bytes) *peak_bytes = std::max(*peak_bytes, session.cache().bytes());
   const double t0 = now_seconds();
   press.compress(session.cache(), session.model(), obs);
@@ -34,13 +30,9 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
 }
 
 std::vector<float> decode_step(Session& session, Press& press, Token token) {
-  const ObservationRequest dreq = press.decode_request();
-  const bool want = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
-                    dreq.on_attention_input || dreq.on_queries || dreq.selector;
-  Observation dobs;
-  std::vector<float> logits =
-      session.forward({token}, false, want ? &dreq : nullptr, want ? &dobs : nullptr, session.next_position());
-  press.after_decode(session.cache(), session.model(), dobs);
+  Observation obs;
+  std::vector<float> logits = run_observed(session, {token}, press.decode_needs(), obs);
+  press.after_decode(session.cache(), session.model(), obs);
   return logits;
 }
 
@@ -258,10 +250,7 @@ void step_batch(const std::vector<Request*>& requests) {
   for (Request* r : requests) {
     Token t = -1;
     if (!r || !r->sample_step(&t)) continue;
-    const ObservationRequest dreq = r->press_->decode_request();
-    const bool own_step = dreq.window > 0 || dreq.attention_mass || dreq.hidden_states || dreq.tokens ||
-                          dreq.on_attention_input || dreq.selector;
-    if (own_step) {
+    if (r->press_->decode_needs().any()) {
       r->advance(t);
     } else {
       sessions.push_back(r->session_.get());
@@ -276,7 +265,9 @@ void step_batch(const std::vector<Request*>& requests) {
     Request& r = *batched[i];
     r.logits_.assign(logits.begin() + i * nv, logits.begin() + (i + 1) * nv);
     // As run::decode_step with nothing recorded: a decoding press may still evict here.
-    r.press_->after_decode(r.session_->cache(), r.model_, Observation{});
+    Observation obs;
+    obs.runner = r.session_.get();
+    r.press_->after_decode(r.session_->cache(), r.model_, obs);
   }
 }
 

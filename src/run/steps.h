@@ -8,14 +8,14 @@
 
 namespace kvslim::run {
 
-/// Runs tokens [0, n) at session.next_position() with the observation press.request() asks for,
+/// Runs tokens [0, n) at session.next_position() with the observation press.needs() asks for,
 /// then lets the press compress. Returns the last token's logits. `peak_bytes` (optional) is raised
 /// to the cache size before compression; `press_seconds` (optional) accumulates compression time.
 std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
                                  double* press_seconds);
 
-/// The decode step: runs `token` with what press.decode_request() asks (window, attention mass,
-/// hidden-state callback, attention selection), then press.after_decode(). Returns the logits.
+/// The decode step: runs `token` with what press.decode_needs() asks (recorders and the press's own
+/// hooks: decode-time scoring, attention selection), then press.after_decode(). Returns the logits.
 std::vector<float> decode_step(Session& session, Press& press, Token token);
 
 }  // namespace kvslim::run

@@ -8,12 +8,12 @@
 
 namespace kvslim {
 
-class ObservationRecorder : public Press {
+class RecordingPress : public Press {
  public:
-  /// Records what `req` asks (e.g. the queries of the last `window` tokens).
-  explicit ObservationRecorder(ObservationRequest req) : req_(std::move(req)) {}
+  /// Records what `needs` asks (e.g. the queries of the last `window` tokens).
+  explicit RecordingPress(ObservationNeeds needs) : needs_(std::move(needs)) {}
   std::string describe() const override { return "none"; }
-  ObservationRequest request() const override { return req_; }
+  ObservationNeeds needs() const override { return needs_; }
   /// Keeps the observation of the last prefill chunk.
   void observe(const KVCache&, const Model&, const Observation& obs) override { obs_ = obs; }
   void apply(KVCache&, const Model&, const Observation&, const Target&) override {}
@@ -22,7 +22,7 @@ class ObservationRecorder : public Press {
   const Observation& observation() const { return obs_; }
 
  private:
-  ObservationRequest req_;
+  ObservationNeeds needs_;
   Observation obs_;
 };
 
