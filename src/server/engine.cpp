@@ -149,6 +149,27 @@ void Engine::admit_locked() {
 
 void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError> err) {
   Job& j = *a.job;
+  // Counted before the job is marked done: a client that reads /metrics right after its response
+  // must see its request counted and its cache gone.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err) {
+      ++m_.requests_failed;
+    } else if (j.cancelled) {
+      ++m_.requests_cancelled;
+    } else {
+      ++m_.requests_finished;
+    }
+    reserved_ -= a.reservation;
+    a.reservation = 0;
+    m_.kv_bytes_reserved = reserved_;
+    if (a.req) {
+      const size_t bytes = a.req->cache().bytes();
+      const size_t full = a.req->cache().full_f16_bytes(static_cast<size_t>(a.req->position()));
+      m_.kv_bytes_in_use -= std::min(m_.kv_bytes_in_use, bytes);
+      m_.kv_bytes_full_f16 -= std::min(m_.kv_bytes_full_f16, full);
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(j.mu);
     if (a.req) {
@@ -162,16 +183,6 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
     j.done = true;
   }
   j.cv.notify_all();
-  std::lock_guard<std::mutex> lk(mu_);
-  if (j.error) {
-    ++m_.requests_failed;
-  } else if (j.cancelled) {
-    ++m_.requests_cancelled;
-  } else {
-    ++m_.requests_finished;
-  }
-  reserved_ -= a.reservation;
-  a.reservation = 0;
   a.req.reset();  // frees the cache now, not when the slot is reused
 }
 
