@@ -346,9 +346,12 @@ size_t KVCache::full_f16_bytes(size_t n_tokens) const {
   return n_tokens * static_cast<size_t>(n_layer_) * n_head_kv_ * (head_dim_ * 2 * 2 + sizeof(int32_t));
 }
 int32_t KVCache::next_position() const {
+  // The one "next position" of a cache (press code calls it through cache_next_position).
+  // Positions increase within a segment (appends are causal; retain and key re-rotation keep the
+  // order), so each segment's last entry holds its largest.
   int32_t p = 0;
   for (const Segment& s : segs_)
-    for (int32_t x : s.positions()) p = std::max(p, x + 1);
+    if (!s.positions().empty()) p = std::max(p, s.positions().back() + 1);
   return p;
 }
 void KVCache::clear() {

@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
 #include "model/numeric_guard.h"
+#include "model/rope.h"
 
 namespace kvslim {
 
@@ -52,36 +53,6 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
   for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
   float scale = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
-
-/// cos/sin of every rotation angle for the given positions: [n][head_dim/2] each.
-void rope_tables(const HParams& hp, const std::vector<float>& freq_factors, const int32_t* pos, int n,
-                 std::vector<float>& cs, std::vector<float>& sn) {
-  const int half = hp.head_dim / 2;
-  cs.resize(static_cast<size_t>(n) * half);
-  sn.resize(cs.size());
-  for (int i = 0; i < half; ++i) {
-    double inv_freq = std::pow(double(hp.rope_freq_base), -2.0 * i / hp.head_dim) * hp.rope_freq_scale;
-    if (!freq_factors.empty()) inv_freq /= freq_factors[i];
-    for (int t = 0; t < n; ++t) {
-      double th = pos[t] * inv_freq;
-      cs[t * half + i] = static_cast<float>(std::cos(th));
-      sn[t * half + i] = static_cast<float>(std::sin(th));
-    }
-  }
-}
-
-void apply_rope(float* x, int n_heads, int hd, const float* cs, const float* sn, bool neox) {
-  const int half = hd / 2;
-  for (int h = 0; h < n_heads; ++h) {
-    float* v = x + h * hd;
-    for (int i = 0; i < half; ++i) {
-      int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-      float x0 = v[a], x1 = v[b];
-      v[a] = x0 * cs[i] - x1 * sn[i];
-      v[b] = x0 * sn[i] + x1 * cs[i];
-    }
-  }
 }
 
 }  // namespace
@@ -131,8 +102,8 @@ void project_qkv(const LayerWeights& L, const float* xn, int n, int dq, int dkv,
 void rope_rows(const HParams& hp, const std::vector<float>& cs, const std::vector<float>& sn, int n, float* q, float* k) {
   const int hd = hp.head_dim, half = hd / 2, dq = hp.n_head * hd, dkv = hp.n_head_kv * hd;
   for (int t = 0; t < n; ++t) {
-    apply_rope(q + static_cast<size_t>(t) * dq, hp.n_head, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
-    apply_rope(k + static_cast<size_t>(t) * dkv, hp.n_head_kv, hd, cs.data() + t * half, sn.data() + t * half,
+    rope::apply(q + static_cast<size_t>(t) * dq, hp.n_head, hd, cs.data() + t * half, sn.data() + t * half, hp.rope_neox);
+    rope::apply(k + static_cast<size_t>(t) * dkv, hp.n_head_kv, hd, cs.data() + t * half, sn.data() + t * half,
                hp.rope_neox);
   }
 }
@@ -233,7 +204,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
   std::vector<int32_t> pos(n);
   for (int t = 0; t < n; ++t) pos[t] = next_pos_ + t;
   std::vector<float> cs, sn;
-  rope_tables(hp, model_.rope_freqs(), pos.data(), n, cs, sn);
+  rope::tables(hp, model_.rope_freqs(), pos.data(), n, cs, sn);
 
   // Token embeddings: the residual stream x, [n][d].
   std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
@@ -336,7 +307,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
   std::vector<int32_t> pos(n);
   for (int i = 0; i < n; ++i) pos[i] = sessions[i]->next_pos_;
   std::vector<float> cs, sn;
-  rope_tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
+  rope::tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
   std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
   const WeightView& emb = model.token_embd();
   for (int i = 0; i < n; ++i) dequantize_row(emb.type, emb.row(tokens[i]), x.data() + static_cast<size_t>(i) * d, d);
@@ -366,8 +337,8 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
         }
       }
     for (int i = 0; i < n; ++i) {
-      apply_rope(q.data() + i * dq, nh, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
-      apply_rope(k.data() + i * dkv, nkv, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
+      rope::apply(q.data() + i * dq, nh, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
+      rope::apply(k.data() + i * dkv, nkv, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
     }
     // Store each row's entry in its own cache, then attend over that cache only.
     int64_t macs = 0;

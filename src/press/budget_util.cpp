@@ -1,4 +1,5 @@
 #include "press/budget_util.h"
+#include "press/ranking.h"
 
 #include <algorithm>
 #include <cmath>
@@ -110,12 +111,7 @@ std::vector<int64_t> shared_top(const Scores& scores, const std::vector<std::pai
   for (size_t i = 0; i < S; ++i) {
     const auto& sc = scores[segs[i].first][segs[i].second];
     const int64_t n = static_cast<int64_t>(sc.size());
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      float sa = rank_value(sc[a]), sb = rank_value(sc[b]);
-      return sa != sb ? sa > sb : a > b;
-    });
+    const std::vector<int32_t> order = rank_entries(sc);
     // Every non-empty segment keeps at least one entry (the rule "never below 1").
     int64_t must = std::clamp<int64_t>(std::max<int64_t>({must_in[i], count_protected(sc), 1}), 0, n);
     keep[i] = must;

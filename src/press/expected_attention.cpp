@@ -27,7 +27,7 @@
 #include "kernels/attention.h"
 #include "kvslim/press.h"
 #include "press/ea_stats.h"
-#include "press/rope.h"
+#include "model/rope.h"
 
 namespace kvslim {
 namespace {

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/press.h"
-#include "press/rope.h"
+#include "model/rope.h"
 
 namespace kvslim {
 namespace {

@@ -9,7 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
+#include "kernels/window_attention.h"
+#include "press/ranking.h"
 #include "kernels/threads.h"
 
 namespace kvslim {
@@ -22,151 +23,24 @@ const float* LayerView::window_queries(int qh) const {
   return obs_.queries[layer_].data() + static_cast<size_t>(qh) * n_window() * hp().head_dim;
 }
 
-namespace {
-constexpr size_t kKB = 16;  // entries per key block of keys_t
-}  // namespace
-
 const std::vector<float>& LayerView::keys_t(int h) const {
   auto it = kt_.find(h);
   if (it != kt_.end()) return it->second;
-  const Segment& s = seg(h);
-  const size_t n = s.size(), nb = (n + kKB - 1) / kKB;
-  const int hd = hp().head_dim;
-  std::vector<float> keys(n * hd), kt(nb * kKB * hd, 0.0f);
-  s.keys(0, n, keys.data());
-  for (size_t j = 0; j < n; ++j)
-    for (int d = 0; d < hd; ++d) kt[((j / kKB) * hd + d) * kKB + j % kKB] = keys[j * hd + d];
-  return kt_.emplace(h, std::move(kt)).first->second;
+  return kt_.emplace(h, keys_blocked(seg(h))).first->second;
 }
-
-namespace {
-
-// 16 floats / int32s as one value: GCC keeps them in vector registers (one zmm, two ymm or four
-// xmm depending on the clone below), which plain arrays at -O2 are not.
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-static_assert(kKB == 16, "key blocks hold one vf16");
-
-// Internal helpers are always inlined into the clones below, so no vector value crosses a call
-// and the psABI note about 64-byte vector arguments does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-__attribute__((always_inline)) inline vf16 load16(const float* p) {
-  vf16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-/// out[r][j] = sum_d q[r][d] * key_j[d] for r < rb, j < n, with keys in blocks of 16 entries,
-/// [block][head_dim][16] (keys_t): a block is contiguous and stays in L1 while four rows at a
-/// time use it, with four independent accumulators (SIMD chosen at run time).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void logits_block(const float* __restrict q, int rb,
-                                                                                const float* __restrict kt, size_t n,
-                                                                                int hd, float* __restrict out) {
-  for (size_t j = 0; j < n; j += kKB) {
-    const float* kb = kt + (j / kKB) * hd * kKB;
-    const size_t m = std::min(kKB, n - j);
-    int r0 = 0;
-    for (; r0 + 4 <= rb; r0 += 4) {
-      const float *q0 = q + static_cast<size_t>(r0) * hd, *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
-      vf16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-      for (int d = 0; d < hd; ++d) {
-        const vf16 k = load16(kb + static_cast<size_t>(d) * kKB);
-        a0 += q0[d] * k;
-        a1 += q1[d] * k;
-        a2 += q2[d] * k;
-        a3 += q3[d] * k;
-      }
-      float* o = out + static_cast<size_t>(r0) * n + j;
-      std::memcpy(o, &a0, m * sizeof(float));
-      std::memcpy(o + n, &a1, m * sizeof(float));
-      std::memcpy(o + 2 * n, &a2, m * sizeof(float));
-      std::memcpy(o + 3 * n, &a3, m * sizeof(float));
-    }
-    for (; r0 < rb; ++r0) {
-      const float* q0 = q + static_cast<size_t>(r0) * hd;
-      vf16 a0 = {};
-      for (int d = 0; d < hd; ++d) a0 += q0[d] * load16(kb + static_cast<size_t>(d) * kKB);
-      std::memcpy(out + static_cast<size_t>(r0) * n + j, &a0, m * sizeof(float));
-    }
-  }
-}
-
-/// 2^y for y <= 0 (clamped at -126), 16 at a time: 2^floor(y) from the exponent bits times a
-/// degree-7 polynomial for 2^frac (relative error < 2e-6).
-__attribute__((always_inline)) inline vf16 exp2_nonpos(vf16 y) {
-  constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
-                  c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f,
-                  c7 = 1.52527338040598e-05f;  // ln2^k / k!
-  const vf16 lo = y - y - 126.0f;
-  y = y < lo ? lo : y;
-  vi16 ki = __builtin_convertvector(y, vi16);  // truncates toward zero
-  vf16 k = __builtin_convertvector(ki, vf16);
-  const vi16 above = k > y;  // -1 where truncation rounded up
-  ki += above;
-  k += __builtin_convertvector(above, vf16);
-  const vf16 f = y - k;
-  const vf16 p = 1.0f + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * (c6 + f * c7))))));
-  vf16 two_k;
-  const vi16 bits = (ki + 127) << 23;
-  std::memcpy(&two_k, &bits, sizeof two_k);
-  return p * two_k;
-}
-
-/// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_inplace(float* __restrict x, size_t n) {
-  if (n == 0) return;
-  constexpr size_t kL = 16;
-  constexpr float kLog2e = 1.44269504088896341f;
-  const size_t nb = n / kL * kL;
-  // The tail is padded with -inf (exp gives 0) so every step is a full vector.
-  float tail[kL];
-  for (size_t t = 0; t < kL; ++t) tail[t] = nb + t < n ? x[nb + t] : -INFINITY;
-  vf16 vm = load16(tail);
-  for (size_t j = 0; j < nb; j += kL) {
-    const vf16 v = load16(x + j);
-    vm = v > vm ? v : vm;
-  }
-  float mx = vm[0];
-  for (size_t t = 1; t < kL; ++t) mx = std::max(mx, vm[t]);
-  vf16 vs = {};
-  for (size_t j = 0; j < nb; j += kL) {
-    const vf16 e = exp2_nonpos((load16(x + j) - mx) * kLog2e);
-    std::memcpy(x + j, &e, sizeof e);
-    vs += e;
-  }
-  const vf16 et = exp2_nonpos((load16(tail) - mx) * kLog2e);
-  float sum = 0;
-  for (size_t t = 0; t < kL; ++t) sum += vs[t] + (nb + t < n ? et[t] : 0.0f);
-  const float inv = 1.0f / sum;
-  for (size_t j = 0; j < nb; j += kL) {
-    const vf16 v = load16(x + j) * inv;
-    std::memcpy(x + j, &v, sizeof v);
-  }
-  for (size_t j = nb; j < n; ++j) x[j] = et[j - nb] * inv;
-}
-
-}  // namespace
 
 void LayerView::attention_rows(int h, int g, int i0, int i1, float* out) const {
-  // Only probabilities are needed (no weighted sum of values), and no BLAS: OpenBLAS's own
-  // threads inside our parallel layers cost more than they save at these sizes. A window query
-  // sees the entries whose position is at most its own; the rest of its row is zero.
+  // Only probabilities are needed (no weighted sum of values): the kernel materialises them. A
+  // window query sees the entries whose position is at most its own; the rest of its row is zero.
   const Segment& s = seg(h);
-  const size_t n = s.size();
   const int hd = hp().head_dim;
-  const std::vector<float>& kt = keys_t(h);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> q(static_cast<size_t>(i1 - i0) * hd);
-  const float* wq = window_queries(h * hp().n_group() + g);
-  for (size_t k = 0; k < q.size(); ++k) q[k] = wq[static_cast<size_t>(i0) * hd + k] * scale;
-  logits_block(q.data(), i1 - i0, kt.data(), n, hd, out);
-  for (int i = i0; i < i1; ++i) {
-    float* row = out + static_cast<size_t>(i - i0) * n;
-    const size_t vis = std::upper_bound(s.positions().begin(), s.positions().end(), obs_.window_positions[i]) -
-                       s.positions().begin();
-    softmax_inplace(row, vis);
-    std::fill(row + vis, row + n, 0.0f);
-  }
+  std::vector<size_t> vis(i1 - i0);
+  for (int i = i0; i < i1; ++i)
+    vis[i - i0] = std::upper_bound(s.positions().begin(), s.positions().end(), obs_.window_positions[i]) -
+                  s.positions().begin();
+  const float* wq = window_queries(h * hp().n_group() + g) + static_cast<size_t>(i0) * hd;
+  window_probabilities(wq, i1 - i0, 1.0f / std::sqrt(static_cast<float>(hd)), keys_t(h).data(), s.size(), hd,
+                       vis.data(), out);
 }
 
 const std::vector<float>& LayerView::window_attention(int h) const {
@@ -211,15 +85,7 @@ int uniform_keep(size_t n, double ratio) {
   return static_cast<int>(std::clamp<double>(k, 1.0, static_cast<double>(n)));
 }
 
-int32_t cache_next_position(const KVCache& cache) {
-  int32_t p = 0;
-  for (int l = 0; l < cache.n_layer(); ++l)
-    for (int h = 0; h < cache.n_head_kv(); ++h) {
-      const auto& pos = cache.seg(l, h).positions();
-      if (!pos.empty()) p = std::max(p, pos.back() + 1);  // positions increase within a segment
-    }
-  return p;
-}
+int32_t cache_next_position(const KVCache& cache) { return cache.next_position(); }
 
 void Press::compress(KVCache& cache, const Model& model, const Observation& obs) {
   Target t{ratio(), static_cast<size_t>(cache_next_position(cache))};
@@ -262,18 +128,32 @@ int count_protected(const std::vector<float>& scores) {
   return n;
 }
 
+namespace {
+/// The one ranking rule: higher score first; among equal scores the later entry first (recency),
+/// so the order is total and deterministic; NaN ranks lowest.
+struct RanksBefore {
+  const std::vector<float>& s;
+  bool operator()(int32_t a, int32_t b) const {
+    const float sa = std::isnan(s[a]) ? -INFINITY : s[a], sb = std::isnan(s[b]) ? -INFINITY : s[b];
+    return sa != sb ? sa > sb : a > b;
+  }
+};
+}  // namespace
+
+std::vector<int32_t> rank_entries(const std::vector<float>& scores) {
+  std::vector<int32_t> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), RanksBefore{scores});
+  return idx;
+}
+
 std::vector<int32_t> select_top(const std::vector<float>& scores, int keep) {
   const int n = static_cast<int>(scores.size());
   keep = std::clamp(std::max(keep, count_protected(scores)), 0, n);
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   if (keep < n) {
-    // Highest score first; among equal scores the later entry wins (recency), so the result is
-    // deterministic.
-    std::nth_element(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
-      float sa = std::isnan(scores[a]) ? -INFINITY : scores[a], sb = std::isnan(scores[b]) ? -INFINITY : scores[b];
-      return sa != sb ? sa > sb : a > b;
-    });
+    std::nth_element(idx.begin(), idx.begin() + keep, idx.end(), RanksBefore{scores});
     idx.resize(keep);
     std::sort(idx.begin(), idx.end());
   }

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/matmul.h"
-#include "press/rope.h"
+#include "model/rope.h"
 
 namespace kvslim {
 
