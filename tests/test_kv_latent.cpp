@@ -108,6 +108,82 @@ TEST(KVLatent, QuantizedCodesStayWithinHalfAStepAndCountTheirBytes) {
   EXPECT_THROW(LatentCodes(nullptr, 4), Error);
 }
 
+TEST(KVLatent, PerChannelCodesFitEachCoordinateAndDropTheEntryScale) {
+  // Identity selection of 2 channels; channel 0 takes -3, -1, 1, 3 (exactly the four 2-bit levels
+  // of center 0 and step 2), channel 1 is constant 10 (no spread: its step is floored at 1% of
+  // the largest, 0.02, and 10 decodes to the level 10 + 0.01).
+  auto b = identity_basis(2);
+  LatentCodes codes(b, 2, LatentScales::Channel);
+  EXPECT_TRUE(codes.per_channel());
+  EXPECT_EQ(codes.row_bytes(), 2u);  // 2 codes of 2 bits + the entry's widening exponent
+  const std::vector<float> rows = {-3, 10, 1, 10, 3, 10, -1, 10};
+  codes.append_rows(rows.data(), 4);
+  ASSERT_EQ(codes.steps().size(), 2u);
+  EXPECT_FLOAT_EQ(codes.centers()[0], 0.0f);
+  EXPECT_FLOAT_EQ(codes.steps()[0], 2.0f);
+  EXPECT_FLOAT_EQ(codes.steps()[1], 0.02f);
+  EXPECT_EQ(codes.bytes(), 4u * 2 + 2 * 2 * 4);  // rows + (center, step) per coordinate
+  std::vector<float> x(2);
+  for (int j = 0; j < 4; ++j) {
+    codes.decode(j, x.data());
+    EXPECT_FLOAT_EQ(x[0], rows[2 * j]);
+    EXPECT_NEAR(x[1], 10.0f, 0.01f + 1e-5f);
+  }
+  // Later entries keep the fit: 0.9 rounds to the level 1; 50 is outside the fitted range and
+  // widens the steps by 2^(16/4) = 16 (top level 2 * 16 * 1.5 = 48; 2^(17/4) would give 57.1).
+  const float more[] = {0.9f, 10.0f, 50.0f, 10.0f};
+  codes.append(more);
+  codes.append(more + 2);
+  codes.decode(4, x.data());
+  EXPECT_FLOAT_EQ(x[0], 1.0f);
+  codes.decode(5, x.data());
+  EXPECT_FLOAT_EQ(x[0], 48.0f);
+  EXPECT_NEAR(x[1], 10.0f, 0.16f + 1e-5f);  // half a widened step of channel 1
+  // Without rows to fit, the step is the Gaussian-optimal one for the basis' scale (Max 1960:
+  // 0.3352 sigma at 16 levels).
+  auto s = std::make_shared<LatentBasis>(*identity_basis(2));
+  s->scale = {2.0f, 0.5f};
+  LatentCodes fresh(s, 4, LatentScales::Channel);
+  fresh.append(more);
+  EXPECT_NEAR(fresh.steps()[0], 0.6704f, 1e-5f);
+  EXPECT_NEAR(fresh.steps()[1], 0.1676f, 1e-5f);
+  // f16 / f32 codes ignore the scaling mode.
+  EXPECT_FALSE(LatentCodes(b, 0, LatentScales::Channel).per_channel());
+  EXPECT_EQ(LatentCodes(b, 32, LatentScales::Channel).row_bytes(), 8u);
+}
+
+TEST(KVLatent, PerChannelScalesBeatTokenScalesOnAnisotropicCodes) {
+  // One coordinate 30x larger than the others: a token scale spends its 4 levels on it and
+  // rounds the small ones to +-step/2; per-channel steps fit each coordinate. Reference: Max's
+  // 2-bit Gaussian quantizer leaves MSE 0.1175 sigma^2, the floor for the small coordinates;
+  // the per-entry widening byte (least error over the whole entry) spends some of their
+  // precision on the large coordinate's tails, but far less than a token scale does.
+  const int hd = 8;
+  auto b = identity_basis(hd);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int n = 4000;
+  std::vector<float> rows(static_cast<size_t>(n) * hd);
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) rows[j * hd + d] = (d == 0 ? 30.0f : 1.0f) * nd(rng);
+  double err[2] = {0, 0};
+  int m = 0;
+  for (LatentScales sc : {LatentScales::Token, LatentScales::Channel}) {
+    LatentCodes codes(b, 2, sc);
+    codes.append_rows(rows.data(), n);
+    std::vector<float> x(hd);
+    for (int j = 0; j < n; ++j) {
+      codes.decode(j, x.data());
+      for (int d = 1; d < hd; ++d) err[m] += std::pow(x[d] - rows[j * hd + d], 2);
+    }
+    err[m] /= static_cast<double>(n) * (hd - 1);
+    ++m;
+  }
+  EXPECT_GT(err[0], 0.5);        // token: most small coordinates fall to +-step/2, far off
+  EXPECT_GT(err[1], 0.1175 - 0.01);  // never below the Gaussian optimum
+  EXPECT_LT(err[1], 0.25);           // channel: within about 2x of it (measured 0.200)
+}
+
 struct Rows {
   std::vector<std::vector<float>> k, v;
 };

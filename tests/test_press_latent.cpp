@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "press/latent.h"
@@ -22,7 +24,7 @@ TEST(PressLatent, PerRequestPcaStoresCodesWithExactBytes) {
   const Model& model = bundled_model();
   const HParams& hp = model.hparams();
   Session s(model, SessionOptions{});
-  auto press = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8", 0.0);
+  auto press = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8,scales=token", 0.0);
   press->reset();
   prefill_and_compress(s, *press, story_tokens(80), 0, nullptr, nullptr);
   const KVCache& c = s.cache();
@@ -34,6 +36,13 @@ TEST(PressLatent, PerRequestPcaStoresCodesWithExactBytes) {
   EXPECT_EQ(c.bytes(), segs * 80 * per_entry + segs * basis);
   for (float x : s.forward({5, 6})) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(c.bytes(), segs * 82 * per_entry + segs * basis);
+  // Per-channel scales (the default): a widening byte per entry instead of the f16 scale, and a
+  // (center, step) f32 pair per coordinate and segment.
+  Session s2(model, SessionOptions{});
+  auto pc = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8", 0.0);
+  prefill_and_compress(s2, *pc, story_tokens(80), 0, nullptr, nullptr);
+  EXPECT_EQ(s2.cache().bytes(), segs * 80 * ((2 + 1) + (5 + 1) + 4) + segs * (basis + (3 + 5) * 2 * 4));
+  EXPECT_THROW(make_press("latent:scales=row", 0.0), Error);
   EXPECT_THROW(make_press("latent:k_bits=3", 0.0), Error);
   EXPECT_THROW(make_press("latent:energy=1.5", 0.0), Error);
   EXPECT_THROW(make_press("latent:file=/nonexistent/bases.gguf", 0.0), Error);
@@ -73,7 +82,8 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   EXPECT_LE(entry / f16, 0.3 + 1e-9);
   EXPECT_GT(entry / f16, 0.2);  // the budget is spent, not left unused
   EXPECT_EQ(report.size(), b.key.size() + 1);
-  const std::string path = (std::filesystem::temp_directory_path() / "kvslim_latent_test.gguf").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("kvslim_latent_test_{}.gguf", ::getpid())).string();
   b.save(path, "stories260K");
   LatentBases r = LatentBases::load(path);
   ASSERT_EQ(r.key.size(), b.key.size());
@@ -86,6 +96,20 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   auto press = make_press("latent:file=" + path, 0.0);
   prefill_and_compress(s, *press, story_tokens(40), 0, nullptr, nullptr);
   EXPECT_EQ(s.cache().seg(1, 2).latent_keys().rank(), b.key[1 * hp.n_head_kv + 2]->rank());
+  // Calibrated bases are loaded once per process and shared by every request: the cache counts
+  // its codes (4-bit, per-channel: a widening byte per entry) and positions, the bases go to shared_bytes.
+  size_t rows = 0, params = 0, basis = 0;
+  for (size_t u = 0; u < b.key.size(); ++u) {
+    rows += (b.key[u]->rank() * 4 + 7) / 8 + 1 + (b.value[u]->rank() * 4 + 7) / 8 + 1 + 4;
+    params += (b.key[u]->rank() + b.value[u]->rank()) * 2 * 4;
+    basis += b.key[u]->bytes() + b.value[u]->bytes();
+  }
+  EXPECT_EQ(s.cache().bytes(), 40 * rows + params);
+  EXPECT_EQ(s.cache().shared_bytes(), basis);
+  Session s3(model, SessionOptions{});
+  auto press3 = make_press("latent:file=" + path, 0.0);
+  prefill_and_compress(s3, *press3, story_tokens(30), 0, nullptr, nullptr);
+  EXPECT_EQ(&s3.cache().seg(2, 1).latent_values().basis(), &s.cache().seg(2, 1).latent_values().basis());
   opt.memory_ratio = 0.01;
   EXPECT_THROW(calibrate_latent(model, {story_tokens(20)}, opt), Error);
   // A file for another shape is refused when applied.

@@ -24,6 +24,7 @@ struct CacheCheck {
   std::vector<size_t> kept_per_layer;
   size_t kv_bytes = 0;
   size_t full_f16_bytes = 0;           ///< a full f16 cache of the context
+  size_t shared_bytes = 0;             ///< shared latent bases in use (once per process; not in kv_bytes)
   /// Per needle: the fraction of its entries (tokens x layers x KV heads) still in the cache.
   std::vector<double> needle_kept;
   /// Per needle, per layer: the fraction of its entries (tokens x KV heads) in that layer kept.

@@ -224,10 +224,12 @@ class Segment {
   /// codes in `key_basis` and its value in `value_basis` (bits: 0 = f16 codes, 2, 4, 8, 32 = f32), replacing
   /// the row codecs and KIVI groups. Existing entries are decoded and re-encoded; later appends
   /// are encoded on arrival. Keys are projected as stored: after RoPE, not Hadamard-rotated.
-  /// clear() returns the segment to its codecs. Throws kvslim::Error for a basis whose head_dim
+  /// clear() returns the segment to its codecs. `scales`: how 2/4/8-bit codes are scaled (per
+  /// channel: fitted on the entries present now). Throws kvslim::Error for a basis whose head_dim
   /// differs, bad bits, or a segment with precision tiers.
   void to_latent(std::shared_ptr<const LatentBasis> key_basis, int key_bits,
-                 std::shared_ptr<const LatentBasis> value_basis, int value_bits);
+                 std::shared_ptr<const LatentBasis> value_basis, int value_bits,
+                 LatentScales scales = LatentScales::Token);
   bool latent() const { return latent_; }
   /// The codes of a latent segment (empty LatentCodes otherwise).
   const LatentCodes& latent_keys() const { return lk_; }
@@ -280,12 +282,16 @@ class KVCache {
   /// Total entries over all segments.
   size_t entries() const;
   size_t entries(int layer) const;
-  /// Payload bytes over all segments (see Segment::bytes), plus the latent bases in use, each
-  /// distinct basis counted once however many segments share it.
+  /// Payload bytes over all segments (see Segment::bytes), plus the latent bases of this cache
+  /// in use, each distinct basis counted once however many segments share it. Shared bases
+  /// (LatentBasis::shared: loaded once per process) are not this cache's: see shared_bytes().
   size_t bytes() const;
-  /// Bytes of the distinct latent bases in use (0 without latent segments).
+  /// Bytes of the distinct non-shared latent bases in use (0 without latent segments).
   size_t basis_bytes() const;
-  /// Segment bytes of one layer plus the distinct bases its segments use.
+  /// Bytes of the distinct shared latent bases in use: memory held once per process for every
+  /// cache that uses them (0 without).
+  size_t shared_bytes() const;
+  /// Segment bytes of one layer plus the distinct non-shared bases its segments use.
   size_t bytes(int layer) const;
   /// Key and value bytes over all segments (see Segment::kv_bytes).
   size_t kv_bytes() const;

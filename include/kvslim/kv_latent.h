@@ -32,6 +32,10 @@ struct LatentBasis {
   std::vector<int32_t> channels;  ///< [rank] increasing channel indices for a selection, else empty
   std::vector<float> mean;        ///< [head_dim], or empty for zero
   std::vector<float> scale;       ///< [rank], or empty for all ones
+  /// True for a basis loaded once per process from a calibration file and used by every
+  /// request (like the model's weights): KVCache::bytes() leaves it out and
+  /// KVCache::shared_bytes() counts it, once however many segments and caches use it.
+  bool shared = false;
 
   int rank() const { return static_cast<int>(proj.empty() ? channels.size() : proj.size() / head_dim); }
   bool is_selection() const { return proj.empty(); }
@@ -75,29 +79,57 @@ Pca pca(const float* rows, size_t n, int head_dim);
 /// the variance. Throws kvslim::Error for n == 0 or a LAPACK failure.
 std::shared_ptr<const LatentBasis> pca_basis(const float* rows, size_t n, int head_dim, int rank, double energy = 0.0);
 
+/// How quantized latent codes (bits 2, 4, 8) are scaled.
+enum class LatentScales {
+  /// One f16 scale per entry over its coordinates (each divided by the basis' scale first):
+  /// adapts to every token, costs 2 bytes per entry, and a large coordinate coarsens the others.
+  Token,
+  /// One (center, step) pair per coordinate, fitted once on the codes present when the segment
+  /// becomes latent (the step minimizing the squared error over a grid of clipping ranges, as in
+  /// KIVI's per-channel keys, Liu et al., arXiv 2402.02750) and kept for later entries. Each
+  /// entry has one exponent byte e widening every step by 2^(e/4), chosen for the least squared
+  /// error: 0 for entries like the fitted ones (their tails stay clipped), larger for entries
+  /// that drift out of the fitted range (post-RoPE keys in slowly rotating pairs, decoded later).
+  /// rank * bits / 8 + 1 bytes per entry plus 8 bytes per coordinate per segment.
+  Channel,
+};
+
 /// Codes of one side (keys or values) of a latent segment, one row per entry.
-/// bits = 0: f16 coordinates (2 bytes each); bits = 32: f32 coordinates. bits = 2, 4, 8: coordinates divided by the basis'
-/// scale share one f16 scale per entry s = max|c_i / scale_i| / qmax (qmax = (2^bits - 1) / 2)
-/// and are stored as unsigned codes q in [0, 2^bits - 1], c_i = scale_i * s * (q - qmax)
-/// (symmetric, no zero level, packed little-end first). Bytes per entry: ceil(rank * bits / 8) + 2.
+/// bits = 0: f16 coordinates (2 bytes each); bits = 32: f32 coordinates. bits = 2, 4, 8 store
+/// unsigned codes q in [0, 2^bits - 1] on half-integer levels (q - qmax, qmax = (2^bits - 1) / 2,
+/// symmetric, no zero level, packed little-end first), scaled per LatentScales:
+/// - Token: c_i = scale_i * s * (q - qmax) with s = max|c_i / scale_i| / qmax an f16 per entry;
+///   bytes per entry ceil(rank * bits / 8) + 2.
+/// - Channel: c_i = center_i + step_i * 2^(e/4) * (q - qmax) with e a byte per entry; bytes per
+///   entry ceil(rank * bits / 8) + 1, plus 2 * rank f32 per segment (counted in bytes()).
 class LatentCodes {
  public:
   LatentCodes() = default;
   /// Throws kvslim::Error for bits other than 0, 2, 4, 8, 32 or a null basis.
-  LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits);
+  LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits, LatentScales scales = LatentScales::Token);
 
   const LatentBasis& basis() const { return *basis_; }
   const std::shared_ptr<const LatentBasis>& basis_ptr() const { return basis_; }
   int rank() const { return rank_; }
   int bits() const { return bits_; }
+  LatentScales scales() const { return scales_; }
+  /// True when codes are quantized with per-coordinate (center, step) pairs.
+  bool per_channel() const { return scales_ == LatentScales::Channel && bits_ != 0 && bits_ != 32; }
   size_t size() const { return n_; }
   /// Bytes of one entry's row.
   size_t row_bytes() const { return row_; }
-  /// Bytes of every row (codes and per-entry scales).
-  size_t bytes() const { return n_ * row_; }
+  /// Bytes of every row (codes and per-entry scales) and of the per-channel centers and steps.
+  size_t bytes() const { return n_ * row_ + (center_.size() + step_.size()) * sizeof(float); }
+  /// Per-channel centers and steps ([rank] each; empty unless per_channel() and fitted).
+  const std::vector<float>& centers() const { return center_; }
+  const std::vector<float>& steps() const { return step_; }
 
-  /// Encodes x[head_dim] and appends it.
+  /// Encodes x[head_dim] and appends it. The first append of a per-channel side without a fit
+  /// fits the steps to the basis' scale (a Gaussian of that deviation).
   void append(const float* x);
+  /// Appends `n` rows xs[n][head_dim]; a per-channel side not yet fitted is fitted on their codes
+  /// first (see LatentScales::Channel).
+  void append_rows(const float* xs, size_t n);
   /// Keeps rows `idx` (increasing, in range; checked by the caller) and frees the rest.
   void retain(const std::vector<int32_t>& idx);
   void clear();
@@ -110,8 +142,13 @@ class LatentCodes {
 
  private:
   void put(uint8_t* dst, const float* x) const;
+  void put_code(uint8_t* dst, float* code) const;
+  /// Fits center_/step_ on codes[n][rank] (n may be 0: from the basis' scale).
+  void fit(const float* codes, size_t n);
   std::shared_ptr<const LatentBasis> basis_;
   int bits_ = 0, rank_ = 0;
+  LatentScales scales_ = LatentScales::Token;
+  std::vector<float> center_, step_;
   size_t row_ = 0, n_ = 0;
   std::vector<uint8_t> data_;
 };

@@ -61,6 +61,7 @@ struct RequestStats {
   std::vector<size_t> kept_per_layer;   ///< entries per layer after compressing the context
   size_t kv_bytes = 0;                  ///< cache bytes after compressing the context
   size_t full_f16_bytes = 0;            ///< bytes of a full f16 cache of the context
+  size_t shared_bytes = 0;              ///< shared latent bases the cache uses (held once per process; not in kv_bytes)
   size_t peak_kv_bytes = 0;             ///< largest cache size seen during prefill (before each compression)
   size_t final_kv_bytes = 0;            ///< cache bytes at the end (or now)
   double prefill_seconds = 0;           ///< context + compression + question

@@ -134,6 +134,9 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "kept per layer   {} (of {} each)\n", per_layer, st.context_tokens * hp.n_head_kv);
   fmt::print(stderr, "KV bytes         {} ({} B; full f16 cache {} B; memory ratio {:.3f})\n", human_bytes(st.kv_bytes),
              st.kv_bytes, st.full_f16_bytes, st.memory_ratio());
+  if (st.shared_bytes)
+    fmt::print(stderr, "shared bases     {} B held once per process for every request (not in the KV bytes)\n",
+               st.shared_bytes);
   fmt::print(stderr, "KV cache type    {}; peak during prefill {} B\n", cache_type, st.peak_kv_bytes);
   double bits_per_entry = 0;
   if (st.entries_kept) {
@@ -172,6 +175,7 @@ int run(const GenerateArgs& a) {
         {"kept_per_layer", st.kept_per_layer},
         {"compression_ratio", st.compression_ratio()},
         {"kv_bytes", st.kv_bytes},
+        {"shared_bytes", st.shared_bytes},
         {"full_f16_bytes", st.full_f16_bytes},
         {"memory_ratio", st.memory_ratio()},
         {"peak_kv_bytes", st.peak_kv_bytes},

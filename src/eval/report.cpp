@@ -38,6 +38,7 @@ nlohmann::json cache_json(const CacheCheck& c) {
           {"kept_per_layer", c.kept_per_layer},
           {"kv_bytes", c.kv_bytes},
           {"full_f16_bytes", c.full_f16_bytes},
+          {"shared_bytes", c.shared_bytes},
           {"memory_ratio", c.memory_ratio()}};
 }
 
@@ -76,6 +77,7 @@ CacheCheck cache_from_json(const nlohmann::json& j, const std::string& what) {
   c.kept_per_layer = field<std::vector<size_t>>(j, "kept_per_layer", what);
   c.kv_bytes = field<size_t>(j, "kv_bytes", what);
   c.full_f16_bytes = field<size_t>(j, "full_f16_bytes", what);
+  if (j.contains("shared_bytes")) c.shared_bytes = field<size_t>(j, "shared_bytes", what);
   if (j.contains("needle_kept")) c.needle_kept = field<std::vector<double>>(j, "needle_kept", what);
   if (j.contains("needle_kept_per_layer"))
     c.needle_kept_per_layer = field<std::vector<std::vector<double>>>(j, "needle_kept_per_layer", what);

@@ -89,6 +89,7 @@ CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double reques
   for (int l = 0; l < L; ++l) c.kept_per_layer.push_back(cache.entries(l));
   c.kv_bytes = cache.bytes();
   c.full_f16_bytes = cache.full_f16_bytes(context_tokens);
+  c.shared_bytes = cache.shared_bytes();
   for (const auto& [b, e] : spans) {
     if (e <= b) {
       c.needle_kept.push_back(1.0);

@@ -240,21 +240,19 @@ size_t Segment::bytes() const {
 }
 
 void Segment::to_latent(std::shared_ptr<const LatentBasis> kb, int key_bits, std::shared_ptr<const LatentBasis> vb,
-                        int value_bits) {
+                        int value_bits, LatentScales scales) {
   for (const auto* b : {&kb, &vb}) {
     if (!*b) throw Error("Segment::to_latent: missing basis");
     if ((*b)->head_dim != head_dim_)
       throw Error(fmt::format("Segment::to_latent: basis head_dim {} differs from the segment's {}", (*b)->head_dim,
                               head_dim_));
   }
-  LatentCodes nk(std::move(kb), key_bits), nv(std::move(vb), value_bits);
-  std::vector<float> k(head_dim_), v(head_dim_);
-  for (size_t i = 0; i < size(); ++i) {
-    key(i, k.data());
-    value(i, v.data());
-    nk.append(k.data());
-    nv.append(v.data());
-  }
+  LatentCodes nk(std::move(kb), key_bits, scales), nv(std::move(vb), value_bits, scales);
+  std::vector<float> k(size() * head_dim_), v(size() * head_dim_);
+  keys(0, size(), k.data());
+  values(0, size(), v.data());
+  nk.append_rows(k.data(), size());
+  nv.append_rows(v.data(), size());
   lk_ = std::move(nk);
   lv_ = std::move(nv);
   latent_ = true;
@@ -307,12 +305,12 @@ size_t KVCache::entries(int layer) const {
   return n;
 }
 namespace {
-// Adds the bytes of every basis of `s` not yet in `seen`.
-size_t new_basis_bytes(const Segment& s, std::vector<const LatentBasis*>& seen) {
+// Adds the bytes of every basis of `s` (shared ones or the others) not yet in `seen`.
+size_t new_basis_bytes(const Segment& s, std::vector<const LatentBasis*>& seen, bool shared = false) {
   size_t n = 0;
   if (!s.latent()) return 0;
   for (const LatentBasis* b : {&s.latent_keys().basis(), &s.latent_values().basis()}) {
-    if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+    if (b->shared != shared || std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
     seen.push_back(b);
     n += b->bytes();
   }
@@ -324,6 +322,12 @@ size_t KVCache::basis_bytes() const {
   std::vector<const LatentBasis*> seen;
   size_t n = 0;
   for (const Segment& s : segs_) n += new_basis_bytes(s, seen);
+  return n;
+}
+size_t KVCache::shared_bytes() const {
+  std::vector<const LatentBasis*> seen;
+  size_t n = 0;
+  for (const Segment& s : segs_) n += new_basis_bytes(s, seen, true);
   return n;
 }
 size_t KVCache::bytes() const {

@@ -2,6 +2,7 @@
 #include "kvslim/kv_latent.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -159,7 +160,10 @@ std::shared_ptr<const LatentBasis> Pca::basis(int rank) const {
   b->proj.assign(axes.begin(), axes.begin() + static_cast<size_t>(rank) * head_dim);
   b->mean.assign(mean.begin(), mean.end());
   b->scale.resize(rank);
-  for (int i = 0; i < rank; ++i) b->scale[i] = static_cast<float>(std::max(std::sqrt(var[i]), 1e-6));
+  // Floor relative to the leading axis: an axis without variance in the rows may still carry
+  // later entries, whose codes divided by the scale must stay in f16 range.
+  const double floor = std::max(1e-3 * std::sqrt(var[0]), 1e-6);
+  for (int i = 0; i < rank; ++i) b->scale[i] = static_cast<float>(std::max(std::sqrt(var[i]), floor));
   return b;
 }
 
@@ -171,15 +175,92 @@ std::shared_ptr<const LatentBasis> pca_basis(const float* rows, size_t n, int hd
 
 // ---- LatentCodes ----
 
-LatentCodes::LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits) : basis_(std::move(basis)), bits_(bits) {
+namespace {
+
+// Step of the MSE-optimal uniform quantizer of a unit Gaussian with 2^bits levels (Max, "Quantizing
+// for minimum distortion", IRE Trans. Inf. Theory 6(1), 1960, table II): the per-channel fallback
+// when no codes are there to fit.
+double gaussian_step(int bits) { return bits == 2 ? 0.9957 : bits == 4 ? 0.3352 : 0.0308; }
+
+// Per-entry widening of the per-channel steps: 2^(e/4) for the entry's exponent byte e.
+float channel_widen(int e) {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = std::exp2(0.25f * static_cast<float>(i));
+    return t;
+  }();
+  return table[e];
+}
+
+}  // namespace
+
+LatentCodes::LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits, LatentScales scales)
+    : basis_(std::move(basis)), bits_(bits), scales_(scales) {
   if (!basis_) throw Error("latent codes: no basis");
   if (bits != 0 && bits != 2 && bits != 4 && bits != 8 && bits != 32)
     throw Error(fmt::format("latent codes: bits {} is not supported (expected 0 = f16, 2, 4, 8 or 32 = f32)", bits));
   rank_ = basis_->rank();
   if (bits == 32)
     row_ = rank_ * sizeof(float);
+  else if (bits == 0)
+    row_ = rank_ * sizeof(uint16_t);
   else
-    row_ = bits ? (static_cast<size_t>(rank_) * bits + 7) / 8 + sizeof(uint16_t) : rank_ * sizeof(uint16_t);
+    row_ = (static_cast<size_t>(rank_) * bits + 7) / 8 + (per_channel() ? 1 : sizeof(uint16_t));
+}
+
+void LatentCodes::fit(const float* codes, size_t n) {
+  const int levels = (1 << bits_) - 1;
+  const double qmax = 0.5 * levels;
+  center_.assign(rank_, 0.0f);
+  step_.assign(rank_, 0.0f);
+  const std::vector<float>& sc = basis_->scale;
+  if (n == 0) {
+    for (int i = 0; i < rank_; ++i) step_[i] = static_cast<float>(gaussian_step(bits_) * (sc.empty() ? 1.0 : sc[i]));
+    return;
+  }
+  std::vector<float> c(n);
+  for (int i = 0; i < rank_; ++i) {
+    double mean = 0, lo = INFINITY, hi = -INFINITY;
+    for (size_t j = 0; j < n; ++j) {
+      c[j] = codes[j * rank_ + i];
+      mean += c[j];
+      lo = std::min<double>(lo, c[j]);
+      hi = std::max<double>(hi, c[j]);
+    }
+    mean /= static_cast<double>(n);
+    double best = INFINITY;
+    // Candidates: centered on the mean or on the middle of the range, the outermost levels at a
+    // fraction 1, 0.95, ..., 0.05 of the farthest code (clipping the tails).
+    for (double m : {mean, 0.5 * (lo + hi)}) {
+      const double amax = std::max(hi - m, m - lo);
+      if (!(amax > 0.0)) {
+        center_[i] = static_cast<float>(m);
+        step_[i] = 0.0f;
+        best = 0.0;
+        break;
+      }
+      for (int k = 0; k < 20; ++k) {
+        const double step = (1.0 - 0.05 * k) * amax / qmax;
+        const float mf = static_cast<float>(m), sf = static_cast<float>(step);
+        double err = 0;
+        for (size_t j = 0; j < n && err < best; ++j) {
+          // As put_code rounds it.
+          const int q = std::clamp(static_cast<int>(std::lround((c[j] - mf) / sf + static_cast<float>(qmax))), 0, levels);
+          const double d = c[j] - (mf + sf * (static_cast<float>(q) - static_cast<float>(qmax)));
+          err += d * d;
+        }
+        if (err < best) {
+          best = err;
+          center_[i] = mf;
+          step_[i] = sf;
+        }
+      }
+    }
+  }
+  // A coordinate that did not vary in the fitted codes (e.g. axes beyond the span of a few kept
+  // entries) still gets a step, 1% of the largest, so later entries can use it (widened as needed).
+  const float smax = *std::max_element(step_.begin(), step_.end());
+  for (float& st : step_) st = std::max(st, 0.01f * smax);
 }
 
 void LatentCodes::put(uint8_t* dst, const float* x) const {
@@ -191,6 +272,10 @@ void LatentCodes::put(uint8_t* dst, const float* x) const {
     code = big.data();
   }
   basis_->encode(x, code);
+  put_code(dst, code);
+}
+
+void LatentCodes::put_code(uint8_t* dst, float* code) const {
   if (bits_ == 32) {
     std::memcpy(dst, code, rank_ * sizeof(float));
     return;
@@ -203,15 +288,53 @@ void LatentCodes::put(uint8_t* dst, const float* x) const {
     }
     return;
   }
+  const int levels = (1 << bits_) - 1;
+  const float qmax = 0.5f * levels;
+  if (per_channel()) {
+    // The widening exponent e with the least squared error: 0 for entries like those fitted
+    // (their clipped tails included); later entries that drift out of the fitted range (post-RoPE
+    // keys in slowly rotating pairs) take the smallest e that still fits them.
+    int best_e = 0;
+    float best = INFINITY;
+    for (int e = 0; e < 256; ++e) {
+      const float m = channel_widen(e);
+      float err = 0.0f;
+      for (int i = 0; i < rank_ && err < best; ++i) {
+        const float st = step_[i] * m;
+        const int v = st > 0.0f ? std::clamp(static_cast<int>(std::lround((code[i] - center_[i]) / st + qmax)), 0, levels)
+                                : 0;
+        const float d = code[i] - (center_[i] + st * (static_cast<float>(v) - qmax));
+        err += d * d;
+      }
+      if (err < best) {
+        best = err;
+        best_e = e;
+      } else if (e > best_e + 4) {
+        break;
+      }
+      if (best == 0.0f) break;
+    }
+    std::memset(dst, 0, row_);
+    dst[0] = static_cast<uint8_t>(best_e);
+    uint8_t* q = dst + 1;
+    const float m = channel_widen(best_e);
+    for (int i = 0; i < rank_; ++i) {
+      const float st = step_[i] * m;
+      int v = 0;
+      if (st > 0.0f) v = std::clamp(static_cast<int>(std::lround((code[i] - center_[i]) / st + qmax)), 0, levels);
+      const size_t bit = static_cast<size_t>(i) * bits_;
+      q[bit / 8] |= static_cast<uint8_t>(v << (bit % 8));
+    }
+    return;
+  }
   const std::vector<float>& sc = basis_->scale;
   float amax = 0.0f;
   for (int i = 0; i < rank_; ++i) {
     if (!sc.empty()) code[i] /= sc[i];
     amax = std::max(amax, std::fabs(code[i]));
   }
-  const int levels = (1 << bits_) - 1;
-  const float qmax = 0.5f * levels;
-  const uint16_t sh = fp32_to_fp16(amax / qmax);
+  // The largest finite f16 bounds the scale (a coordinate far beyond its basis scale is clipped).
+  const uint16_t sh = fp32_to_fp16(std::min(amax / qmax, 65504.0f));
   const float s = fp16_to_fp32(sh);
   const float inv = s > 0.0f ? 1.0f / s : 0.0f;
   uint8_t* q = dst + sizeof(uint16_t);
@@ -226,7 +349,18 @@ void LatentCodes::put(uint8_t* dst, const float* x) const {
   }
 }
 
+void LatentCodes::append_rows(const float* xs, size_t n) {
+  const int hd = basis_->head_dim;
+  std::vector<float> codes(n * rank_);
+  for (size_t j = 0; j < n; ++j) basis_->encode(xs + j * hd, codes.data() + j * rank_);
+  if (per_channel() && step_.empty()) fit(codes.data(), n);
+  data_.resize((n_ + n) * row_);
+  for (size_t j = 0; j < n; ++j) put_code(data_.data() + (n_ + j) * row_, codes.data() + j * rank_);
+  n_ += n;
+}
+
 void LatentCodes::append(const float* x) {
+  if (per_channel() && step_.empty()) fit(nullptr, 0);
   data_.resize((n_ + 1) * row_);
   put(data_.data() + n_ * row_, x);
   ++n_;
@@ -244,6 +378,8 @@ void LatentCodes::retain(const std::vector<int32_t>& idx) {
 
 void LatentCodes::clear() {
   std::vector<uint8_t>().swap(data_);
+  center_.clear();
+  step_.clear();
   n_ = 0;
 }
 
@@ -266,11 +402,21 @@ void LatentCodes::coords(size_t b, size_t e, float* out) const {
       }
       continue;
     }
+    const int mask = levels;
+    if (per_channel()) {
+      const float m = channel_widen(src[0]);
+      const uint8_t* q = src + 1;
+      for (int i = 0; i < rank_; ++i) {
+        const size_t bit = static_cast<size_t>(i) * bits_;
+        const int v = (q[bit / 8] >> (bit % 8)) & mask;
+        o[i] = center_[i] + step_[i] * m * (static_cast<float>(v) - qmax);
+      }
+      continue;
+    }
     uint16_t sh;
     std::memcpy(&sh, src, sizeof sh);
     const float s = fp16_to_fp32(sh);
     const uint8_t* q = src + sizeof(uint16_t);
-    const int mask = levels;
     // Codes never straddle a byte: bits is 2, 4 or 8.
     for (int i = 0; i < rank_; ++i) {
       const size_t bit = static_cast<size_t>(i) * bits_;

@@ -7,6 +7,10 @@
 // is left.
 #include "press/latent.h"
 
+#include <filesystem>
+#include <map>
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
@@ -90,6 +94,7 @@ LatentBases LatentBases::load(const std::string& path) {
       b->proj = f->tensor_f32(tp);
       b->mean = f->tensor_f32(f->tensor(pre + "mean"));
       b->scale = f->tensor_f32(f->tensor(pre + "scale"));
+      b->shared = true;
       try {
         b->validate();
       } catch (const Error& e) {
@@ -100,6 +105,21 @@ LatentBases LatentBases::load(const std::string& path) {
     (side ? L.value_bits : L.key_bits).assign(bits.begin(), bits.end());
   }
   return L;
+}
+
+std::shared_ptr<const LatentBases> LatentBases::load_shared(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  const auto mtime = ec ? fs::file_time_type{} : fs::last_write_time(path, ec);
+  const std::string key = fmt::format("{}\n{}\n{}", path, ec ? 0 : size, mtime.time_since_epoch().count());
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const LatentBases>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto p = loaded[key].lock()) return p;
+  auto p = std::make_shared<const LatentBases>(load(path));
+  loaded[key] = p;
+  return p;
 }
 
 void LatentBases::check(const HParams& hp, const std::string& what) const {
@@ -113,14 +133,16 @@ namespace {
 
 class LatentPress : public Press {
  public:
-  LatentPress(int k_rank, int v_rank, double energy, int k_bits, int v_bits, std::string file)
-      : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_bits_(k_bits), v_bits_(v_bits), file_(std::move(file)) {
-    if (!file_.empty()) bases_ = std::make_shared<LatentBases>(LatentBases::load(file_));
+  LatentPress(int k_rank, int v_rank, double energy, int k_bits, int v_bits, LatentScales scales, std::string file)
+      : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_bits_(k_bits), v_bits_(v_bits), scales_(scales),
+        file_(std::move(file)) {
+    if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
   std::string describe() const override {
-    if (!file_.empty()) return fmt::format("latent:file={}", file_);
-    return fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={}", k_rank_, v_rank_, energy_, k_bits_,
-                       v_bits_);
+    const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
+    if (!file_.empty()) return fmt::format("latent:file={},scales={}", file_, sc);
+    return fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_, v_rank_, energy_,
+                       k_bits_, v_bits_, sc);
   }
   // Dimensions, not entries: the entry count is unchanged.
   double ratio() const override { return 0.0; }
@@ -136,7 +158,7 @@ class LatentPress : public Press {
         // With chunked prefill the first chunk fixes the bases; later entries are encoded in them.
         if (seg.size() == 0 || seg.latent()) continue;
         if (bases_) {
-          seg.to_latent(bases_->key[u], bases_->key_bits[u], bases_->value[u], bases_->value_bits[u]);
+          seg.to_latent(bases_->key[u], bases_->key_bits[u], bases_->value[u], bases_->value_bits[u], scales_);
           continue;
         }
         const size_t n = seg.size();
@@ -145,7 +167,7 @@ class LatentPress : public Press {
         seg.keys(0, n, ks.data());
         seg.values(0, n, vs.data());
         seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), k_bits_, pca_basis(vs.data(), n, hd, v_rank_, energy_),
-                      v_bits_);
+                      v_bits_, scales_);
       }
     });
   }
@@ -154,8 +176,9 @@ class LatentPress : public Press {
   int k_rank_, v_rank_;
   double energy_;
   int k_bits_, v_bits_;
+  LatentScales scales_;
   std::string file_;
-  std::shared_ptr<LatentBases> bases_;
+  std::shared_ptr<const LatentBases> bases_;
 };
 
 int checked_bits(const PressParams& p, const std::string& key) {
@@ -170,17 +193,22 @@ PressRegistrar reg([] {
   i.name = "latent";
   i.summary = "stores keys (after RoPE) and values as low-rank codes per (layer, KV head): bases from the context's "
               "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0) or from a calibration file; "
-              "codes in f16 (bits 0), 2/4/8-bit or f32 (32)";
+              "codes in f16 (bits 0), 2/4/8-bit or f32 (32); quantized codes scaled per channel (fitted on the "
+              "context) or per token (`scales`)";
   i.source = "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection, arXiv 2407.21118; xKV, arXiv "
              "2503.18893";
-  i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"}, {"file", ""}};
+  i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"}, {"scales", "channel"}, {"file", ""}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const int kr = param_int(p, "latent", "k_rank"), vr = param_int(p, "latent", "v_rank");
     const double en = param_double(p, "latent", "energy");
     if (kr < 0 || vr < 0) throw Error(fmt::format("press latent: k_rank={} and v_rank={} must be >= 0", kr, vr));
     if ((kr == 0 || vr == 0) && !(en > 0.0 && en < 1.0))
       throw Error(fmt::format("press latent: energy={} must be in (0, 1) when a rank is 0 (chosen by energy)", en));
+    const std::string sc = param_str(p, "latent", "scales");
+    if (sc != "channel" && sc != "token")
+      throw Error(fmt::format("press latent: scales={} must be channel or token", sc));
     return std::make_unique<LatentPress>(kr, vr, en, checked_bits(p, "k_bits"), checked_bits(p, "v_bits"),
+                                         sc == "channel" ? LatentScales::Channel : LatentScales::Token,
                                          param_str(p, "latent", "file"));
   };
   return i;

@@ -25,7 +25,11 @@ struct LatentBases {
   /// (proj: [head_dim, rank] in ggml order). `model_desc` is recorded as latent.base_model.
   void save(const std::string& path, const std::string& model_desc) const;
   /// Throws kvslim::Error naming the file and the field for a missing or malformed entry.
+  /// Every basis loaded is marked LatentBasis::shared.
   static LatentBases load(const std::string& path);
+  /// load() once per process and file (path, size and modification time): every press that names
+  /// the same file uses the same bases, which caches count as shared memory. Thread-safe.
+  static std::shared_ptr<const LatentBases> load_shared(const std::string& path);
   /// Throws kvslim::Error when the shape differs from the model's, naming `what`.
   void check(const HParams& hp, const std::string& what) const;
 };
@@ -45,8 +49,9 @@ struct LatentCalibration {
   int k_bits = 0, v_bits = 0;  ///< code bits (0 = f16, 2, 4, 8, 32 = f32)
 };
 
-/// Bytes of one entry's codes of `rank` coordinates at `bits` (LatentCodes::row_bytes).
-size_t latent_row_bytes(int rank, int bits);
+/// Bytes of one entry's codes of `rank` coordinates at `bits` (LatentCodes::row_bytes; the
+/// latent press scales quantized codes per channel by default).
+size_t latent_row_bytes(int rank, int bits, LatentScales scales = LatentScales::Channel);
 
 /// Runs the model over `docs` (each from position 0, f32 cache), gathers every segment's keys
 /// (after RoPE) and values, and fits one basis per (layer, KV head) and side by PCA with the

@@ -10,10 +10,10 @@
 
 namespace kvslim {
 
-size_t latent_row_bytes(int rank, int bits) {
+size_t latent_row_bytes(int rank, int bits, LatentScales scales) {
   if (bits == 32) return static_cast<size_t>(rank) * 4;
   if (bits == 0) return static_cast<size_t>(rank) * 2;
-  return (static_cast<size_t>(rank) * bits + 7) / 8 + 2;
+  return (static_cast<size_t>(rank) * bits + 7) / 8 + (scales == LatentScales::Channel ? 1 : 2);
 }
 
 namespace {

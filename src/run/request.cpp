@@ -119,6 +119,7 @@ bool Request::prefill_step() {
       for (int l = 0; l < cache.n_layer(); ++l) stats_.kept_per_layer.push_back(cache.entries(l));
       stats_.kv_bytes = cache.bytes();
       stats_.full_f16_bytes = cache.full_f16_bytes(context_.size());
+      stats_.shared_bytes = cache.shared_bytes();
     }
     stats_.prefill_seconds += now_seconds() - t0;
     if (context_done_ < context_.size() || !question_.empty()) return false;
