@@ -1,0 +1,27 @@
+#!/bin/sh
+# Reruns the measurements of docs/LATENT.md: NIAH on models/retrieval.gguf (2,048 tokens, 5 depths)
+# and fidelity on models/stories260K.gguf, for eviction alone, latent alone and their compositions.
+# Usage (repository root, after building build/kvslim): bench/latent/run_evals.sh [OUT_DIR]
+set -eu
+K=${KVSLIM:-build/kvslim}
+OUT=${1:-eval-out/latent}
+T=${THREADS:-1}
+mkdir -p "$OUT"
+# Calibrated bases (shared by every request), fitted on bench/latent/retrieval_calib.txt: filler and
+# needles of other keys and values than the evaluation's.
+$K latent-calibrate -m models/retrieval.gguf --text bench/latent/retrieval_calib.txt --doc-tokens 2048 \
+  --max-docs 4 --k-rank 64 --v-rank 64 --k-bits 8 --v-bits 8 -o "$OUT/retrieval_r64b8.gguf" -t $T
+NIAH="-m models/retrieval.gguf --text-config models/retrieval.tasks.json --depths 0,0.25,0.5,0.75,1 --samples 1 -t $T --no-progress"
+$K eval niah $NIAH --lengths 2048 --ratios 0 --no-baseline \
+  --press "latent:k_rank=32,v_rank=32,k_bits=4,v_bits=4" -o "$OUT/niah2k_latent"
+$K eval niah $NIAH --lengths 2048 --ratios 0.9,0.95,0.98 \
+  --press kvzip "kvzip+latent:k_rank=32,v_rank=32,k_bits=8,v_bits=8" "kvzip+latent:file=$OUT/retrieval_r64b8.gguf" \
+  -o "$OUT/niah2k"
+FID="-m models/stories260K.gguf --samples 4 -t $T --no-progress"
+$K eval fidelity $FID --ratios 0 --press \
+  "latent:k_rank=8,v_rank=8,k_bits=2,v_bits=2,scales=token" "latent:k_rank=8,v_rank=8,k_bits=2,v_bits=2" \
+  "latent:k_rank=8,v_rank=8,k_bits=4,v_bits=4,scales=token" "latent:k_rank=8,v_rank=8,k_bits=4,v_bits=4" \
+  "latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8,scales=token" "latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8" \
+  -o "$OUT/story_scales"
+$K eval fidelity $FID --ratios 0.25,0.5,0.75 --press kvzip "kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8" \
+  -o "$OUT/story"
