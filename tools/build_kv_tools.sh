@@ -7,5 +7,5 @@ B=${1:-build-kvquant}
 for t in kv_attention_bench kv_fidelity; do
   g++ -std=gnu++20 -O2 -Iinclude -Isrc "tools/$t.cpp" -o "$B/$t" \
     -Wl,--whole-archive "$B/libkvslim.a" -Wl,--no-whole-archive \
-    $(pkg-config --libs openblas libpcre2-8) -lfmt -lpthread
+    $(pkg-config --libs openblas libpcre2-8 cpp-httplib libcrypto) -lfmt -lpthread
 done

@@ -3,7 +3,8 @@
 // (a GQA group in decode, a tile of tokens x the group in prefill), with an online softmax
 // (running max and sum per row) so the segment is read exactly once.
 //
-// The hot loops use GCC vector extensions (16 floats) inside one function compiled three times
+// The hot loops use GCC vector extensions (16 floats on AVX-512, 8 on AVX2 and the baseline, the
+// online softmax included) inside one function compiled three times
 // (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and chosen at run time.
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
@@ -107,6 +108,66 @@ KV_INLINE V loadv(const float* p) {
 template <class V>
 KV_INLINE void storev(float* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
+}
+
+template <class V>
+struct IntVec;
+template <>
+struct IntVec<v8> {
+  using type = v8i;
+};
+template <>
+struct IntVec<v16> {
+  using type = v16i;
+};
+
+// Broadcasts: 8-lane vectors directly; 16-lane ones through a 256-bit half (see splat).
+template <class V, class T>
+KV_INLINE V splatv(T x) {
+  if constexpr (sizeof(V) == 32) {
+    return V{} + x;
+  } else {
+    typedef T h8 __attribute__((vector_size(32)));
+    const h8 h = h8{} + x;
+    return __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+  }
+}
+
+// vexp on 8 or 16 lanes (the same per-lane arithmetic as vexp).
+template <class V>
+KV_INLINE V vexp_v(const V& x0) {
+  using VI = typename IntVec<V>::type;
+  V x = x0;
+  x = x < splatv<V>(-87.3f) ? splatv<V>(-87.3f) : x;
+  x = x > splatv<V>(88.0f) ? splatv<V>(88.0f) : x;
+  const V nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
+  V y = splatv<V>(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const VI e = (__builtin_convertvector(nf, VI) + 127) << 23;
+  V p;
+  std::memcpy(&p, &e, sizeof p);
+  return y * p;
+}
+
+// Max of the lanes of an 8- or 16-lane vector.
+KV_INLINE float hmax_n(const v16& v) { return hmax(v); }
+KV_INLINE float hmax_n(const v8& m8) {
+  const v4 c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+  const v4 m4 = c > d ? c : d;
+  return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+}
+// Sum of 16 lanes held as one 16-lane vector or two 8-lane ones, in hsum's order.
+KV_INLINE float hsum16(const v16* p) { return hsum(p[0]); }
+KV_INLINE float hsum16(const v8* p) {
+  const v8 s8 = p[0] + p[1];
+  const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 // S[i * ss + t * 16 + j] = sum_d Q[i][d] * kt_t[d][j] for NR rows and NT key tiles (kt_t =
@@ -214,27 +275,37 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
       for (; r + NRP <= rows; r += NRP) tile_scores<NRP, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
       for (; r < rows; ++r) tile_scores<1, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
     }
-    v16i lgv[2];
-    std::memcpy(&lgv[0], blk[0].lg, sizeof(v16i));
-    lgv[1] = splati(INT_MAX);
-    if (nt == 2) std::memcpy(&lgv[1], blk[1].lg, sizeof(v16i));
+    // The online softmax of each row over the (up to) 32 scores, on VT registers: 16-float
+    // generic vectors are lowered through the stack by GCC 12 on AVX2, so there the 32 lanes are
+    // four 8-float vectors. Each lane computes the same values on every level, and the row sums
+    // add the lanes in the same tree (see hsum_n), so the levels agree bit for bit.
+    constexpr int L = sizeof(VT) / sizeof(float), NV = 32 / L;
+    using VI = typename IntVec<VT>::type;
+    alignas(64) int32_t lgb[32];
+    std::memcpy(lgb, blk[0].lg, sizeof blk[0].lg);
+    if (nt == 2) std::memcpy(lgb + 16, blk[1].lg, sizeof blk[1].lg);
+    else std::fill(lgb + 16, lgb + 32, INT_MAX);
+    VI lgv[NV];
+    for (int i = 0; i < NV; ++i) lgv[i] = loadv<VI>(reinterpret_cast<const float*>(lgb + i * L));
     bool any = false;
     for (r = 0; r < rows; ++r) {
       float* Sr = S + r * 32;
-      v16i valid[2];
-      v16 sv[2];
-      for (int t = 0; t < 2; ++t) {
-        valid[t] = lgv[t] < splati(vis[r]);
-        sv[t] = valid[t] ? simd::load(Sr + 16 * t) : splat(-INFINITY);
+      const VI visr = splatv<VI>(vis[r]);
+      VI valid[NV];
+      VT sv[NV];
+      VT mx = splatv<VT>(-INFINITY);
+      for (int i = 0; i < NV; ++i) {
+        valid[i] = lgv[i] < visr;
+        sv[i] = valid[i] ? loadv<VT>(Sr + i * L) : splatv<VT>(-INFINITY);
+        mx = mx > sv[i] ? mx : sv[i];
       }
       if (raw)
         for (int t = 0; t < nt; ++t)
           for (int j = 0; j < static_cast<int>(blk[t].e - blk[t].b); ++j)
             if (blk[t].lg[j] < vis[r]) raw[static_cast<size_t>(r) * n + blk[t].lg[j]] = Sr[16 * t + j];
-      const float bm = std::max(hmax(sv[0]), hmax(sv[1]));
+      const float bm = hmax_n(mx);
       if (bm == -INFINITY) {
-        simd::store(Sr, v16{});
-        simd::store(Sr + 16, v16{});
+        for (int i = 0; i < NV; ++i) storev<VT>(Sr + i * L, VT{});
         continue;
       }
       any = true;
@@ -245,10 +316,15 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
         for (int d = 0; d < hd; ++d) Or[d] *= alpha;
         m[r] = bm;
       }
+      const VT mr = splatv<VT>(m[r]);
+      constexpr int PT = 16 / L;  // vectors per tile
       for (int t = 0; t < 2; ++t) {
-        const v16 p = valid[t] ? vexp(sv[t] - m[r]) : v16{};
-        l[r] += hsum(p);
-        simd::store(Sr + 16 * t, p);
+        VT p[PT];
+        for (int i = 0; i < PT; ++i) {
+          p[i] = valid[t * PT + i] ? vexp_v(sv[t * PT + i] - mr) : VT{};
+          storev<VT>(Sr + 16 * t + i * L, p[i]);
+        }
+        l[r] += hsum16(p);
       }
     }
     if (!any) return;
