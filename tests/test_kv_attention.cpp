@@ -169,6 +169,40 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
   qdot::set_level(saved);
 }
 
+// Long-context prefill tiles (issue 12): a tile of 8 tokens x a GQA group of 8 heads (64 rows, as
+// the forward pass sends them) against 1,100 entries (69 blocks: pairs and a lone last block),
+// with causal prefixes ending mid-block, inside the first block, and at the end; and a tile of
+// rows whose prefixes start only after many blocks the first rows never see. Every codec the
+// prefill may meet and every SIMD level, against the float64 softmax.
+TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
+  const qdot::Level saved = qdot::level();
+  std::vector<qdot::Level> levels{qdot::Level::Scalar};
+  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
+  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const int hd = 64, n_entries = 1100, rows = 64, G = 8;
+  for (qdot::Level lv : levels) {
+    qdot::set_level(lv);
+    SCOPED_TRACE(std::string("level ") + qdot::level_name(lv));
+    for (const Config& cfg : configs()) {
+      Segment s = build(cfg, hd, n_entries, 11);
+      const int32_t n = static_cast<int32_t>(s.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      auto q = sample(static_cast<size_t>(rows) * hd, 21);
+      for (int32_t first : {n - 7, 523, 1, 3 * 16 + 5}) {
+        std::vector<int32_t> vis(rows);
+        for (int r = 0; r < rows; ++r) vis[r] = std::min(n, first + r / G);
+        std::vector<float> out(static_cast<size_t>(rows) * hd);
+        attend_segment(s, q.data(), rows, vis.data(), scale, out.data(), hd);
+        std::vector<double> ro, rp;
+        reference(s, q.data(), rows, vis.data(), std::vector<bool>(n, true), scale, ro, rp);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " first " << first << " at " << i;
+      }
+    }
+  }
+  qdot::set_level(saved);
+}
+
 TEST(KVAttention, HadamardRotationPreservesAttention) {
   const int hd = 96;  // not a power of two: three Hadamard blocks of 32
   Config plain{"f32", KVCodec::F32, KVCodec::F32, {}};

@@ -13,6 +13,7 @@
 
 #include "kvslim/kv_cache.h"
 #include "kvslim/quant.h"
+#include "kernels/quant_dot.h"
 #include "kv/simd.h"
 
 using namespace kvslim;
@@ -512,4 +513,70 @@ TEST(KVCodecs, InlineHalfConversionIsExactForEveryValue) {
       }
     }
   }
+}
+
+// The block decoders the attention kernel reads (transposed key tiles, value rows, KIVI groups)
+// at every SIMD level against the entry-by-entry scalar decode (Segment::keys / values): q8_0,
+// q4_0, f16 and bf16 products are exact on every level, so equal bit for bit; KIVI's
+// code * step + zero may be one fused multiply-add (AVX2, AVX-512) or a product and a sum
+// (baseline), so within one rounding of the product (|product| <= |value| + |zero| <= |value| +
+// the largest magnitude of the data). Head dims with whole 32-blocks (64),
+// 16-blocks (80) and 8-blocks (8).
+TEST(KVCodec, BlockDecodersAgreeAtEveryLevel) {
+  const qdot::Level saved = qdot::level();
+  std::vector<qdot::Level> levels{qdot::Level::Scalar};
+  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
+  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  struct Cfg {
+    KVCodec k, v;
+    int bits;
+  };
+  const Cfg cfgs[] = {{KVCodec::Q8_0, KVCodec::Q8_0, 0}, {KVCodec::Q4_0, KVCodec::Q4_0, 0},
+                      {KVCodec::F16, KVCodec::BF16, 0},  {KVCodec::F16, KVCodec::F16, 4},
+                      {KVCodec::F16, KVCodec::F16, 2}};
+  for (qdot::Level lv : levels)
+    for (int hd : {64, 80, 8})
+      for (const Cfg& c : cfgs) {
+        qdot::set_level(lv);
+        SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + " hd " + std::to_string(hd) + " bits " +
+                     std::to_string(c.bits));
+        KVQuantOptions q;
+        q.kivi_bits = c.bits;
+        q.kivi_group = std::gcd(16, hd);  // tokens per key group and channels per value group
+        q.kivi_residual = 16;
+        Segment s(hd, c.k, c.v, q);
+        const int n = 100;
+        auto k = sample(static_cast<size_t>(n) * hd, 5), v = sample(static_cast<size_t>(n) * hd, 6);
+        for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+        float amax = 0;
+        for (size_t i = 0; i < k.size(); ++i) amax = std::max({amax, std::fabs(k[i]), std::fabs(v[i])});
+        std::vector<float> rk(static_cast<size_t>(n) * hd), rv(rk.size());
+        s.keys(0, n, rk.data());
+        s.values(0, n, rv.data());
+        std::vector<float> kt(static_cast<size_t>(hd) * kKVTile), vb(static_cast<size_t>(hd) * kKVTile);
+        size_t base = 0;
+        for (int si = 0; si < s.n_stores(); ++si) {
+          const KVStore& st = s.store(si);
+          for (size_t b = 0; b < st.size(); b = st.block_end(b)) {
+            const size_t e = st.block_end(b);
+            st.block_keys_t(b, e, kt.data());
+            const float* vals = st.block_values(b, e, vb.data());
+            for (size_t j = 0; j < e - b; ++j)
+              for (int d = 0; d < hd; ++d) {
+                const float ek = rk[(base + b + j) * hd + d], ev = rv[(base + b + j) * hd + d];
+                const float gk = kt[d * kKVTile + j], gv = vals[j * hd + d];
+                if (c.bits == 0) {
+                  ASSERT_EQ(gk, ek) << "key " << b + j << " channel " << d;
+                  ASSERT_EQ(gv, ev) << "value " << b + j << " channel " << d;
+                } else {
+                  ASSERT_NEAR(gk, ek, std::ldexp(std::fabs(ek) + 2 * amax, -23)) << "key " << b + j << " channel " << d;
+                  ASSERT_NEAR(gv, ev, std::ldexp(std::fabs(ev) + 2 * amax, -23)) << "value " << b + j << " channel " << d;
+                }
+              }
+          }
+          base += st.size();
+        }
+        EXPECT_EQ(base, static_cast<size_t>(n));
+      }
+  qdot::set_level(saved);
 }

@@ -29,6 +29,21 @@ namespace kvslim::cli {
 
 namespace {
 
+// The processor's name (the first "model name" of /proc/cpuinfo), for speed figures that name
+// their machine; "unknown CPU" where the file or the field is missing.
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      if (c == std::string::npos) break;
+      size_t b = line.find_first_not_of(" \t", c + 1);
+      return b == std::string::npos ? "unknown CPU" : line.substr(b);
+    }
+  return "unknown CPU";
+}
+
 struct BenchArgs {
   std::string model;
   int n_prompt = 512;
@@ -240,6 +255,7 @@ int run(BenchArgs a) {
   progress.clear();
   // The table, llama-bench style.
   const std::string simd = qdot::level_name(qdot::level());
+  const std::string cpu = cpu_model_name();
   size_t pw = 5;  // the press column fits the longest press description (never cut)
   for (const Result& r : results) pw = std::max(pw, r.press.size());
   fmt::print(text_out, "| {:<24} | {:>10} | {:>10} | {:>6} | {:>7} | {:<{}} | {:>14} | {:>18} | {:>10} | {:>12} |\n", "model",
@@ -256,7 +272,8 @@ int run(BenchArgs a) {
   for (const Result& r : results)
     if (!r.token_ms.empty()) medians += fmt::format("{}{} {}: {:.2f}", medians.empty() ? "" : ", ", r.press, r.test, r.median_tps());
   if (!medians.empty()) fmt::print(text_out, "\nmedian single-token decode t/s (robust to other load): {}\n", medians);
-  fmt::print(text_out, "simd {}, prefill batch {}, KV cache {}, compression ratio {}{}\n", simd, a.batch,
+  fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}, compression ratio {}{}\n", cpu, simd,
+             qdot::level_name(qdot::detected_level()), a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
 
@@ -269,6 +286,7 @@ int run(BenchArgs a) {
                      {"size_bytes", size_bytes},
                      {"n_params", n_params},
                      {"threads", a.threads},
+                     {"cpu", cpu},
                      {"simd", simd},
                      {"batch", a.batch},
                      {"press", r.press},

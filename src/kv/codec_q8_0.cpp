@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/decode_avx2.h"
 #include "kv/simd.h"
 #include "kvslim/quant.h"
 
@@ -61,7 +62,8 @@ KV_SIMD_INLINE void tile_decode_body(int hd, const uint8_t* tile, float* kt) {
 }
 }  // namespace
 
-KV_SIMD_LEVELS(void, q8_0_tile_decode, (int hd, const uint8_t* tile, float* kt), (hd, tile, kt), tile_decode_body)
+KV_SIMD_LEVELS_AVX2(void, q8_0_tile_decode, (int hd, const uint8_t* tile, float* kt), (hd, tile, kt), tile_decode_body, true,
+                    avx2::q8_0_tile_decode(hd, codec_block(KVCodec::Q8_0, hd), tile, kt))
 
 void q8_0_tile_move(int hd, uint8_t* dt, int dl, const uint8_t* st, int sl) {
   const int nb = hd / codec_block(KVCodec::Q8_0, hd);
@@ -100,7 +102,8 @@ KV_SIMD_INLINE void rows_decode_body(int hd, const uint8_t* src, float* out, siz
 
 }  // namespace
 
-KV_SIMD_LEVELS(void, q8_0_rows_decode, (int hd, const uint8_t* src, float* out, size_t n), (hd, src, out, n),
-               rows_decode_body)
+KV_SIMD_LEVELS_AVX2(void, q8_0_rows_decode, (int hd, const uint8_t* src, float* out, size_t n), (hd, src, out, n),
+                    rows_decode_body, codec_block(KVCodec::Q8_0, hd) % 8 == 0,
+                    avx2::q8_0_rows_decode(hd, codec_block(KVCodec::Q8_0, hd), src, out, n))
 
 }  // namespace kvslim::kv

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/decode_avx2.h"
 #include "kv/simd.h"
 #include "kvslim/quant.h"
 
@@ -287,15 +288,18 @@ KV_SIMD_INLINE void group_keys_t_body(const uint8_t* grp, int hd, int bits, size
   }
 }
 
-KV_SIMD_LEVELS(void, group_keys_t, (const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt),
-               (grp, hd, bits, cs, t0, kt), group_keys_t_body)
+KV_SIMD_LEVELS_AVX2(void, group_keys_t, (const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt),
+                    (grp, hd, bits, cs, t0, kt), group_keys_t_body, true,
+                    avx2::kivi_group_keys_t(grp, hd, bits, cs, t0, kt))
 
 KV_SIMD_INLINE void group_values_body(const uint8_t* rec, size_t vrec, int hd, int gv, int bits, int nb, float* out) {
   for (int j = 0; j < nb; ++j) decode_value(rec + j * vrec, hd, gv, bits, out + static_cast<size_t>(j) * hd);
 }
 
-KV_SIMD_LEVELS(void, group_values, (const uint8_t* rec, size_t vrec, int hd, int gv, int bits, int nb, float* out),
-               (rec, vrec, hd, gv, bits, nb, out), group_values_body)
+KV_SIMD_LEVELS_AVX2(void, group_values,
+                    (const uint8_t* rec, size_t vrec, int hd, int gv, int bits, int nb, float* out),
+                    (rec, vrec, hd, gv, bits, nb, out), group_values_body, gv % 16 == 0,
+                    avx2::kivi_group_values(rec, vrec, hd, gv, bits, nb, out))
 
 }  // namespace
 

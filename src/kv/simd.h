@@ -35,6 +35,22 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
     }                                                                                  \
   }
 
+/// As KV_SIMD_LEVELS, but on AVX2 the call `avx2_call` (a hand-written kv::avx2 decoder, see
+/// kv/decode_avx2.h) is made instead of the generic body when `avx2_ok` holds.
+#define KV_SIMD_LEVELS_AVX2(ret, name, params, args, body, avx2_ok, avx2_call)                 \
+  __attribute__((target("arch=x86-64-v4"))) static ret name##_v4 params { return body args; } \
+  __attribute__((target("arch=x86-64-v3"))) static ret name##_v3 params { return body args; } \
+  static ret name##_base params { return body args; }                                  \
+  ret name params {                                                                    \
+    switch (::kvslim::qdot::level()) {                                                 \
+      case ::kvslim::qdot::Level::AVX512: return name##_v4 args;                       \
+      case ::kvslim::qdot::Level::AVX2:                                                \
+        if (avx2_ok) return avx2_call;                                                 \
+        return name##_v3 args;                                                         \
+      default: return name##_base args;                                                \
+    }                                                                                  \
+  }
+
 KV_SIMD_INLINE v16 load(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof v);
