@@ -385,3 +385,43 @@ TEST(BenchCli, RunsAndWritesJson) {
   EXPECT_NE(err2.str().find("--json /nonexistent/dir/b.json: cannot open for writing"), std::string::npos)
       << err2.str();
 }
+
+// The integer sums at their largest: every unpacked weight value at its maximum and every
+// activation quantized to +127 (then -127), so that the AVX2 prefill kernel's 16-bit partial sums
+// (maddubs pairs added over up to 8 steps of 4 columns) are at their bound. Raw blocks of 0xFF
+// bytes (q8_0: codes 127) with the f16 scales set to 1.0; every level and batch size against the
+// scalar reference, bit for bit.
+TEST(Kernels, LargestIntegerSumsBitIdentical) {
+  struct Layout {
+    GGMLType t;
+    int block_bytes;
+    std::vector<int> f16_at;
+  };
+  const Layout layouts[] = {{GGMLType::Q8_0, 34, {0}},      {GGMLType::Q4_0, 18, {0}},     {GGMLType::Q4_1, 20, {0, 2}},
+                            {GGMLType::Q5_0, 22, {0}},      {GGMLType::Q5_1, 24, {0, 2}},  {GGMLType::Q2_K, 84, {80, 82}},
+                            {GGMLType::Q3_K, 110, {108}},   {GGMLType::Q4_K, 144, {0, 2}}, {GGMLType::Q5_K, 176, {0, 2}},
+                            {GGMLType::Q6_K, 210, {208}}};
+  Restore restore;
+  for (const Layout& l : layouts) {
+    const int64_t cols = 512, rows = 19;
+    const size_t rb = row_bytes(l.t, cols);
+    ASSERT_EQ(rb % l.block_bytes, 0u) << type_name(l.t);
+    Matrix m;
+    m.bytes.assign(rb * rows, l.t == GGMLType::Q8_0 ? 0x7F : 0xFF);
+    for (size_t b = 0; b < m.bytes.size(); b += l.block_bytes)
+      for (int at : l.f16_at) {
+        const uint16_t one = 0x3C00;
+        std::memcpy(&m.bytes[b + at], &one, 2);
+      }
+    m.view = WeightView{l.t, m.bytes.data(), cols, rows, rb};
+    for (float sign : {1.0f, -1.0f})
+      for (int64_t n : {1, 9}) {
+        std::vector<float> x(static_cast<size_t>(n * cols), sign);
+        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+        for (float v : ref) ASSERT_TRUE(std::isfinite(v)) << type_name(l.t);
+        for (qdot::Level lv : levels())
+          EXPECT_TRUE(same_bits(ref, run_q(lv, m, x, n)))
+              << type_name(l.t) << " " << qdot::level_name(lv) << " n " << n << " sign " << sign;
+      }
+  }
+}

@@ -65,6 +65,13 @@ struct BenchArgs {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// CPU time of the whole process so far (user + system, every thread), seconds.
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 /// Peak resident set (VmHWM) in bytes, from /proc/self/status, else getrusage.
 size_t peak_rss() {
   std::ifstream f("/proc/self/status");
@@ -101,6 +108,9 @@ struct Result {
   std::vector<double> token_ms;  // decode tests: every single-token step
   size_t kv_bytes = 0, peak_rss = 0;
   double press_seconds = 0;
+  /// Tokens per second of process CPU time (user + system, all threads), one per repetition: with
+  /// -t 1 on a machine shared with other jobs, the rate the test would have on a core of its own.
+  std::vector<double> cpu_tps;
   /// Median single-token decode rate (0 for prefill tests): robust to other load on the machine.
   double median_tps() const {
     if (token_ms.empty()) return 0;
@@ -204,8 +214,10 @@ int run(BenchArgs a) {
         Request req(*model, *press, ro);
         req.set_prompt_tokens(random_tokens(a.n_prompt, hp.n_vocab, rng));
         auto t0 = Clock::now();
+        const double c0 = process_cpu_seconds();
         req.prefill();
         r.tps.push_back(a.n_prompt / since(t0));
+        r.cpu_tps.push_back(a.n_prompt / std::max(1e-9, process_cpu_seconds() - c0));
         r.press_seconds += req.stats().press_seconds / a.reps;
         r.kv_bytes = req.cache().bytes();
       }
@@ -224,8 +236,10 @@ int run(BenchArgs a) {
           Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0};
           req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng));
           const auto t0 = Clock::now();
+          const double c0 = process_cpu_seconds();
           req.prefill();
           fill.tps.push_back(depth / since(t0));
+          fill.cpu_tps.push_back(depth / std::max(1e-9, process_cpu_seconds() - c0));
           fill.press_seconds = req.stats().press_seconds;
           fill.kv_bytes = req.cache().bytes();
           fill.peak_rss = peak_rss();
@@ -240,12 +254,14 @@ int run(BenchArgs a) {
         for (int rep = 0; rep < a.reps; ++rep) {
           std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
           auto t0 = Clock::now();
+          const double c0 = process_cpu_seconds();
           for (Token t : toks) {
             auto t1 = Clock::now();
             req.advance(t);
             r.token_ms.push_back(1000.0 * since(t1));
           }
           r.tps.push_back(a.n_gen / since(t0));
+          r.cpu_tps.push_back(a.n_gen / std::max(1e-9, process_cpu_seconds() - c0));
         }
         r.peak_rss = peak_rss();
         results.push_back(r);
@@ -272,6 +288,15 @@ int run(BenchArgs a) {
   for (const Result& r : results)
     if (!r.token_ms.empty()) medians += fmt::format("{}{} {}: {:.2f}", medians.empty() ? "" : ", ", r.press, r.test, r.median_tps());
   if (!medians.empty()) fmt::print(text_out, "\nmedian single-token decode t/s (robust to other load): {}\n", medians);
+  std::string per_cpu;
+  for (const Result& r : results) {
+    double m = 0;
+    for (double v : r.cpu_tps) m += v;
+    if (!r.cpu_tps.empty())
+      per_cpu += fmt::format("{}{} {}: {:.2f}", per_cpu.empty() ? "" : ", ", r.press, r.test, m / r.cpu_tps.size());
+  }
+  if (!per_cpu.empty())
+    fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
   fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}, compression ratio {}{}\n", cpu, simd,
              qdot::level_name(qdot::detected_level()), a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
@@ -297,6 +322,7 @@ int run(BenchArgs a) {
                      {"n_gen", r.n_gen},
                      {"depth", r.depth},
                      {"samples_ts", r.tps},
+                     {"samples_cpu_ts", r.cpu_tps},
                      {"avg_ts", r.mean()},
                      {"stddev_ts", r.stddev()},
                      {"median_token_ts", r.median_tps()},
