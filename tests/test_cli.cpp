@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -182,7 +183,71 @@ TEST(CliErrors, EmptyPrompt) {
   expect_clean_failure(gen(kModel, "-p ''"), {"error:", "empty prompt"});
   const std::string path = temp_path("empty.txt");
   spit(path, "");
-  expect_clean_failure(gen(kModel, "-f " + quote(path)), {"error:", "empty prompt"});
+  // An empty file is named as such (it used to read as an empty -p).
+  expect_clean_failure(gen(kModel, "-f " + quote(path)), {"error:", "-f", path, "is empty"});
+  std::remove(path.c_str());
+}
+
+// Regression (issue 17): `-f DIR` said "empty prompt"; a directory, an empty file or one past the
+// size limit is reported by flag and path before anything is read, by every command reading text.
+TEST(CliErrors, TextInputsThatAreNotTextFiles) {
+  const std::string dir = ::testing::TempDir();
+  expect_clean_failure(gen(kModel, "-f " + quote(dir)), {"error:", "-f", dir, "is a directory"});
+  expect_clean_failure("attention-stats -m " + quote(kModel) + " -f " + quote(dir), {"error:", "-f", "is a directory"});
+  // eval fidelity --text DIR (or an empty file) scored model-sampled text instead.
+  const std::string out = temp_path("fid_out");
+  const std::string fid = "eval fidelity -m " + quote(kModel) + " --samples 1 --context-tokens 8 --continuation-tokens 4 "
+                          "--no-plot --no-progress -o " + quote(out) + " --text ";
+  expect_clean_failure(fid + quote(dir), {"error:", "--text", dir, "is a directory"});
+  const std::string empty = temp_path("empty_text.txt");
+  spit(empty, "");
+  expect_clean_failure(fid + quote(empty), {"error:", "--text", empty, "is empty"});
+  // A sparse file past the 256 MiB limit: rejected from its size, without reading it.
+  const std::string big = temp_path("big.txt");
+  { std::ofstream f(big, std::ios::binary); }
+  ASSERT_EQ(::truncate(big.c_str(), (off_t{257} << 20)), 0);
+  expect_clean_failure(gen(kModel, "-f " + quote(big)), {"error:", "-f", big, "269484032 bytes", "limit"});
+  std::remove(big.c_str());
+  std::remove(empty.c_str());
+  std::filesystem::remove_all(out);
+}
+
+// Regression (issue 17): these values were accepted (NaN temperature, top-p above 1, negative
+// top-k, a NaN press parameter, a depth outside [0, 1], a learning rate of 1e30). Each is now
+// rejected before the model loads, by flag (or parameter) and value.
+TEST(CliErrors, NumericOptionsOutOfRange) {
+  expect_clean_failure(gen(kModel, "-p hi --temp nan"), {"--temp", "nan"});
+  expect_clean_failure(gen(kModel, "-p hi --temp inf"), {"--temp", "inf"});
+  expect_clean_failure(gen(kModel, "-p hi --temp -1"), {"--temp", "-1"});
+  expect_clean_failure(gen(kModel, "-p hi --top-p 2"), {"--top-p", "2"});
+  expect_clean_failure(gen(kModel, "-p hi --top-p nan"), {"--top-p", "nan"});
+  expect_clean_failure(gen(kModel, "-p hi --top-k -5"), {"--top-k", "-5"});
+  expect_clean_failure(gen(kModel, "-p hi --press threshold:tau=nan"), {"error:", "threshold", "tau='nan'", "finite"});
+  const std::string out = temp_path("niah_out");
+  expect_clean_failure("eval niah -m " + quote(kModel) + " --depths -1 --lengths 64 -o " + quote(out),
+                       {"--depths", "-1"});
+  expect_clean_failure("eval niah -m " + quote(kModel) + " --depths 0.5,nan --lengths 64 -o " + quote(out),
+                       {"--depths", "nan"});
+  expect_clean_failure("eval niah -m " + quote(kModel) + " --lengths 0 -o " + quote(out), {"--lengths", "0"});
+  expect_clean_failure("eval fidelity -m " + quote(kModel) + " --lmba-tau nan -o " + quote(out), {"--lmba-tau", "nan"});
+  expect_clean_failure("kvzap-train -m " + quote(kModel) + " --lr 1e30 --corpus " + quote(kModel), {"--lr", "1e30"});
+  expect_clean_failure("kvzap-train -m " + quote(kModel) + " --alpha inf --corpus " + quote(kModel), {"--alpha", "inf"});
+  expect_clean_failure("attention-stats -m " + quote(kModel) + " -p hi --mass nan", {"--mass", "nan"});
+  expect_clean_failure("serve -m " + quote(kModel) + " --temp nan", {"--temp", "nan"});
+  expect_clean_failure("serve -m " + quote(kModel) + " --kv-budget nan", {"--kv-budget", "nan"});
+  std::filesystem::remove_all(out);
+}
+
+// Regression (issue 17): error messages printed control characters from the file raw (an escape
+// sequence in general.architecture reached the terminal). They are escaped now.
+TEST(CliErrors, ControlCharactersFromFilesAreEscaped) {
+  const std::string path = temp_path("ctrl_arch.gguf");
+  rewrite_model(path, [](GGUFWriter& w) { w.set("general.architecture", GGUFValue::str("ev\x1b[2Jil\n\x07")); });
+  Result r = run_cli(gen(path, "-p hi"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("'ev\\x1b[2Jil\\n\\x07'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "raw escape character in: " << r.err;
+  EXPECT_EQ(r.err.find('\x07'), std::string::npos);
   std::remove(path.c_str());
 }
 

@@ -11,11 +11,14 @@
 //                                             a budget policy over a scorer, e.g. adakv(snapkv),
 //                                             or a wrapper, e.g. key_rerotation(streaming_llm)
 //   params:= key=value (',' key=value)*
-// Inside the parentheses, key=value items that follow the inner spec belong to the inner press
-// while the inner spec has a ':' list and the key is one of its parameters; the first other key
-// and every later one belong to the outer press. `adakv(snapkv:window=32,alpha=0.3)` gives window
-// to snapkv and alpha to adakv; `threshold(snapkv,window=128)` gives window to threshold; the
-// form `outer(inner:...):k=v` is always unambiguous. A parameter given twice is an error.
+// Inside the parentheses, key=value items that follow the inner spec belong to the inner spec's
+// last press while that press has a ':' list and the key is one of its parameters; the first other
+// key and every later one belong to the outer press. `adakv(snapkv:window=32,alpha=0.3)` gives
+// window to snapkv and alpha to adakv; `threshold(snapkv,window=128)` gives window to threshold;
+// `leankv(criticalkv(snapkv):epsilon=0.1,low=0.5)` gives epsilon to criticalkv and low to leankv;
+// the form `outer(inner:...):k=v` is always unambiguous. A parameter given twice is an error.
+// Press::describe() writes specs in this syntax that make_press() reads back to the same press.
+// Limits: kMaxPressSpecLength characters and kMaxPressSpecDepth nested parentheses.
 // The --compression-ratio value fills every `ratio` the spec leaves unset; `ratio` after a policy
 // or wrapper sets the ratio of what it wraps.
 #include <functional>
@@ -320,6 +323,12 @@ class PressRegistry {
 struct PressRegistrar {
   explicit PressRegistrar(PressInfo info) { PressRegistry::instance().add(std::move(info)); }
 };
+
+/// Longest press spec make_press() accepts, in characters (a spec written by hand or by
+/// Press::describe() is a few hundred at most).
+constexpr size_t kMaxPressSpecLength = 4096;
+/// Deepest parenthesis nesting make_press() accepts (wrappers over policies over scorers need 3).
+constexpr int kMaxPressSpecDepth = 16;
 
 /// Builds a press from a spec (see the syntax at the top of this header). `ratio` (the
 /// --compression-ratio value) fills every `ratio` parameter the spec leaves unset. Throws

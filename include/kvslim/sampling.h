@@ -18,6 +18,7 @@ struct SamplingParams {
 /// Draws tokens from logits; deterministic for a seed.
 class Sampler {
  public:
+  /// A non-finite temperature or top_p -> kvslim::Error.
   explicit Sampler(SamplingParams p);
   /// logits has n_vocab values. Ties in greedy mode go to the lowest id.
   Token sample(const std::vector<float>& logits);

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
+#include "util/text_file.h"
 #include "eval/attention_stats.h"
 #include "kernels/threads.h"
 #include "kvslim/eval.h"
@@ -85,7 +86,7 @@ int run(const StatsArgs& a) {
     check_plot_format(format);
   }
   check_json_output(a.json);
-  std::string text = a.prompt_file.empty() ? a.prompt : read_text_input(a.prompt_file, "-f");
+  std::string text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file, "-f");
   apply_threads(a.threads);
   auto model = Model::load(a.model);
   const Tokenizer& tok = model->tokenizer();
@@ -144,9 +145,9 @@ void add_attention_stats(CLI::App& app, Action& action) {
   sub->add_option("--window", a->opt.window, "observation window: last prompt tokens whose queries are analysed")
       ->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--mass", a->opt.mass, "attention mass an MBA must hold")->capture_default_str()
-      ->check(CLI::Range(1e-9, 1.0));
+      ->check(finite_range(1e-9, 1.0));
   sub->add_option("--similarity", a->opt.similarity, "cosine similarity an LMBO budget must reach")
-      ->capture_default_str()->check(CLI::Range(-1.0, 1.0));
+      ->capture_default_str()->check(finite_range(-1.0, 1.0));
   sub->add_option("--plot", a->plot, "draw LMBA and LMBO per layer with gnuplot into this .png or .svg");
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);

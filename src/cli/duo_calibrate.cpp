@@ -81,7 +81,7 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
   sub->add_option("--window", a->cal.window, "last queries of each prompt compared")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--head-ratio", a->head_ratio, "fraction of heads shown as streaming in the summary")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->cal.seed, "random seed (pass keys)")->capture_default_str();
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);

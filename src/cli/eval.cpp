@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "util/text_file.h"
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
@@ -313,11 +314,7 @@ int run_fidelity_cmd(const FidelityArgs& a) {
                             {"lmba_tau", a.lmba_tau},
                             {"text", a.text_file}});
     if (!a.text_file.empty()) {
-      std::ifstream f(a.text_file, std::ios::binary);
-      if (!f) throw Error(fmt::format("{}: cannot open text file", a.text_file));
-      std::stringstream ss;
-      ss << f.rdbuf();
-      sw.text = model->tokenizer().encode(ss.str(), false, false);
+      sw.text = model->tokenizer().encode(read_text_file(a.text_file, "--text"), false, false);
       res.info.config["text_sha256"] = sha256_file(a.text_file);
     }
     LiveSamples live(a.out, res.info, !part.mpi);
@@ -439,7 +436,8 @@ void add_eval(CLI::App& app, Action& action) {
   fs->add_option("--lmba-window", f->lmba_window,
                  "also measure LMBA per layer over the attention of this many last context queries (0 = off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  fs->add_option("--lmba-tau", f->lmba_tau, "attention share LMBA must cover")->capture_default_str();
+  fs->add_option("--lmba-tau", f->lmba_tau, "attention share LMBA must cover")->capture_default_str()
+      ->check(finite_range(1e-9, 1.0));
   fs->callback([f, &action] { action = [f] { return run_fidelity_cmd(*f); }; });
 
   auto n = std::make_shared<TaskArgs>();
@@ -447,8 +445,10 @@ void add_eval(CLI::App& app, Action& action) {
   n->depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   auto* ns = ev->add_subcommand("niah", "needle in a haystack: length x depth grid, greedy answer, string match");
   add_common(ns, *n, "eval-out/niah", 2);
-  ns->add_option("--lengths", n->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str();
-  ns->add_option("--depths", n->depths, "needle depths in [0, 1]")->delimiter(',')->capture_default_str();
+  ns->add_option("--lengths", n->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  ns->add_option("--depths", n->depths, "needle depths in [0, 1]")->delimiter(',')->capture_default_str()
+      ->check(finite_range(0.0, 1.0));
   ns->add_option("--text-config", n->text_config, "JSON file overriding the task text pieces (see TaskText)");
   ns->add_option("-n,--n-predict", n->n_predict, "tokens to decode per answer (0 = 24)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -461,16 +461,23 @@ void add_eval(CLI::App& app, Action& action) {
   add_common(rs, *r, "eval-out/ruler", 4);
   rs->add_option("--tasks", r->tasks, "tasks: niah_single niah_multikey niah_multivalue niah_multiquery vt cwe fwe")
       ->delimiter(',')->capture_default_str();
-  rs->add_option("--lengths", r->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str();
-  rs->add_option("--depths", r->depths, "depths of the asked needle (default: random per sample)")->delimiter(',');
+  rs->add_option("--lengths", r->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  rs->add_option("--depths", r->depths, "depths of the asked needle (default: random per sample)")->delimiter(',')
+      ->check(finite_range(0.0, 1.0));
   rs->add_option("--text-config", r->text_config, "JSON file overriding the task text pieces (see TaskText)");
   rs->add_option("-n,--n-predict", r->n_predict, "tokens to decode per answer (0 = the task's default)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  rs->add_option("--multi-keys", r->ruler.multi_keys, "niah_multikey: needles in all")->capture_default_str();
-  rs->add_option("--multi-values", r->ruler.multi_values, "niah_multivalue: values of the key")->capture_default_str();
-  rs->add_option("--multi-queries", r->ruler.multi_queries, "niah_multiquery: keys asked")->capture_default_str();
-  rs->add_option("--vt-hops", r->ruler.vt_hops, "vt: assignments after the first")->capture_default_str();
-  rs->add_option("--vt-chains", r->ruler.vt_chains, "vt: chains")->capture_default_str();
+  rs->add_option("--multi-keys", r->ruler.multi_keys, "niah_multikey: needles in all")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  rs->add_option("--multi-values", r->ruler.multi_values, "niah_multivalue: values of the key")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  rs->add_option("--multi-queries", r->ruler.multi_queries, "niah_multiquery: keys asked")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  rs->add_option("--vt-hops", r->ruler.vt_hops, "vt: assignments after the first")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  rs->add_option("--vt-chains", r->ruler.vt_chains, "vt: chains")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   rs->callback([r, &action] { action = [r] { return run_task_cmd(*r, false); }; });
 
   struct MergeArgs {

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
+#include "util/text_file.h"
 #include "cli/progress.h"
 #include "kvslim/generate.h"
 #include "tokenizer/chat_template.h"
@@ -59,7 +60,7 @@ int run(const GenerateArgs& a) {
   std::unique_ptr<Press> press = make_press(a.press, a.ratio);
   check_json_output(a.json);
   GenerateOptions opt;
-  opt.context = a.file_given ? read_text_input(a.prompt_file, "-f") : a.prompt;
+  opt.context = a.file_given ? read_text_file(a.prompt_file, "-f") : a.prompt;
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
@@ -210,9 +211,12 @@ void add_generate(CLI::App& app, Action& action) {
   auto* ratio_opt = sub->add_option("--compression-ratio", a->ratio,
                                     "fraction of context entries the press removes, in [0, 1) (needs --press)")
                         ->capture_default_str();
-  sub->add_option("--temp", a->temp, "temperature; 0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", a->top_k, "top-k sampling (0 = off)")->capture_default_str();
-  sub->add_option("--top-p", a->top_p, "top-p sampling (1 = off)")->capture_default_str();
+  sub->add_option("--temp", a->temp, "temperature; 0 = greedy")->capture_default_str()
+      ->check(finite_range(0.0, 100.0));
+  sub->add_option("--top-k", a->top_k, "top-k sampling (0 = off)")->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--top-p", a->top_p, "top-p sampling (1 = off)")->capture_default_str()
+      ->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->seed, "random seed")->capture_default_str();
   add_threads_option(sub, a->threads);
   sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "kernels/threads.h"
@@ -46,14 +47,6 @@ struct TrainArgs {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{}: cannot open corpus file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 /// Seconds of a forward pass over `n` tokens and of the surrogate over the same tokens' attention
 /// inputs in every layer (best of `reps`).
@@ -139,7 +132,7 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   // Documents: consecutive windows of --doc-tokens tokens of each file, BOS first when wanted.
   std::vector<std::vector<Token>> docs;
   for (const std::string& path : a.corpus) {
-    std::vector<Token> all = tok.encode(read_file(path), false, false);
+    std::vector<Token> all = tok.encode(read_text_file(path, "--corpus"), false, false);
     for (size_t b = 0; b + 16 <= all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
       const size_t e = std::min(all.size(), b + static_cast<size_t>(a.doc_tokens));
       std::vector<Token> doc;
@@ -275,16 +268,17 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   sub->add_option("--per-doc", a->per_doc, "tokens sampled per document")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::Range(2, 1 << 20));
-  sub->add_option("--test-fraction", a->test_fraction, "documents held out for the correlation")->capture_default_str();
-  sub->add_option("--alpha", a->alpha, "ridge regularisation")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--test-fraction", a->test_fraction, "documents held out for the correlation")->capture_default_str()
+      ->check(finite_range(1e-6, 1.0 - 1e-6));
+  sub->add_option("--alpha", a->alpha, "ridge regularisation")->capture_default_str()->check(finite_range(0.0, 1e12));
   sub->add_option("--hidden", a->mlp.hidden, "MLP hidden units")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--epochs", a->mlp.epochs, "MLP epochs")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--lr", a->mlp.lr, "MLP AdamW learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--lr", a->mlp.lr, "MLP AdamW learning rate")->capture_default_str()->check(finite_range(1e-12, 1.0));
   sub->add_option("--batch", a->mlp.batch, "MLP batch size")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--kvzip-chunk", a->kvzip_chunk, "KVzip replay chunk, tokens")->capture_default_str()
       ->check(CLI::Range(16, 1 << 20));
   sub->add_option("--kvzap-threshold", a->threshold, "tau for the achieved-ratio check on held-out documents")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_range(-1e6, 1e6));
   sub->add_option("--window", a->window, "sliding window for that check")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--bench,!--no-bench", a->bench, "time the surrogate against a forward pass")->capture_default_str();

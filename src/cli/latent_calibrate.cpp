@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "press/latent.h"
@@ -31,7 +32,7 @@ int run(const CalibArgs& a) {
   if (a.out.empty()) throw Error("give --out BASES.gguf");
   if (!(a.opt.energy > 0.0 && a.opt.energy <= 1.0))
     throw Error(fmt::format("--energy {} must be in (0, 1]", a.opt.energy));
-  if (a.opt.memory_ratio < 0.0 || a.opt.memory_ratio > 1.0)
+  if (!(a.opt.memory_ratio >= 0.0 && a.opt.memory_ratio <= 1.0))
     throw Error(fmt::format("--memory-ratio {} must be in (0, 1] (0 = off)", a.opt.memory_ratio));
   check_json_output(a.json);
   apply_threads(a.threads);
@@ -39,11 +40,7 @@ int run(const CalibArgs& a) {
   const Tokenizer& tok = model->tokenizer();
   std::vector<std::vector<Token>> docs;
   for (const std::string& path : a.text) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(fmt::format("{}: cannot open --text file", path));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::vector<Token> all = tok.encode(ss.str(), false, false);
+    std::vector<Token> all = tok.encode(read_text_file(path, "--text"), false, false);
     for (size_t b = 0; b < all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
       std::vector<Token> doc;
       if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -40,6 +42,19 @@ void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args) {
       ->type_name("FILE");
   sub->add_flag("--jinja", args.jinja,
                 "render the template with the Jinja engine (python3-jinja2) even when kvslim knows its family");
+}
+
+CLI::Validator finite_range(double lo, double hi) {
+  const std::string range = fmt::format("[{}, {}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+          return fmt::format("value {} is not a finite number in {}", printable(s), range);
+        return "";
+      },
+      "FINITE in " + range);
 }
 
 CLI::Option* add_json_option(CLI::App* sub, std::string& path) {
@@ -96,19 +111,6 @@ StdoutToStderr::~StdoutToStderr() {
 CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress) {
   return sub->add_flag("--no-progress", no_progress,
                        "no progress line on stderr (none is drawn when stderr is not a terminal)");
-}
-
-std::string read_text_input(const std::string& path, const std::string& flag) {
-  std::stringstream ss;
-  if (path == "-") {
-    ss << std::cin.rdbuf();
-    if (std::cin.bad()) throw Error(fmt::format("{} -: cannot read standard input", flag));
-    return ss.str();
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{} {}: cannot open file", flag, path));
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv) {

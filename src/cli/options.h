@@ -29,6 +29,11 @@ struct ChatTemplateArgs {
 /// "--chat-template NAME", "--chat-template-file FILE", "--jinja" (llama.cpp's names).
 void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args);
 
+/// A CLI11 check: the value is a finite number in [lo, hi]. CLI::Range, PositiveNumber and
+/// NonNegativeNumber let "nan" (and "inf" for the latter two) through; this does not. The error
+/// reads "--flag: value nan is not a finite number in [lo, hi]".
+CLI::Validator finite_range(double lo, double hi);
+
 /// "--json FILE|-": a JSON summary of the run; "-" writes it to stdout, which then carries nothing else.
 CLI::Option* add_json_option(CLI::App* sub, std::string& path);
 /// Writes `j` (indented, newline-terminated) to `path`, or to stdout for "-". An unwritable file
@@ -55,10 +60,6 @@ class StdoutToStderr {
 
 /// "--no-progress": no progress line on stderr (there is none anyway when stderr is not a terminal).
 CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress);
-
-/// Whole contents of a text file named by `flag`; "-" reads standard input. A missing or unreadable
-/// file -> kvslim::Error naming the flag and the file.
-std::string read_text_input(const std::string& path, const std::string& flag);
 
 /// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv, -cnv, -np), which CLI11 would read
 /// as clusters of one-letter flags (-c tk), rewritten to their long names.

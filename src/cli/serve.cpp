@@ -109,7 +109,7 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str()->check(CLI::Range(0, 100000));
   sub->add_option("--kv-budget", a->kv_budget_mib,
                   "KV cache MiB over all running requests (0 = no limit); admission by measured bytes after compression")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_range(0.0, 1e9));
   sub->add_option("--press", o.press, "default press spec (a request may name its own with \"press\")")
       ->capture_default_str();
   sub->add_option("--compression-ratio", o.compression_ratio, "default compression ratio, in [0, 1)")
@@ -122,13 +122,16 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1 = until end of generation or context)")
       ->capture_default_str()->check(CLI::Range(-1, 1 << 30));
   add_threads_option(sub, a->threads);
-  sub->add_option("--temp", a->temp, "default temperature; 0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", a->top_k, "default top-k (0 = off)")->capture_default_str();
-  sub->add_option("--top-p", a->top_p, "default top-p (1 = off)")->capture_default_str();
+  sub->add_option("--temp", a->temp, "default temperature; 0 = greedy")->capture_default_str()
+      ->check(finite_range(0.0, 100.0));
+  sub->add_option("--top-k", a->top_k, "default top-k (0 = off)")->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--top-p", a->top_p, "default top-p (1 = off)")->capture_default_str()
+      ->check(finite_range(0.0, 1.0));
   sub->add_option("--api-key", o.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");
   add_chat_template_options(sub, a->chat_template);
   sub->add_option("--timeout", o.timeout_s, "seconds a request may take from arrival to its last token")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(finite_range(1e-3, 1e9));
   sub->add_option("--max-body", o.max_body, "request body limit in bytes")->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 30));
   sub->add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt limit in tokens (0 = the context size)")

@@ -59,11 +59,11 @@ nlohmann::json end_json(const EndCheck& e) {
 template <class T>
 T field(const nlohmann::json& j, const char* k, const std::string& what) {
   auto it = j.find(k);
-  if (it == j.end()) throw Error(fmt::format("{}: field '{}' is missing", what, k));
+  if (it == j.end()) throw Error(fmt::format("{}: field '{}' is missing", what, printable(k)));
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: field '{}' has the wrong type ({})", what, k, e.what()));
+    throw Error(fmt::format("{}: field '{}' has the wrong type ({})", what, printable(k), printable(e.what())));
   }
 }
 
@@ -499,7 +499,7 @@ std::string find_gnuplot() {
 
 void check_plot_format(const std::string& format) {
   if (format != "svg" && format != "png")
-    throw Error(fmt::format("plot format '{}' is not supported (svg or png)", format));
+    throw Error(fmt::format("plot format '{}' is not supported (svg or png)", printable(format)));
 }
 
 std::string file_safe(const std::string& s) {

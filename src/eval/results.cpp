@@ -436,12 +436,12 @@ SweepResults parse_results(const std::string& text, const std::string& name) {
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}: not JSON ({})", what, e.what()));
+      throw Error(fmt::format("{}: not JSON ({})", what, printable(e.what())));
     }
     const std::string kind = j.is_object() ? j.value("kind", "") : "";
     if (!have_info) {
       if (kind != "run")
-        throw Error(fmt::format("{}: the first line must be the run record (\"kind\": \"run\"), found '{}'", what, kind));
+        throw Error(fmt::format("{}: the first line must be the run record (\"kind\": \"run\"), found '{}'", what, printable(kind)));
       res.info = run_info_from_json(j, what);
       have_info = true;
     } else if (kind == "task") {
@@ -453,7 +453,7 @@ SweepResults parse_results(const std::string& text, const std::string& name) {
       AttentionStats s = attention_stats_from_json(j, &sample, what);
       res.stats.emplace_back(sample, std::move(s));
     } else {
-      throw Error(fmt::format("{}: unknown record kind '{}'", what, kind));
+      throw Error(fmt::format("{}: unknown record kind '{}'", what, printable(kind)));
     }
   }
   if (!have_info) throw Error(fmt::format("{}: empty (no run record)", name));
@@ -478,16 +478,17 @@ SweepResults merge_results(const std::vector<SweepResults>& parts, const std::ve
     const RunInfo& b = parts[i].info;
     const std::string& n0 = names.at(0);
     const std::string& ni = names.at(i);
-    if (b.kind != a.kind) throw Error(fmt::format("merge: {} is an eval {} but {} is an eval {}", ni, b.kind, n0, a.kind));
+    if (b.kind != a.kind) throw Error(fmt::format("merge: {} is an eval {} but {} is an eval {}", ni, printable(b.kind), n0,
+                                                  printable(a.kind)));
     if (b.model_sha256 != a.model_sha256)
-      throw Error(fmt::format("merge: {} ran model {} (sha256 {}) but {} ran {} (sha256 {})", ni, b.model,
-                              b.model_sha256, n0, a.model, a.model_sha256));
+      throw Error(fmt::format("merge: {} ran model {} (sha256 {}) but {} ran {} (sha256 {})", ni, printable(b.model),
+                              printable(b.model_sha256), n0, printable(a.model), printable(a.model_sha256)));
     if (b.kvslim_version != a.kvslim_version)
-      throw Error(fmt::format("merge: {} was written by kvslim {} but {} by {}", ni, b.kvslim_version, n0,
-                              a.kvslim_version));
+      throw Error(fmt::format("merge: {} was written by kvslim {} but {} by {}", ni, printable(b.kvslim_version), n0,
+                              printable(a.kvslim_version)));
     if (b.config != a.config)
       throw Error(fmt::format("merge: {} and {} are different sweeps (settings differ: {} vs {})", ni, n0,
-                              b.config.dump(), a.config.dump()));
+                              printable(b.config.dump(), 400), printable(a.config.dump(), 400)));
     if (b.shard_count != a.shard_count || b.units != a.units)
       throw Error(fmt::format("merge: {} is shard {}/{} of {} runs but {} is shard {}/{} of {} runs", ni,
                               b.shard_index, b.shard_count, b.units, n0, a.shard_index, a.shard_count, a.units));

@@ -101,7 +101,7 @@ RunInfo run_info_from_json(const nlohmann::json& j, const std::string& what) {
     r.model_bytes = j.at("model_bytes").get<uint64_t>();
     const std::string shard = j.at("shard").get<std::string>();
     if (std::sscanf(shard.c_str(), "%d/%d", &r.shard_index, &r.shard_count) != 2)
-      throw Error(fmt::format("{}: run record field 'shard' is '{}', expected I/N", what, shard));
+      throw Error(fmt::format("{}: run record field 'shard' is '{}', expected I/N", what, printable(shard)));
     r.units = j.at("units").get<size_t>();
     r.config = j.at("config");
     if (j.contains("merged_from")) r.merged_from = j.at("merged_from").get<std::vector<std::string>>();

@@ -144,7 +144,7 @@ Shard parse_shard(const std::string& text) {
     }
   }
   if (!ok || s.count < 1 || s.index < 0 || s.index >= s.count)
-    throw Error(fmt::format("shard '{}': expected I/N with 0 <= I < N (e.g. 0/4)", text));
+    throw Error(fmt::format("shard '{}': expected I/N with 0 <= I < N (e.g. 0/4)", printable(text)));
   return s;
 }
 
@@ -286,13 +286,17 @@ size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, con
     if (t != "niah" && std::find(ruler_tasks().begin(), ruler_tasks().end(), t) == ruler_tasks().end()) {
       std::string known = "niah";
       for (const auto& k : ruler_tasks()) known += ", " + k;
-      throw Error(fmt::format("unknown task '{}' (known: {})", t, known));
+      throw Error(fmt::format("unknown task '{}' (known: {})", printable(t), known));
     }
   const Tokenizer& tok = model.tokenizer();
   PieceEncoder enc(tok);
   TokenCounter count = [&](const std::string& s) { return enc.count(s); };
+  for (double d : sw.depths)
+    if (!(d >= 0.0 && d <= 1.0)) throw Error(fmt::format("sweep: needle depth {} (--depths) is outside [0, 1]", d));
+  for (int n : sw.lengths)
+    if (n < 1) throw Error(fmt::format("sweep: context length {} (--lengths) must be >= 1", n));
   std::vector<double> depths = sw.depths;
-  if (depths.empty()) depths.push_back(-1.0);
+  if (depths.empty()) depths.push_back(-1.0);  // a random depth per sample
   const size_t units = sw.tasks.size() * sw.lengths.size() * depths.size() * sw.samples * runs.size();
   const size_t first = sw.shard.begin(units), last = sw.shard.end(units);
   const size_t total = last - first;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/text_file.h"
 #include "kvslim/error.h"
 #include "kvslim/eval_tasks.h"
 
@@ -94,7 +95,7 @@ const char* const kWords[] = {
 
 void check_type(const nlohmann::json& v, bool ok, const std::string& label, const std::string& field,
                 const char* want) {
-  if (!ok) throw Error(fmt::format("{}: field '{}' should be {}, got {}", label, field, want, v.dump()));
+  if (!ok) throw Error(fmt::format("{}: field '{}' should be {}, got {}", label, printable(field), want, printable(v.dump())));
 }
 
 }  // namespace
@@ -113,7 +114,7 @@ TaskText TaskText::from_json_text(const std::string& text, const std::string& la
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", label, e.what()));
+    throw Error(fmt::format("{}: not valid JSON ({})", label, printable(e.what())));
   }
   if (!j.is_object()) throw Error(fmt::format("{}: the task text must be a JSON object", label));
   TaskText t = defaults();
@@ -176,17 +177,13 @@ TaskText TaskText::from_json_text(const std::string& text, const std::string& la
       done = true;
     }
     if (!done && !k.empty() && k[0] == '_') done = true;  // "_comment" and the like
-    if (!done) throw Error(fmt::format("{}: unknown field '{}'", label, k));
+    if (!done) throw Error(fmt::format("{}: unknown field '{}'", label, printable(k)));
   }
   return t;
 }
 
 TaskText TaskText::from_json_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{}: cannot open task text file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return from_json_text(ss.str(), path);
+  return from_json_text(read_text_file(path, "--text-config"), path);
 }
 
 }  // namespace kvslim

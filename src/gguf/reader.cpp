@@ -290,13 +290,13 @@ void GGUFFile::parse() {
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.str(fmt::format("metadata key #{}", k));
-    const std::string field = fmt::format("metadata '{}'", key);
+    const std::string field = fmt::format("metadata '{}'", printable(key));
     uint32_t t = c.get<uint32_t>(field + " (value type)");
     if (t > static_cast<uint32_t>(GGUFValueType::FLOAT64))
       throw Error(fmt::format("{}: corrupt GGUF: {} has unknown value type {}", path_, field, t));
     GGUFValue v;
     read_value(c, static_cast<GGUFValueType>(t), v, field, path_, 0);
-    if (kv_index_.count(key)) throw Error(fmt::format("{}: corrupt GGUF: duplicate key '{}'", path_, key));
+    if (kv_index_.count(key)) throw Error(fmt::format("{}: corrupt GGUF: duplicate key '{}'", path_, printable(key)));
     kv_index_[key] = kv_.size();
     kv_.emplace_back(std::move(key), std::move(v));
   }
@@ -313,35 +313,35 @@ void GGUFFile::parse() {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     TensorInfo ti;
     ti.name = c.str(fmt::format("tensor #{} name", k));
-    const std::string field = fmt::format("tensor '{}'", ti.name);
+    const std::string field = fmt::format("tensor '{}'", printable(ti.name));
     uint32_t nd = c.get<uint32_t>(field + " (dimension count)");
     if (nd == 0 || nd > 4)
-      throw Error(fmt::format("{}: tensor '{}' has {} dimensions (1 to 4 allowed)", path_, ti.name, nd));
+      throw Error(fmt::format("{}: tensor '{}' has {} dimensions (1 to 4 allowed)", path_, printable(ti.name), nd));
     for (uint32_t d = 0; d < nd; ++d) {
       int64_t e = c.get<int64_t>(field + " (dimensions)");
       if (e <= 0 || e > (int64_t(1) << 40))
-        throw Error(fmt::format("{}: tensor '{}' has invalid dimension {} = {}", path_, ti.name, d, e));
+        throw Error(fmt::format("{}: tensor '{}' has invalid dimension {} = {}", path_, printable(ti.name), d, e));
       ti.ne.push_back(e);
     }
     uint32_t ty = c.get<uint32_t>(field + " (type)");
     ti.type = static_cast<GGMLType>(ty);
     const TypeTraits* tr = type_traits(ti.type);
     if (!tr || tr->type_size == 0)
-      throw Error(fmt::format("{}: tensor '{}' has unknown tensor type {}", path_, ti.name, ty));
+      throw Error(fmt::format("{}: tensor '{}' has unknown tensor type {}", path_, printable(ti.name), ty));
     ti.offset = c.get<uint64_t>(field + " (offset)");
     // Element count with overflow guard (each dimension is at most 2^40 but products can overflow).
     __int128 nel = 1;
     for (int64_t e : ti.ne) {
       nel *= e;
       if (nel > (__int128(1) << 50))
-        throw Error(fmt::format("{}: tensor '{}' is impossibly large", path_, ti.name));
+        throw Error(fmt::format("{}: tensor '{}' is impossibly large", path_, printable(ti.name)));
     }
     if (ti.ne[0] % tr->block_size != 0)
       throw Error(fmt::format("{}: tensor '{}' row of {} elements is not a multiple of the {} block size {}",
-                              path_, ti.name, ti.ne[0], tr->name, tr->block_size));
+                              path_, printable(ti.name), ti.ne[0], tr->name, tr->block_size));
     ti.nbytes = static_cast<size_t>(nel / tr->block_size * tr->type_size);
     if (tensor_index_.count(ti.name))
-      throw Error(fmt::format("{}: corrupt GGUF: duplicate tensor '{}'", path_, ti.name));
+      throw Error(fmt::format("{}: corrupt GGUF: duplicate tensor '{}'", path_, printable(ti.name)));
     tensor_index_[ti.name] = tensors_.size();
     tensors_.push_back(std::move(ti));
   }
@@ -352,11 +352,11 @@ void GGUFFile::parse() {
                             data_start, size_));
   for (TensorInfo& ti : tensors_) {
     if (ti.offset % alignment_ != 0)
-      throw Error(fmt::format("{}: tensor '{}' offset {} is not aligned to {}", path_, ti.name, ti.offset,
+      throw Error(fmt::format("{}: tensor '{}' offset {} is not aligned to {}", path_, printable(ti.name), ti.offset,
                               alignment_));
     if (ti.offset > size_ - data_start || ti.nbytes > size_ - data_start - ti.offset)
       throw Error(fmt::format("{}: truncated GGUF: tensor '{}' data [{}, +{}) lies beyond the file end", path_,
-                              ti.name, data_start + ti.offset, ti.nbytes));
+                              printable(ti.name), data_start + ti.offset, ti.nbytes));
     ti.data = base_ + data_start + ti.offset;
   }
 }

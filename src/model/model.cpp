@@ -49,7 +49,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   hp.arch = f.get_string("general.architecture");
   if (hp.arch != "llama" && hp.arch != "qwen2" && hp.arch != "mistral")
     throw Error(fmt::format("{}: unknown architecture general.architecture = '{}' (supported: llama, mistral, qwen2)",
-                            path, hp.arch));
+                            path, printable(hp.arch)));
   const std::string a = hp.arch + ".";
   auto positive = [&](const std::string& key, int64_t v) {
     if (v <= 0 || v > (1 << 24)) throw Error(fmt::format("{}: metadata {} = {} is out of range", path, key, v));
@@ -83,7 +83,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     double factor = in_range(fk, f.get_float(fk, 1.0), 0.0, 1e6, "expected 0 < factor <= 1e6");
     if (st == "linear") hp.rope_freq_scale = static_cast<float>(1.0 / factor);
     else if (st != "none" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
-      throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}'", path, a, st));
+      throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}'", path, printable(a), printable(st)));
   } else if (f.has(a + "rope.scale_linear")) {
     const std::string fk = a + "rope.scale_linear";
     hp.rope_freq_scale =

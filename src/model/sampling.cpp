@@ -4,9 +4,16 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
+#include "kvslim/error.h"
+
 namespace kvslim {
 
-Sampler::Sampler(SamplingParams p) : p_(p), rng_(p.seed) {}
+Sampler::Sampler(SamplingParams p) : p_(p), rng_(p.seed) {
+  if (!std::isfinite(p.temp)) throw Error(fmt::format("sampling: temperature {} is not a finite number", p.temp));
+  if (!std::isfinite(p.top_p)) throw Error(fmt::format("sampling: top_p {} is not a finite number", p.top_p));
+}
 
 Token argmax(const float* logits, size_t n) {
   size_t best = 0;

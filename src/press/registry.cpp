@@ -1,5 +1,7 @@
 // Press registry and the spec parser (syntax: include/kvslim/press.h).
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -38,8 +40,8 @@ double param_double(const PressParams& p, const std::string& press, const std::s
   const std::string& s = p.at(key);
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0')
-    throw Error(fmt::format("press {}: parameter {}='{}' is not a number", press, key, s));
+  if (s.empty() || *end != '\0' || !std::isfinite(v))
+    throw Error(fmt::format("press {}: parameter {}='{}' is not a finite number", press, key, printable(s)));
   return v;
 }
 
@@ -48,7 +50,7 @@ int param_int(const PressParams& p, const std::string& press, const std::string&
   char* end = nullptr;
   long v = std::strtol(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || v < -(1L << 30) || v > (1L << 30))
-    throw Error(fmt::format("press {}: parameter {}='{}' is not an integer", press, key, s));
+    throw Error(fmt::format("press {}: parameter {}='{}' is not an integer", press, key, printable(s)));
   return static_cast<int>(v);
 }
 
@@ -56,7 +58,8 @@ std::string param_str(const PressParams& p, const std::string& press, const std:
 
 bool param_bool(const PressParams& p, const std::string& press, const std::string& key) {
   const std::string& s = p.at(key);
-  if (s != "0" && s != "1") throw Error(fmt::format("press {}: parameter {}='{}' must be 0 or 1", press, key, s));
+  if (s != "0" && s != "1")
+    throw Error(fmt::format("press {}: parameter {}='{}' must be 0 or 1", press, key, printable(s)));
   return s == "1";
 }
 
@@ -70,8 +73,9 @@ std::vector<double> param_double_list(const PressParams& p, const std::string& p
     std::string item = s.substr(i, j - i);
     char* end = nullptr;
     double v = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0')
-      throw Error(fmt::format("press {}: parameter {}='{}': '{}' is not a number", press, key, s, item));
+    if (item.empty() || *end != '\0' || !std::isfinite(v))
+      throw Error(fmt::format("press {}: parameter {}='{}': '{}' is not a finite number", press, key, printable(s),
+                              printable(item)));
     out.push_back(v);
     i = j + 1;
   }
@@ -129,7 +133,7 @@ void read_params(const std::string& press, const std::vector<std::string>& items
     if (kv.empty()) continue;
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw Error(fmt::format("press {}: parameter '{}' should be key=value", press, kv));
+      throw Error(fmt::format("press {}: parameter '{}' should be key=value", press, printable(kv)));
     std::string k = kvpress_param_to_ours(info.name, trim(kv.substr(0, eq))), v = trim(kv.substr(eq + 1));
     // kvpress users write Python booleans.
     if (v == "True" || v == "true") v = "1";
@@ -140,10 +144,11 @@ void read_params(const std::string& press, const std::vector<std::string>& items
       std::string names;
       for (auto& [pk, pv] : info.params) names += (names.empty() ? "" : ", ") + pk;
       for (const auto& e : extra) names += (names.empty() ? "" : ", ") + e;
-      throw Error(fmt::format("press {}: unknown parameter '{}' (parameters: {})", press, k,
+      throw Error(fmt::format("press {}: unknown parameter '{}' (parameters: {})", press, printable(k),
                               names.empty() ? "none" : names));
     }
-    if (!given.insert(k).second) throw Error(fmt::format("press {}: parameter '{}' given twice", press, k));
+    if (!given.insert(k).second)
+      throw Error(fmt::format("press {}: parameter '{}' given twice", press, printable(k)));
     params[k] = v;
   }
 }
@@ -160,6 +165,20 @@ const PressInfo* find_press(const std::string& name) {
   if (const PressInfo* p = PressRegistry::instance().find(name)) return p;
   const std::string ours = kvpress_class_to_press(name);
   return ours.empty() ? nullptr : PressRegistry::instance().find(ours);
+}
+
+/// The press whose ':' parameter list ends `spec` (the last term of a composition, with its
+/// parentheses skipped: "a+criticalkv(snapkv):epsilon=0.1" -> criticalkv); nullptr when the last
+/// term has no top-level ':' list or names no press.
+const PressInfo* listed_press(const std::string& spec, const std::string& whole) {
+  const std::string term = split_top(spec, '+', whole).back();
+  int depth = 0;
+  for (size_t i = 0; i < term.size(); ++i) {
+    if (term[i] == '(') ++depth;
+    if (term[i] == ')') --depth;
+    if (depth == 0 && term[i] == ':') return find_press(trim(term.substr(0, term.find_first_of("(:"))));
+  }
+  return nullptr;
 }
 
 std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole);
@@ -186,7 +205,8 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     std::string after = trim(spec.substr(close + 1));
     if (!after.empty()) {
       if (after[0] != ':')
-        throw Error(fmt::format("press spec '{}': unexpected '{}' after '{}(...)'", whole, after, name));
+        throw Error(fmt::format("press spec '{}': unexpected '{}' after '{}(...)'", whole, printable(after),
+                                printable(name)));
       outer_text = after.substr(1);
     }
   } else if (p != std::string::npos) {
@@ -194,9 +214,9 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   }
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_'))
-      throw Error(fmt::format("press spec '{}': '{}' is not a press name", whole, name));
+      throw Error(fmt::format("press spec '{}': '{}' is not a press name", whole, printable(name)));
   const PressInfo* info = find_press(name);
-  if (!info) throw Error(fmt::format("unknown press '{}' (known: {})", name, known_presses()));
+  if (!info) throw Error(fmt::format("unknown press '{}' (known: {})", printable(name), known_presses()));
   name = info->name;
 
   PressParams params;
@@ -204,7 +224,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   std::set<std::string> given;
 
   if (info->kind == PressKind::Scorer) {
-    if (has_inner) throw Error(fmt::format("press {} takes no inner press: '{}'", name, spec));
+    if (has_inner) throw Error(fmt::format("press {} takes no inner press: '{}'", name, printable(spec)));
     read_params(name, split_top(outer_text, ',', whole), *info, params, given);
     if (has_param(*info, "ratio")) {
       if (!given.count("ratio")) params["ratio"] = fmt::format("{}", ratio);
@@ -219,14 +239,15 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   if (has_inner) {
     std::vector<std::string> items = split_top(inner_text, ',', whole);
     inner_spec = items[0];
-    if (inner_spec.empty()) throw Error(fmt::format("press {}: empty inner press in '{}'", name, spec));
-    // Keys after an inner "name:k=v" list stay with the inner press while they are its parameters.
-    const bool simple = inner_spec.find_first_of("(+") == std::string::npos && inner_spec.find(':') != std::string::npos;
-    const PressInfo* in_info = simple ? find_press(trim(inner_spec.substr(0, inner_spec.find(':')))) : nullptr;
-    bool to_inner = in_info != nullptr;
+    if (inner_spec.empty()) throw Error(fmt::format("press {}: empty inner press in '{}'", name, printable(spec)));
+    // Keys after the inner spec stay with its last press while that press has a ':' list and the
+    // key is one of its parameters ("leankv(criticalkv(snapkv):epsilon=0.1,low=0.5)" gives epsilon
+    // to criticalkv); the first other key and every later one belong to the outer press.
+    bool to_inner = true;
     for (size_t i = 1; i < items.size(); ++i) {
-      std::string key = trim(items[i].substr(0, items[i].find('=')));
-      if (to_inner && has_param(*in_info, key))
+      const std::string key = trim(items[i].substr(0, items[i].find('=')));
+      const PressInfo* in_info = to_inner ? listed_press(inner_spec, whole) : nullptr;
+      if (in_info && has_param(*in_info, key))
         inner_spec += "," + items[i];
       else {
         to_inner = false;
@@ -268,7 +289,7 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
       if (i != j && presses[i]->selects_in_decode() && presses[j]->evicts_in_decode())
         throw Error(fmt::format("press spec '{}': {} selects entries for attention at decode time and {} evicts "
                                 "entries during decode; they cannot be combined (run them separately)",
-                                whole, trim(parts[i]), trim(parts[j])));
+                                whole, printable(trim(parts[i])), printable(trim(parts[j]))));
   return std::make_unique<ComposedPress>(std::move(presses));
 }
 
@@ -276,7 +297,20 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
 
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
   check_ratio(ratio, "--compression-ratio");
-  return build(spec, ratio, spec);
+  // Bounds before parsing: the parser recurses once per nesting level and copies the remaining
+  // text at each, so an unbounded spec costs stack and quadratic memory.
+  if (spec.size() > kMaxPressSpecLength)
+    throw Error(fmt::format("press spec of {} characters is longer than the limit of {}", spec.size(),
+                            kMaxPressSpecLength));
+  int depth = 0, deepest = 0;
+  for (char c : spec) {
+    if (c == '(') deepest = std::max(deepest, ++depth);
+    if (c == ')') --depth;
+  }
+  if (deepest > kMaxPressSpecDepth)
+    throw Error(fmt::format("press spec '{}': {} nested parentheses, more than the limit of {}",
+                            printable(spec, 40), deepest, kMaxPressSpecDepth));
+  return build(spec, ratio, printable(spec, 300));  // the spec as error messages quote it
 }
 
 }  // namespace kvslim

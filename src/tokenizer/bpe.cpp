@@ -286,7 +286,7 @@ PreTokenizer pre_tokenizer_for(const std::string& pre) {
   } else if (is_one_of(pre, {"gpt-4o", "llama4"})) {
     p.regexes = {kGpt4o};
   } else {
-    throw Error(fmt::format("tokenizer: unknown pre-tokenizer '{}' (tokenizer.ggml.pre)", pre));
+    throw Error(fmt::format("tokenizer: unknown pre-tokenizer '{}' (tokenizer.ggml.pre)", printable(pre)));
   }
   return p;
 }

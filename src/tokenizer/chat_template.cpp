@@ -26,9 +26,7 @@ bool has(const std::string& s, const char* needle) { return s.find(needle) != st
 
 // The first line of a template, shortened, to name it in an error.
 std::string quote_start(const std::string& src) {
-  std::string line = src.substr(0, src.find('\n'));
-  if (line.size() > 60) line = line.substr(0, 60) + "...";
-  return "'" + line + "'";
+  return "'" + printable(src.substr(0, src.find('\n')), 60) + "'";
 }
 
 // ChatML templates that add a default system message write it as a literal
@@ -67,7 +65,7 @@ ChatTemplate ChatTemplate::from_name(const std::string& name) {
     return t;
   }
   if (name == "mistral") return ChatTemplate(ChatFamily::Mistral);
-  throw Error(fmt::format("unknown chat template '{}' (known: llama2, llama3, chatml, qwen2, mistral)", name));
+  throw Error(fmt::format("unknown chat template '{}' (known: llama2, llama3, chatml, qwen2, mistral)", printable(name)));
 }
 
 ChatTemplate ChatTemplate::from_source(const std::string& src, const std::string& where, bool jinja) {
@@ -134,7 +132,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& msgs, const std
     const std::string& r = msgs[i].role;
     if (r != "system" && r != "user" && r != "assistant")
       throw Error(fmt::format("chat template {}: messages[{}].role '{}' is not system, user or assistant", name(),
-                              i, r));
+                              i, printable(r)));
   }
   std::string out;
   switch (family_) {

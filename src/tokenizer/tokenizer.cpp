@@ -31,7 +31,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& f) {
     d.add_bos = p.add_bos;
     return tok::make_bpe(tok::load_vocab(f, model, pre, d), f, std::move(p));
   }
-  throw Error(fmt::format("{}: unknown tokenizer model '{}' ({}); supported: llama, gpt2", f.path(), model, key));
+  throw Error(fmt::format("{}: unknown tokenizer model '{}' ({}); supported: llama, gpt2", f.path(), printable(model), key));
 }
 
 }  // namespace kvslim
