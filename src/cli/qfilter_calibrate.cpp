@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
@@ -35,11 +36,7 @@ int run(const QFilterArgs& a) {
   // Each file is cut into documents of --doc-tokens tokens (BOS first when the vocabulary wants it).
   std::vector<std::vector<Token>> docs;
   for (const std::string& path : a.text) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(fmt::format("{}: cannot open text file", path));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::vector<Token> all = tok.encode(ss.str(), false, false);
+    std::vector<Token> all = tok.encode(read_text_file(path, "-f"), false, false);
     for (size_t b = 0; b < all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
       std::vector<Token> d;
       if (tok.add_bos_default() && tok.bos() >= 0) d.push_back(tok.bos());

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/quant_dot.h"
+#include "kvslim/quant.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector values never cross a non-inlined call
 
@@ -105,6 +106,17 @@ KV_SIMD_INLINE void nib_split(const u32x8& W, v16& lo, v16& hi) {
 
 /// One f16 value as a float: vcvtph2ps in the AVX2 / AVX-512 clones (F16C), a libgcc call in the
 /// baseline. Exact, as every f16 value is a float; inlined, unlike kvslim::fp16_to_fp32.
+/// Clang before 15 has no _Float16 on x86 without AVX512-FP16: there (the sanitizer and fuzzing builds,
+/// fuzz/README.md) both conversions go through kvslim::fp16_to_fp32, equally exact.
+#if defined(__clang__) && __clang_major__ < 15
+KV_SIMD_INLINE float half(uint16_t h) { return fp16_to_fp32(h); }
+
+KV_SIMD_INLINE v16 from_f16(const uint16_t* p) {
+  v16 f;
+  for (int i = 0; i < 16; ++i) f[i] = fp16_to_fp32(p[i]);
+  return f;
+}
+#else
 KV_SIMD_INLINE float half(uint16_t h) {
   _Float16 f;
   std::memcpy(&f, &h, sizeof f);
@@ -118,6 +130,7 @@ KV_SIMD_INLINE v16 from_f16(const uint16_t* p) {
   std::memcpy(&h, p, sizeof h);
   return __builtin_convertvector(h, v16);
 }
+#endif
 
 /// 16 bf16 values as floats.
 KV_SIMD_INLINE v16 from_bf16(const uint16_t* p) {

@@ -1,3 +1,4 @@
+#include "util/text_file.h"
 #include "tokenizer/chat_template.h"
 
 #include <fstream>
@@ -99,12 +100,7 @@ ChatTemplate ChatTemplate::choose(const GGUFFile& model, const std::string& name
                                   bool jinja) {
   if (!name.empty()) return from_name(name);
   if (template_file.empty()) return from_gguf(model, jinja);
-  std::ifstream in(template_file, std::ios::binary);
-  if (!in) throw Error(fmt::format("--chat-template-file {}: cannot read the file", template_file));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) throw Error(fmt::format("--chat-template-file {}: the file is empty", template_file));
-  return from_source(ss.str(), template_file, jinja);
+  return from_source(read_text_file(template_file, "--chat-template-file"), template_file, jinja);
 }
 
 std::string ChatTemplate::name() const {
