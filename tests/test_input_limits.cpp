@@ -30,8 +30,9 @@ std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "kvslim_limits_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Presses that cannot be built without a file (trained surrogate, head labels).
-const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention"};
+// Presses that cannot be built without a file (trained surrogate, head labels, query filters), as in
+// test_press_registry_rules.cpp.
+const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter"};
 // Presses with a parameter that has no default: the value the test gives.
 const std::map<std::string, std::string> kRequired = {
     {"threshold", "threshold:tau=-4"},
