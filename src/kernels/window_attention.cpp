@@ -31,11 +31,19 @@ constexpr size_t kKB = kKeyBlock;
 // Internal helpers are always inlined into the clones below, so no vector value crosses a call
 // and the psABI note about 64-byte vector arguments does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
+#if defined(__clang__)
+// Clang rejects a 64-byte vector returned by a function compiled without AVX-512 (the avx2 and
+// default clones), inlined or not: there (the sanitizer and fuzzing builds) the load is an
+// unaligned vector read.
+typedef float vf16_unaligned __attribute__((vector_size(64), aligned(4), may_alias));
+#define load16(p) (*reinterpret_cast<const vf16_unaligned*>(p))
+#else
 __attribute__((always_inline)) inline vf16 load16(const float* p) {
   vf16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+#endif
 
 /// out[r][j] = sum_d q[r][d] * key_j[d] for r < rb, j < n, with keys in blocks of 16 entries,
 /// [block][head_dim][16] (keys_t): a block is contiguous and stays in L1 while four rows at a
@@ -74,7 +82,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void logits_block(c
 
 /// 2^y for y <= 0 (clamped at -126), 16 at a time: 2^floor(y) from the exponent bits times a
 /// degree-7 polynomial for 2^frac (relative error < 2e-6).
-__attribute__((always_inline)) inline vf16 exp2_nonpos(vf16 y) {
+__attribute__((always_inline)) inline void exp2_nonpos(vf16& y) {
   constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
                   c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f,
                   c7 = 1.52527338040598e-05f;  // ln2^k / k!
@@ -90,7 +98,7 @@ __attribute__((always_inline)) inline vf16 exp2_nonpos(vf16 y) {
   vf16 two_k;
   const vi16 bits = (ki + 127) << 23;
   std::memcpy(&two_k, &bits, sizeof two_k);
-  return p * two_k;
+  y = p * two_k;
 }
 
 /// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time).
@@ -111,11 +119,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_inplac
   for (size_t t = 1; t < kL; ++t) mx = std::max(mx, vm[t]);
   vf16 vs = {};
   for (size_t j = 0; j < nb; j += kL) {
-    const vf16 e = exp2_nonpos((load16(x + j) - mx) * kLog2e);
+    vf16 e = (load16(x + j) - mx) * kLog2e;
+    exp2_nonpos(e);
     std::memcpy(x + j, &e, sizeof e);
     vs += e;
   }
-  const vf16 et = exp2_nonpos((load16(tail) - mx) * kLog2e);
+  vf16 et = (load16(tail) - mx) * kLog2e;
+  exp2_nonpos(et);
   float sum = 0;
   for (size_t t = 0; t < kL; ++t) sum += vs[t] + (nb + t < n ? et[t] : 0.0f);
   const float inv = 1.0f / sum;
