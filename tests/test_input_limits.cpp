@@ -36,6 +36,7 @@ const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter"};
 // Presses with a parameter that has no default: the value the test gives.
 const std::map<std::string, std::string> kRequired = {
     {"threshold", "threshold:tau=-4"},
+    {"finch", "finch:window=8"},
     {"per_layer", "per_layer:ratios=0.5/0.25/0.5/0.75/0.5"},
 };
 

@@ -897,7 +897,11 @@ TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
       }
       EXPECT_EQ(d.seg(l, h).positions(), want) << "chunks l" << l << " h" << h;
     }
-  EXPECT_EQ(make_press("finch:window=8", 0.5)->describe(), "key_rerotation(finch:ratio=0.5,window=8,normalize=1,chunk=0)");
+  // Regression: the description lacked rerotate=0, so it parsed back to a doubly wrapped press.
+  EXPECT_EQ(make_press("finch:window=8", 0.5)->describe(),
+            "key_rerotation(finch:ratio=0.5,window=8,normalize=1,chunk=0,rerotate=0)");
+  EXPECT_EQ(make_press(make_press("finch:window=8", 0.5)->describe(), 0.5)->describe(),
+            make_press("finch:window=8", 0.5)->describe());
   EXPECT_THROW(make_press("finch", 0.5), Error);
   // Through the model with rerotation: int(100 x 0.5) per head, positions contiguous at the end.
   auto p = make_press("finch:window=16", 0.5);

@@ -57,8 +57,11 @@ class FinchPress : public ScorerPress {
       : ScorerPress(ratio, chunk > 0 ? std::make_unique<FinchChunkBudget>(chunk) : nullptr), window_(window),
         normalize_(normalize), chunk_(chunk) {}
   std::string describe() const override { return describe_scorer(); }
+  /// rerotate=0: this is the scorer alone; the re-rotation finch adds by default is the
+  /// key_rerotation(...) around it, so the description parses back to the same press.
   std::string describe_scorer() const override {
-    return fmt::format("finch:ratio={},window={},normalize={},chunk={}", ratio_, window_, normalize_ ? 1 : 0, chunk_);
+    return fmt::format("finch:ratio={},window={},normalize={},chunk={},rerotate=0", ratio_, window_,
+                       normalize_ ? 1 : 0, chunk_);
   }
   ObservationNeeds scorer_needs() const override {
     ObservationNeeds r;
