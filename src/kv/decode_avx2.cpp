@@ -7,6 +7,9 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#ifdef __clang__  // clang ignores the GCC target pragma (see kernels/quant_dot_avx2.cpp)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
 
 namespace kvslim::kv::avx2 {
 
@@ -154,4 +157,7 @@ void kivi_group_values(const uint8_t* rec, size_t vrec, int hd, int gv, int bits
 
 }  // namespace kvslim::kv::avx2
 
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
