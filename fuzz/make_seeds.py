@@ -6,6 +6,7 @@ every value type, a nested array and two tensors. tokenizer: lines of the bundle
 inputs, each prefixed with the selector byte of fuzz_tokenizer.cpp. press_spec: specs from the
 README and docs. task_text: the bundled task text and small variants.
 """
+import base64
 import os
 import shutil
 import struct
@@ -93,6 +94,9 @@ def main():
         write("task_text", "retrieval.tasks.json", f.read())
     write("task_text", "small.json", '{"filler": ["a.", "b."], "separator": " ", "key_length": 4, "_c": 1}')
     write("task_text", "keys.json", '{"keys": ["x-y", "z-w"], "value_digits": 5, "words": ["one", "two"]}')
+    # Findings, kept as seeds (each has a regression test in tests/).
+    write("task_text", "regression-number-overflow.json",  # tests/test_input_limits.cpp TaskTextJson
+          base64.b64decode("eyJrZXlfa2V5cyI6IFs2Njg4NjY2ODhlODg4ODguODg2NjY4OGV5X2s2Njb/DQAbAGEAAAB0cw=="))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 
 #include "kvslim/error.h"
+#include "kvslim/eval_tasks.h"
 #include "kvslim/press.h"
 #include "util/text_file.h"
 
@@ -157,4 +160,13 @@ TEST(TextFile, CheckedBeforeReading) {
   EXPECT_NE(error_of([&] { read_text_file(path, "-f", 9); }).find("file of 10 bytes is larger than the limit of 9 bytes"),
             std::string::npos);
   std::remove(path.c_str());
+}
+
+// Regression (fuzz_task_text, crash-7c925a58): a number too large for a double made nlohmann throw
+// out_of_range, which escaped as a non-kvslim exception (the reader caught parse_error only).
+TEST(TaskTextJson, NumberOverflowIsAnError) {
+  for (const char* text : {R"({"key_length": 1e999999})", R"({"keys": [668866688e88888.88]})", "[1e400]"}) {
+    const std::string e = error_of([&] { TaskText::from_json_text(text, "cfg.json"); });
+    EXPECT_NE(e.find("cfg.json: not valid JSON"), std::string::npos) << text << ": " << e;
+  }
 }

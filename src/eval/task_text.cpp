@@ -113,7 +113,7 @@ TaskText TaskText::from_json_text(const std::string& text, const std::string& la
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number too large
     throw Error(fmt::format("{}: not valid JSON ({})", label, printable(e.what())));
   }
   if (!j.is_object()) throw Error(fmt::format("{}: the task text must be a JSON object", label));
