@@ -480,9 +480,18 @@ TEST(KVCodec, IncompatibleConfigurationsAreRejected) {
 }
 
 namespace {
-__attribute__((target("arch=x86-64-v4"))) float half_v4(uint16_t h) { return kv::simd::half(h); }
-__attribute__((target("arch=x86-64-v4"))) void from_f16_v4(const uint16_t* p, float* out) {
+#if defined(__clang__) && __clang_major__ < 15  // no "arch=x86-64-v4" target there (sanitizer builds)
+#define KVSLIM_TARGET_V4 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512cd")))
+#else
+#define KVSLIM_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#endif
+KVSLIM_TARGET_V4 float half_v4(uint16_t h) { return kv::simd::half(h); }
+KVSLIM_TARGET_V4 void from_f16_v4(const uint16_t* p, float* out) {
+#if defined(__clang__) && __clang_major__ < 15  // from_f16 is scalar there (kv/simd.h)
+  for (int i = 0; i < 16; ++i) out[i] = kv::simd::half(p[i]);
+#else
   kv::simd::store(out, kv::simd::from_f16(p));
+#endif
 }
 }  // namespace
 

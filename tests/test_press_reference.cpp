@@ -96,7 +96,7 @@ TEST(PressReference, H2OSplitsTheBudgetBetweenRecentAndHeavyHitters) {
         for (int32_t r = first_recent; r < 120; ++r)
           EXPECT_TRUE(std::binary_search(pos.begin(), pos.end(), r)) << spec << " lost recent " << r;
         // The heavy hitters are older entries.
-        EXPECT_EQ(std::count_if(pos.begin(), pos.end(), [&](int32_t x) { return x < first_recent; }),
+        EXPECT_EQ(std::count_if(pos.begin(), pos.end(), [fr = first_recent](int32_t x) { return x < fr; }),
                   60 - (120 - first_recent))
             << spec;
       }
