@@ -62,6 +62,9 @@ const std::vector<Entry>& table() {
        {{"sink_size_start", "sink_start"}, {"sink_size_end", "sink_end"}, {"chunk_size", "chunk"},
         {"sketch_dimension", "sketch"}}},
       {"CriticalAdaKVPress", "critical_adakv", {{"alpha_safeguard", "alpha"}, {"first_stage_ratio", "first_stage"}}},
+      {"ThinKPress", "think", {{"key_channel_compression_ratio", "key_ratio"}, {"window_size", "window"}}},
+      {"CapPress", "cap", {{"n_future_positions", "n_future"}}},
+      {"KVComposePress", "kvcompose", {}},
   };
   return t;
 }
