@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/matmul.h"
+#include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kvslim/error.h"
@@ -56,7 +57,7 @@ Matrix make_matrix(GGMLType t, int64_t rows, int64_t cols, uint32_t seed) {
     quantize_row(t, w.data() + r * cols, m.bytes.data() + r * rb, cols);
     dequantize_row(t, m.bytes.data() + r * rb, m.deq.data() + r * cols, cols);
   }
-  m.view = WeightView{t, m.bytes.data(), cols, rows, rb};
+  m.view = WeightView{t, m.bytes.data(), cols, rows, rb, {}};
   return m;
 }
 
@@ -413,7 +414,7 @@ TEST(Kernels, LargestIntegerSumsBitIdentical) {
         const uint16_t one = 0x3C00;
         std::memcpy(&m.bytes[b + at], &one, 2);
       }
-    m.view = WeightView{l.t, m.bytes.data(), cols, rows, rb};
+    m.view = WeightView{l.t, m.bytes.data(), cols, rows, rb, {}};
     for (float sign : {1.0f, -1.0f})
       for (int64_t n : {1, 9}) {
         std::vector<float> x(static_cast<size_t>(n * cols), sign);
@@ -424,4 +425,115 @@ TEST(Kernels, LargestIntegerSumsBitIdentical) {
               << type_name(l.t) << " " << qdot::level_name(lv) << " n " << n << " sign " << sign;
       }
   }
+}
+
+namespace {
+
+/// The matrix's rows repacked (kernels/packed_weights.h), as the model loader does.
+WeightView packed_view(const Matrix& m) {
+  WeightView v = m.view;
+  v.packed = qdot::pack_rows(v);
+  return v;
+}
+
+std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vector<float>& x, int64_t n) {
+  qdot::Acts a;
+  qdot::quantize_acts(x.data(), n, v.cols, qdot::format_of(v.type), a);
+  std::vector<float> y(static_cast<size_t>(n * v.rows), -1.0f);
+  qdot::dot_rows_q(lv, v, 0, v.rows, a, y.data(), v.rows);
+  return y;
+}
+
+}  // namespace
+
+// Packed rows (8-row interleaved blocks) give the scalar reference's result on the file's rows,
+// bit for bit, at every level and batch size (decode 1-3 tokens, prefill tiles above), with row
+// counts that leave a partial 8-row block and a partial AVX-512 tile.
+TEST(Kernels, PackedRowsBitIdentical) {
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+  for (int64_t rows : {1, 8, 27}) {
+    for (int64_t cols : {256, 768}) {
+      Matrix m = make_matrix(t, rows, cols, 71 + static_cast<uint32_t>(rows));
+      const WeightView pv = packed_view(m);
+      ASSERT_TRUE(pv.packed);
+      for (int64_t n : {1, 2, 3, 5, 9, 13}) {
+        std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
+        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+        for (qdot::Level lv : levels())
+          EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
+              << type_name(t) << " " << qdot::level_name(lv) << " rows " << rows << " cols " << cols << " n " << n;
+      }
+    }
+  }
+}
+
+// The packed kernels add maddubs pairs in 16 bits (q4_K: 8 steps of a group, q6_K: 2 steps): at
+// the largest sums still exact. q4_K: every nibble 15, every 6-bit scale and min 63, d = dmin = 1,
+// so each column weighs 63 * 15 - 63 = 882; q6_K: every value 63 (offset 32: weight 31) with
+// scales 0x7F = 127 (each column 127 * 31 = 3937); activations all +1 or all -1 (codes +-127,
+// scale 1/127).
+TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
+  struct Case {
+    GGMLType t;
+    int block_bytes;
+    std::vector<int> f16_at;
+    uint8_t fill;
+    double column;
+  };
+  for (const Case& c : {Case{GGMLType::Q4_K, 144, {0, 2}, 0xFF, 882.0}, Case{GGMLType::Q6_K, 210, {208}, 0xFF, 0}}) {
+    const int64_t cols = 512, rows = 19;
+    const size_t rb = row_bytes(c.t, cols);
+    Matrix m;
+    m.bytes.assign(rb * rows, c.fill);
+    for (size_t b = 0; b < m.bytes.size(); b += c.block_bytes) {
+      for (int at : c.f16_at) {
+        const uint16_t one = 0x3C00;
+        std::memcpy(&m.bytes[b + at], &one, 2);
+      }
+      if (c.t == GGMLType::Q6_K) std::memset(&m.bytes[b + 192], 0x7F, 16);  // int8 scales 127
+    }
+    const double column = c.t == GGMLType::Q6_K ? 127.0 * 31 : c.column;
+    m.view = WeightView{c.t, m.bytes.data(), cols, rows, rb, {}};
+    const WeightView pv = packed_view(m);
+    for (float sign : {1.0f, -1.0f})
+      for (int64_t n : {1, 3, 9}) {
+        std::vector<float> x(static_cast<size_t>(n * cols), sign);
+        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+        for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * column * cols) << type_name(c.t);
+        for (qdot::Level lv : levels())
+          EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
+              << type_name(c.t) << " " << qdot::level_name(lv) << " n " << n << " sign " << sign;
+      }
+  }
+}
+
+// matmul with packed rows: the same bits as without, for 1-3 threads (rows are split in 16s).
+TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
+  Restore restore;
+  const int64_t cols = 512, rows = 100;
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+  Matrix m = make_matrix(t, rows, cols, 81);
+  const WeightView pv = packed_view(m);
+  for (int64_t n : {1, 7}) {
+    std::vector<float> x = make_acts(n, cols, 82);
+    std::vector<float> ref(static_cast<size_t>(n * rows));
+    matmul(m.view, x.data(), n, ref.data());
+    for (int th : {1, 2, 3}) {
+      set_num_threads(th);
+      std::vector<float> y(ref.size());
+      matmul(pv, x.data(), n, y.data());
+      EXPECT_TRUE(same_bits(ref, y)) << type_name(t) << " n " << n << " threads " << th;
+    }
+  }
+  }
+}
+
+// Only q4_K and q6_K rows whose length is a multiple of 256 are packed.
+TEST(Kernels, PackRowsRejectsOtherTypes) {
+  Matrix q8 = make_matrix(GGMLType::Q8_0, 8, 256, 91);
+  EXPECT_FALSE(qdot::packable(q8.view));
+  EXPECT_THROW(qdot::pack_rows(q8.view), Error);
+  Matrix k4 = make_matrix(GGMLType::Q4_K, 8, 256, 92), k6 = make_matrix(GGMLType::Q6_K, 3, 512, 93);
+  EXPECT_TRUE(qdot::packable(k4.view));
+  EXPECT_TRUE(qdot::packable(k6.view));
 }

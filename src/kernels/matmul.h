@@ -2,10 +2,15 @@
 // Products of activations with weight matrices kept in their GGUF type.
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 
 #include "kvslim/quant.h"
 
 namespace kvslim {
+
+namespace qdot {
+struct PackedRows;
+}
 
 /// A weight matrix view: `rows` output rows of `cols` inputs each, row-major, every row encoded
 /// in `type` (GGUF tensor with ne = [cols, rows]). Points into the model file mapping.
@@ -15,6 +20,10 @@ struct WeightView {
   int64_t cols = 0;
   int64_t rows = 0;
   size_t row_stride = 0;  ///< bytes per row
+  /// The same rows repacked for the SIMD decode kernels (kernels/packed_weights.h), or null. The
+  /// SIMD levels read these instead of `data` (same results, bit for bit); the scalar level and
+  /// the exact path read `data`.
+  std::shared_ptr<const qdot::PackedRows> packed;
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_stride; }
 };
 

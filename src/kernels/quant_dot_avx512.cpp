@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
 #include "kvslim/error.h"
 

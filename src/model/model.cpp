@@ -5,7 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "kernels/matmul.h"
+#include "kernels/packed_weights.h"
 
 namespace kvslim {
 
@@ -30,6 +34,18 @@ std::unique_ptr<WeightView> matrix(const GGUFFile& f, const std::string& name, i
   w->row_stride = row_bytes(t.type, cols);
   total += t.nbytes;
   return w;
+}
+
+// Repacks a matrix for the SIMD decode kernels (kernels/packed_weights.h) and lets the kernel drop
+// the file pages it read (the packed copy replaces them in memory; the scalar level and the exact
+// path read them again from the file if used).
+void pack(WeightView& w) {
+  if (!qdot::packable(w)) return;
+  w.packed = qdot::pack_rows(w);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(w.data), e = b + w.row_stride * static_cast<size_t>(w.rows);
+  const uintptr_t b1 = (b + page - 1) / page * page, e1 = e / page * page;
+  if (e1 > b1) madvise(reinterpret_cast<void*>(b1), e1 - b1, MADV_DONTNEED);
 }
 
 std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
@@ -136,6 +152,13 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       L.bk = vec(f, p + "attn_k.bias", dkv);
       L.bv = vec(f, p + "attn_v.bias", dkv);
     }
+  }
+  if (qdot::packing_enabled()) {
+    for (LayerWeights& L : m->layers_)
+      for (WeightView* w : {L.wq.get(), L.wk.get(), L.wv.get(), L.wo.get(), L.w_gate.get(), L.w_up.get(),
+                            L.w_down.get()})
+        pack(*w);
+    pack(*m->output_);
   }
   return m;
 }

@@ -1,0 +1,108 @@
+// Repacking of weight rows into 8-row interleaved blocks (layout in kernels/packed_weights.h).
+#include "kernels/packed_weights.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kernels/quant_dot.h"
+#include "kernels/threads.h"
+#include "kvslim/error.h"
+
+namespace kvslim::qdot {
+
+namespace {
+
+constexpr size_t kQ4KBlock = 1184;  // 8 rows x (2 + 2 + 8 + 8 + 128) bytes
+constexpr size_t kQ6KBlock = 1696;  // 8 rows x (2 + 16 + 128 + 64) bytes and 16 of padding
+
+// Six-bit scale and min j (0..7) of a q4_K super-block's 12 scale bytes (ggml's packing: j < 4
+// in the low six bits of bytes j and j+4; j >= 4 from the nibbles of byte j+4 and the top bits
+// of bytes j-4 and j).
+void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// One 8-row q4_K super-block: rows[r] points at the rows' 144-byte blocks (null past the end).
+void pack_q4k(const uint8_t* const rows[8], uint8_t* out) {
+  std::memset(out, 0, kQ4KBlock);
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* p = rows[r];
+    if (!p) continue;
+    std::memcpy(out + 2 * r, p, 2);       // d
+    std::memcpy(out + 16 + 2 * r, p + 2, 2);  // dmin
+    for (int g = 0; g < 8; ++g) k4_scale_min(g, p + 4, out[32 + 8 * g + r], out[96 + 8 * g + r]);
+    const uint8_t* qs = p + 16;
+    for (int v = 0; v < 32; ++v) std::memcpy(out + 160 + 32 * v + 4 * r, qs + 4 * v, 4);
+  }
+}
+
+// One 8-row q6_K super-block: rows[r] points at the rows' 210-byte blocks (null past the end).
+void pack_q6k(const uint8_t* const rows[8], uint8_t* out) {
+  std::memset(out, 0, kQ6KBlock);
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* p = rows[r];
+    if (!p) continue;
+    std::memcpy(out + 2 * r, p + 208, 2);  // d
+    for (int g = 0; g < 16; ++g) out[16 + 8 * g + r] = p[192 + g];
+    for (int v = 0; v < 32; ++v) std::memcpy(out + 160 + 32 * v + 4 * r, p + 4 * v, 4);         // ql
+    for (int v = 0; v < 16; ++v) std::memcpy(out + 1184 + 32 * v + 4 * r, p + 128 + 4 * v, 4);  // qh
+  }
+}
+
+void free_bytes(void* p) { std::free(p); }
+
+}  // namespace
+
+size_t packed_block_bytes(GGMLType t) {
+  return t == GGMLType::Q4_K ? kQ4KBlock : t == GGMLType::Q6_K ? kQ6KBlock : 0;
+}
+
+bool packable(const WeightView& W) {
+  return packed_block_bytes(W.type) > 0 && W.cols > 0 && W.cols % 256 == 0 && W.rows > 0 && W.data;
+}
+
+std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
+  if (!packable(W))
+    throw Error(fmt::format("pack_rows: a {} x {} {} matrix cannot be packed (q4_K or q6_K with columns a multiple of 256)",
+                            W.rows, W.cols, type_name(W.type)));
+  auto P = std::make_shared<PackedRows>();
+  P->type = W.type;
+  P->rows = W.rows;
+  P->cols = W.cols;
+  P->row_blocks = (W.rows + 7) / 8;
+  P->block_bytes = packed_block_bytes(W.type);
+  const int64_t nsb = W.cols / 256;
+  const size_t total = static_cast<size_t>(P->row_blocks * nsb) * P->block_bytes;
+  void* mem = std::aligned_alloc(64, (total + 63) / 64 * 64);
+  if (!mem) throw Error(fmt::format("pack_rows: cannot allocate {} bytes", total));
+  P->bytes = std::unique_ptr<uint8_t[], void (*)(void*)>(static_cast<uint8_t*>(mem), free_bytes);
+  const size_t in_block = row_bytes(W.type, 256);
+  parallel_for(P->row_blocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* rows[8];
+        for (int r = 0; r < 8; ++r) rows[r] = 8 * b + r < W.rows ? W.row(8 * b + r) + s * in_block : nullptr;
+        uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
+        if (W.type == GGMLType::Q4_K) pack_q4k(rows, out);
+        else pack_q6k(rows, out);
+      }
+  });
+  return P;
+}
+
+bool packing_enabled() {
+  const char* env = std::getenv("KVSLIM_PACK");
+  if (env && std::string(env) == "0") return false;
+  return static_cast<int>(level()) >= static_cast<int>(Level::AVX2);
+}
+
+}  // namespace kvslim::qdot

@@ -1,0 +1,53 @@
+#pragma once
+// Weight matrices repacked at load time for the SIMD decode kernels: rows interleaved in blocks of
+// eight, so that one 32-byte vector holds the same four columns' bytes of 8 rows and the matrix-
+// vector product needs no horizontal sums (rows sit in the vector lanes, as in the prefill tiles).
+//
+// Layout: [row block b = rows / 8, rounded up][super-block s = cols / 256][kPackedBytes(type)],
+// rows past the end zero (their scales are zero; their results are never stored).
+//
+// q4_K, one 8-row super-block of 256 columns, 1,184 bytes (148 per row; the file has 144):
+//   [0, 16)      d of rows 0..7 (f16)
+//   [16, 32)     dmin of rows 0..7 (f16)
+//   [32, 96)     6-bit scale of group g (32 columns) and row r at 32 + 8 g + r (one byte each)
+//   [96, 160)    6-bit min of group g and row r at 96 + 8 g + r
+//   [160, 1184)  32 vectors of 32 bytes, vector 8 p + q (p = 0..3, q = 0..7): byte 4 r + i is byte
+//                32 p + 4 q + i of row r's 128 quant bytes, i.e. columns 64 p + 4 q + i (low
+//                nibble, group 2 p) and 64 p + 32 + 4 q + i (high nibble, group 2 p + 1).
+// The packed values are the file's own (no rounding): every kernel computes the canonical result
+// of kernels/quant_dot.h from them, bit for bit the same as from the file's rows.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/matmul.h"
+
+namespace kvslim::qdot {
+
+/// Bytes of one packed 8-row super-block of type t; 0 if t is not packed.
+size_t packed_block_bytes(GGMLType t);
+
+/// A repacked weight matrix (see the file comment). Owns its bytes (64-byte aligned).
+struct PackedRows {
+  GGMLType type = GGMLType::F32;
+  int64_t rows = 0, cols = 0;
+  int64_t row_blocks = 0;  ///< ceil(rows / 8)
+  size_t block_bytes = 0;  ///< packed_block_bytes(type)
+  std::unique_ptr<uint8_t[], void (*)(void*)> bytes{nullptr, nullptr};
+  /// Packed super-block s of row block b.
+  const uint8_t* block(int64_t b, int64_t s) const {
+    return bytes.get() + (b * (cols / 256) + s) * static_cast<int64_t>(block_bytes);
+  }
+};
+
+/// Whether W can be packed: a packed type and cols a multiple of 256.
+bool packable(const WeightView& W);
+
+/// Repacks W (packable(W) must hold, else kvslim::Error). Reads every byte of W once.
+std::shared_ptr<const PackedRows> pack_rows(const WeightView& W);
+
+/// Whether the model loader packs weights: a SIMD level is in use (qdot::level() >= AVX2) and
+/// KVSLIM_PACK is not "0" (set it to 0 to time the in-place kernels).
+bool packing_enabled();
+
+}  // namespace kvslim::qdot
