@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/generate.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"  // TimedPress wraps a press
 
 using namespace kvslim;
 

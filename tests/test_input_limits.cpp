@@ -13,7 +13,7 @@
 
 #include "kvslim/error.h"
 #include "kvslim/eval_tasks.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "util/text_file.h"
 
 using namespace kvslim;

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/quant_dot.h"
 #include "kvslim/kv_cache.h"
+#include "press/precision_tiers.h"
 #include "kvslim/model.h"
 #include "kvslim/session.h"
 

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "kvslim/kv_cache.h"
+#include "press/precision_tiers.h"
+#include "kv/store.h"
 #include "kvslim/quant.h"
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"

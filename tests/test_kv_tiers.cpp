@@ -7,8 +7,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "kv/store.h"
 #include "kvslim/generate.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 using namespace kvslim;
 

@@ -12,7 +12,7 @@
 
 #include "kvslim/generate.h"
 #include "kvslim/model.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/session.h"
 
 namespace press_test {

@@ -9,7 +9,7 @@
 
 #include "kvslim/generate.h"
 #include "kvslim/model.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kernels/threads.h"
 
 using namespace kvslim;

@@ -14,7 +14,7 @@
 #include "kernels/attention.h"
 #include "kvslim/generate.h"
 #include "kvslim/gguf.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/clusterkv.h"
 #include "press/duo_attention.h"
 #include "press/kvzap.h"

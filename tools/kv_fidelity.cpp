@@ -17,11 +17,11 @@
 
 #include <fmt/format.h>
 
-#include "kernels/threads.h"
 #include "kvslim/eval.h"
 #include "kvslim/press.h"
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"
+#include "kvslim/threads.h"
 
 using namespace kvslim;
 

@@ -5,10 +5,32 @@
 #include <vector>
 
 #include "kvslim/kv_cache.h"
-#include "kvslim/layer_hook.h"
 #include "kvslim/model.h"
 
 namespace kvslim {
+
+/// Called by Session::forward at fixed points of every layer; declared in src/model/layer_hook.h
+/// (for press authors and the request runner).
+class LayerHook;
+
+/// The narrow interface through which a press runs the model on the cache it compresses (KVzip's
+/// replay): run tokens after what is cached with a hook, read the cache, rewind. The request
+/// runner's session implements it.
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const Model& model() const = 0;
+  virtual const KVCache& cache() const = 0;
+  /// Position of the next token.
+  virtual int32_t next_position() const = 0;
+  /// Positions available in all (the context size).
+  virtual int n_ctx() const = 0;
+  /// Runs `tokens` at next_position().. (their entries are appended) with `hook` (may be nullptr);
+  /// returns the last token's logits [n_vocab]. Throws kvslim::Error when the context is full.
+  virtual std::vector<float> run(const std::vector<Token>& tokens, LayerHook* hook) = 0;
+  /// Drops every entry at position >= `position` and continues there.
+  virtual void rewind(int32_t position) = 0;
+};
 
 /// Options of a session.
 struct SessionOptions {

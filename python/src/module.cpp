@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/threads.h"
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_results.h"
@@ -19,6 +18,7 @@
 #include "kvslim/request.h"
 #include "kvslim/model.h"
 #include "kvslim/press.h"
+#include "kvslim/threads.h"
 #include "kvslim/version.h"
 
 namespace py = pybind11;

@@ -9,7 +9,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/request.h"
 #include "press/recording_press.h"
 

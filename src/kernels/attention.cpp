@@ -11,6 +11,7 @@
 
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"
+#include "kv/store.h"
 
 #include <algorithm>
 #include <climits>

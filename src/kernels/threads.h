@@ -4,14 +4,9 @@
 #include <cstdint>
 #include <functional>
 
-namespace kvslim {
+#include "kvslim/threads.h"  // set_num_threads, num_threads, available_cores
 
-/// Sets the number of threads used by parallel_for (>= 1) and keeps OpenBLAS single-threaded.
-/// Waiting threads spin briefly only while n is at most available_cores(); above it they sleep
-/// at once, so more threads than cores costs wake-ups, never a machine spinning on itself.
-void set_num_threads(int n);
-/// CPUs this process may run on (its affinity mask), at least 1.
-int available_cores();
+namespace kvslim {
 
 /// Held around every OpenBLAS call. Each thread inside an OpenBLAS call takes a work buffer of
 /// about 128 MiB of address space, and OpenBLAS retries a failed allocation forever, so under an
@@ -28,7 +23,6 @@ class BlasSlot {
  private:
   bool held_ = false;
 };
-int num_threads();
 
 /// Runs fn(begin, end) over [0, n) split into contiguous ranges, one per thread, and waits.
 /// Results must not depend on the split (each index is handled by exactly one call).

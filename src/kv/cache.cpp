@@ -19,6 +19,18 @@ Segment::Segment(int head_dim, KVCodec key_codec, KVCodec value_codec, const KVQ
   stores_.emplace_back(head_dim, key_codec, value_codec, q);
 }
 
+Segment::~Segment() = default;
+Segment::Segment(const Segment&) = default;
+Segment::Segment(Segment&&) noexcept = default;
+Segment& Segment::operator=(const Segment&) = default;
+Segment& Segment::operator=(Segment&&) noexcept = default;
+
+KVCodec Segment::key_codec() const { return stores_[0].key_codec(); }
+KVCodec Segment::value_codec() const { return stores_[0].value_codec(); }
+size_t Segment::low_tier_size() const { return stores_.size() > 1 ? stores_[1].size() : 0; }
+int Segment::n_stores() const { return static_cast<int>(stores_.size()); }
+const KVStore& Segment::store(int s) const { return stores_[s]; }
+
 void Segment::rotate(float* x) const {
   if (q_.hadamard) kv::hadamard_rotate(x, head_dim_);
 }

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kv/store.h"
 #include "kvslim/kv_cache.h"
 
 namespace kvslim::kv {

@@ -10,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
+#include "model/layer_hook.h"
 #include "model/numeric_guard.h"
 #include "model/rope.h"
 

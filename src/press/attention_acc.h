@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvslim/kv_cache.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

@@ -4,7 +4,7 @@
 #include <functional>
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim::budget {
 

@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "model/rope.h"
 
 namespace kvslim {

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/session.h"
 
 namespace kvslim {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

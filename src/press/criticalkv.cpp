@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/output_norm.h"
 
 namespace kvslim {

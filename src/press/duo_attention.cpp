@@ -16,7 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/session.h"
 #include "press/kvzip.h"
 #include "press/recorders.h"

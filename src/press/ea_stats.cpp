@@ -5,6 +5,7 @@
 
 #include "kvslim/gguf.h"
 #include "kvslim/session.h"
+#include "model/layer_hook.h"
 
 namespace kvslim {
 

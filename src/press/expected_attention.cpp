@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 
 #include "kernels/attention.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/ea_stats.h"
 #include "model/rope.h"
 

@@ -12,7 +12,7 @@
 // observation start with no accumulated attention.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/attention_acc.h"
 
 namespace kvslim {

@@ -9,7 +9,7 @@
 // rotated and re-encoded.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "model/rope.h"
 
 namespace kvslim {

@@ -16,7 +16,7 @@
 // same top-k over every head's sorted scores gives per-head counts.
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

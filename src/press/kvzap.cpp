@@ -15,7 +15,7 @@
 
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/session.h"
 
 namespace kvslim {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvslim/press.h"
-#include "kvslim/layer_hook.h"
+#include "press/authoring.h"
+#include "model/layer_hook.h"
 
 namespace kvslim {
 

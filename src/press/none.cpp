@@ -1,5 +1,5 @@
 // The identity press: keeps the full cache.
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

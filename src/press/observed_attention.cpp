@@ -5,7 +5,7 @@
 // counts run over every chunk so far.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/attention_acc.h"
 
 namespace kvslim {

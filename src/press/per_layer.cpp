@@ -3,7 +3,7 @@
 // the measured ratio comes from the cache.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

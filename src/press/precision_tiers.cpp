@@ -24,13 +24,12 @@
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
+#include "press/precision_tiers.h"
 #include "press/ranking.h"
 
 namespace kvslim {
 
-// Declared in kvslim/kv_cache.h; the ranking lives here, in press/: the cache only stores the
-// kept entries and their tier (Segment::retain_tiered).
 void apply_precision_tiers(Segment& seg, const std::vector<float>& scores, int n_high, int n_low, KVCodec low_key,
                            KVCodec low_value, float protect) {
   const int n = static_cast<int>(seg.size());

@@ -1,6 +1,6 @@
 // Shared machinery of presses: the layer view, the compress step, selection, the uniform budget
 // and the score-based press.
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 #include <algorithm>
 #include <cmath>
@@ -92,6 +92,9 @@ void Press::compress(KVCache& cache, const Model& model, const Observation& obs)
   observe(cache, model, obs);
   apply(cache, model, obs, t);
 }
+
+ObservationNeeds Press::needs() const { return {}; }
+ObservationNeeds Press::decode_needs() const { return {}; }
 
 void Press::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
 

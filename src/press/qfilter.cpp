@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "press/qfilter.h"
 
 namespace kvslim {

@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "kvslim/layer_hook.h"
-#include "kvslim/press.h"
+#include "model/layer_hook.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

@@ -4,7 +4,7 @@
 // runner and read the observation-window queries afterwards.
 #include <string>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

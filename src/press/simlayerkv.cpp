@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

@@ -4,7 +4,7 @@
 // but count against the budget; `protect=1` (kvslim's option) never evicts them.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

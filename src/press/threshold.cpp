@@ -8,7 +8,7 @@
 // scorer re-scores the cache at every compression, so an entry kept once can leave later.
 #include <fmt/format.h>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

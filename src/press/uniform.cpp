@@ -1,6 +1,6 @@
 // The uniform budget as a named policy: every (layer, KV head) keeps floor(n * (1 - ratio)).
 // `uniform(X)` is the same press as X; the name exists so specs can say it explicitly.
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 namespace {

@@ -3,7 +3,7 @@
 #include <memory>
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 
 namespace kvslim {
 

@@ -3,7 +3,7 @@
 // callers that hold a bare Session): one prefill chunk followed by compression, and one decode step.
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/session.h"
 
 namespace kvslim::run {

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "kvslim/press.h"
+#include "press/authoring.h"
 #include "kvslim/request.h"
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"

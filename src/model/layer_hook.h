@@ -1,5 +1,6 @@
 #pragma once
-// The one hook from the forward pass to presses, and the narrow way a press runs the model.
+// The one hook from the forward pass to presses (internal: press authors and the runner use it;
+// kvslim/session.h declares the narrow ModelRunner through which a press runs the model).
 //
 // Session::forward calls a LayerHook at three fixed points of every layer of every batch:
 //   after_qkv          the attention input (RMSNorm applied) and the queries before RoPE
@@ -10,7 +11,7 @@
 // replay) is recorded by small hook classes in src/press/recorders.h; presses with their own
 // per-layer work (Expected Attention's query statistics, KVzap's surrogate, ClusterKV's selection)
 // implement the hook themselves. A press never holds the session: one that must run the model
-// again (KVzip's replay) goes through ModelRunner.
+// again (KVzip's replay) goes through ModelRunner (kvslim/session.h).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 
 #include "kvslim/kv_cache.h"
 #include "kvslim/model.h"
+#include "kvslim/session.h"
 
 namespace kvslim {
 
@@ -111,25 +113,6 @@ class AfterQKV : public LayerHook {
 
  private:
   std::function<void(const LayerStep&)> f_;
-};
-
-/// The narrow interface through which a press runs the model on the cache it compresses (KVzip's
-/// replay): run tokens after what is cached with a hook, read the cache, rewind. The request
-/// runner's session implements it.
-class ModelRunner {
- public:
-  virtual ~ModelRunner() = default;
-  virtual const Model& model() const = 0;
-  virtual const KVCache& cache() const = 0;
-  /// Position of the next token.
-  virtual int32_t next_position() const = 0;
-  /// Positions available in all (the context size).
-  virtual int n_ctx() const = 0;
-  /// Runs `tokens` at next_position().. (their entries are appended) with `hook` (may be nullptr);
-  /// returns the last token's logits [n_vocab]. Throws kvslim::Error when the context is full.
-  virtual std::vector<float> run(const std::vector<Token>& tokens, LayerHook* hook) = 0;
-  /// Drops every entry at position >= `position` and continues there.
-  virtual void rewind(int32_t position) = 0;
 };
 
 }  // namespace kvslim
