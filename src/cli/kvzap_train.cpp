@@ -1,13 +1,8 @@
 // `kvslim kvzap-train`: collects (attention input, log KVzip+ score) pairs from text files, fits the
 // KVzap surrogates (ridge regression and a GELU MLP), reports held-out Pearson correlations per
-// layer, saves one of them, and measures the achieved ratio and the surrogate's cost.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <random>
+// layer, saves one of them, and measures the achieved ratio and the surrogate's cost. The work is
+// the library's (src/press/kvzap_train.h); this file parses flags, calls and prints.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,9 +10,7 @@
 #include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "kernels/threads.h"
-#include "kvslim/generate.h"
-#include "press/kvzap.h"
+#include "press/kvzap_train.h"
 
 namespace kvslim::cli {
 
@@ -45,69 +38,20 @@ struct TrainArgs {
   int threads = 0;
 };
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-/// Seconds of a forward pass over `n` tokens and of the surrogate over the same tokens' attention
-/// inputs in every layer (best of `reps`).
-std::pair<double, double> time_surrogate(const Model& model, const KVzapSurrogate& sur, int n, int reps) {
-  const HParams& hp = model.hparams();
-  std::vector<Token> toks(n);
-  for (int i = 0; i < n; ++i) toks[i] = (i * 7919 + 13) % hp.n_vocab;
-  std::vector<float> x(static_cast<size_t>(n) * hp.n_embd), y(static_cast<size_t>(n) * hp.n_head_kv);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * i));
-  double fwd = 1e30, cost = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    SessionOptions so;
-    so.n_ctx = n;
-    Session s(model, so);
-    auto t = Clock::now();
-    s.forward(toks);
-    fwd = std::min(fwd, since(t));
-    t = Clock::now();
-    for (int l = 0; l < hp.n_layer; ++l) sur.predict(l, x.data(), n, y.data());
-    cost = std::min(cost, since(t));
-  }
-  return {fwd, cost};
-}
-
 void print_cost(const char* kind, const Model& model, const KVzapSurrogate& sur, int n) {
-  auto [fwd, cost] = time_surrogate(model, sur, n, 3);
+  const SurrogateCost c = time_kvzap_surrogate(model, sur, n, 3);
   fmt::print("cost         {} surrogate on {} tokens x {} layers: {:.3f} ms vs forward pass {:.3f} ms ({:.2f}%)\n", kind,
-             n, model.hparams().n_layer, 1e3 * cost, 1e3 * fwd, 100.0 * cost / fwd);
+             n, model.hparams().n_layer, 1e3 * c.surrogate_seconds, 1e3 * c.forward_seconds, c.percent());
 }
 
 /// Random surrogates of the model's shape: only their cost is measured.
 int bench_only(const TrainArgs& a, const Model& model) {
   const HParams& hp = model.hparams();
-  std::mt19937 rng(a.seed);
-  std::normal_distribution<float> nd(0.0f, 0.02f);
-  auto rnd = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
-  KVzapSurrogate lin, mlp;
-  lin.kind = KVzapSurrogate::Kind::Linear;
-  mlp.kind = KVzapSurrogate::Kind::MLP;
-  for (KVzapSurrogate* s : {&lin, &mlp}) {
-    s->n_layer = hp.n_layer;
-    s->input_dim = hp.n_embd;
-    s->output_dim = hp.n_head_kv;
-  }
-  mlp.hidden_dim = a.mlp.hidden;
-  for (int l = 0; l < hp.n_layer; ++l) {
-    lin.w1.push_back(rnd(static_cast<size_t>(hp.n_head_kv) * hp.n_embd));
-    lin.b1.push_back(rnd(hp.n_head_kv));
-    mlp.w1.push_back(rnd(static_cast<size_t>(a.mlp.hidden) * hp.n_embd));
-    mlp.b1.push_back(rnd(a.mlp.hidden));
-    mlp.w2.push_back(rnd(static_cast<size_t>(hp.n_head_kv) * a.mlp.hidden));
-    mlp.b2.push_back(rnd(hp.n_head_kv));
-  }
   fmt::print("model        {} ({} layers, n_embd {}, {} KV heads, {})\n", a.model, hp.n_layer, hp.n_embd, hp.n_head_kv,
              model.weight_type());
-  print_cost("linear", model, lin, a.bench_tokens);
-  print_cost("mlp", model, mlp, a.bench_tokens);
+  print_cost("linear", model, random_kvzap_surrogate(hp, KVzapSurrogate::Kind::Linear, 0, a.seed), a.bench_tokens);
+  print_cost("mlp", model, random_kvzap_surrogate(hp, KVzapSurrogate::Kind::MLP, a.mlp.hidden, a.seed + 1),
+             a.bench_tokens);
   return 0;
 }
 
@@ -121,109 +65,51 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   if (a.corpus.empty()) throw Error("give at least one --corpus FILE");
   if (a.out.empty()) throw Error("give --out SURROGATE.gguf");
   if (a.type != "mlp" && a.type != "linear") throw Error(fmt::format("--type '{}' must be mlp or linear", a.type));
-  if (!(a.test_fraction > 0 && a.test_fraction < 1))
-    throw Error(fmt::format("--test-fraction {} must be in (0, 1)", a.test_fraction));
   apply_threads(a.threads);
   auto model = Model::load(a.model);
   const HParams& hp = model->hparams();
-  const Tokenizer& tok = model->tokenizer();
-  const int L = hp.n_layer, H = hp.n_head_kv, d = hp.n_embd;
 
-  // Documents: consecutive windows of --doc-tokens tokens of each file, BOS first when wanted.
-  std::vector<std::vector<Token>> docs;
-  for (const std::string& path : a.corpus) {
-    std::vector<Token> all = tok.encode(read_text_file(path, "--corpus"), false, false);
-    for (size_t b = 0; b + 16 <= all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
-      const size_t e = std::min(all.size(), b + static_cast<size_t>(a.doc_tokens));
-      std::vector<Token> doc;
-      doc.reserve(e - b + 1);
-      if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());
-      for (size_t i = b; i < e; ++i) doc.push_back(all[i]);
-      docs.push_back(std::move(doc));
-    }
-  }
-  if (docs.size() < 2) throw Error(fmt::format("the corpus gives {} document(s) of >= 16 tokens; need at least 2", docs.size()));
-  const size_t n_test_docs = std::max<size_t>(1, static_cast<size_t>(a.test_fraction * docs.size() + 0.5));
-  const int first_test = static_cast<int>(docs.size() - n_test_docs);
+  std::vector<std::string> texts;
+  for (const std::string& path : a.corpus) texts.push_back(read_text_file(path, "--corpus"));
+  const std::vector<std::vector<Token>> docs = kvzap_documents(model->tokenizer(), texts, a.doc_tokens, a.max_docs);
+  KVzapTrainOptions to;
+  to.per_doc = a.per_doc;
+  to.test_fraction = a.test_fraction;
+  to.alpha = a.alpha;
+  to.mlp = a.mlp;
+  to.kvzip.chunk = a.kvzip_chunk;
+  to.seed = a.seed;
+  fmt::print("model        {} ({} layers, n_embd {}, {} KV heads)\n", a.model, hp.n_layer, hp.n_embd, hp.n_head_kv);
+  const KVzapTrainResult r = train_kvzap(
+      *model, docs, to,
+      [](size_t i, size_t n) {
+        fmt::print(stderr, "\rKVzip+ targets: document {}/{}", i, n);
+        if (i == n) fmt::print(stderr, "\n");
+      },
+      [&](const KVzapTrainResult& so_far, int l) {
+        if (l == 0) {
+          fmt::print("documents    {} ({} train, {} held out), {} tokens each at most; {} + {} rows ({:.1f} s)\n",
+                     docs.size(), so_far.train_documents, so_far.test_documents, a.doc_tokens, so_far.train_rows,
+                     so_far.test_rows, so_far.collect_seconds);
+          fmt::print("\n{:>5} {:>14} {:>14}   (held-out Pearson correlation of log KVzip+ scores)\n", "layer",
+                     "linear", "mlp");
+        }
+        fmt::print("{:>5} {:>14.3f} {:>14.3f}\n", l, so_far.pearson_linear[l], so_far.pearson_mlp[l]);
+      });
+  fmt::print("{:>5} {:>14.3f} {:>14.3f}   (fitting {:.1f} s)\n", "mean", r.mean_pearson_linear(),
+             r.mean_pearson_mlp(), r.fit_seconds);
 
-  KVzipOptions kz;
-  kz.chunk = a.kvzip_chunk;
-  auto t0 = Clock::now();
-  KVzapData data = collect_kvzap_data(*model, docs, a.per_doc, a.seed, kz, [](size_t i, size_t n) {
-    fmt::print(stderr, "\rKVzip+ targets: document {}/{}", i, n);
-    if (i == n) fmt::print(stderr, "\n");
-  });
-  const double collect_s = since(t0);
-  std::vector<size_t> train, test;
-  for (size_t r = 0; r < data.rows(); ++r) (data.doc[r] < first_test ? train : test).push_back(r);
-  if (train.empty() || test.empty()) throw Error("not enough rows for both a training and a test split");
-
-  auto gather = [&](const std::vector<float>& src, const std::vector<size_t>& rows, int width) {
-    std::vector<float> out(rows.size() * width);
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::copy(src.begin() + rows[i] * width, src.begin() + (rows[i] + 1) * width, out.begin() + i * width);
-    return out;
-  };
-  KVzapSurrogate lin, mlp;
-  lin.kind = KVzapSurrogate::Kind::Linear;
-  mlp.kind = KVzapSurrogate::Kind::MLP;
-  for (KVzapSurrogate* s : {&lin, &mlp}) {
-    s->n_layer = L;
-    s->input_dim = d;
-    s->output_dim = H;
-  }
-  mlp.hidden_dim = a.mlp.hidden;
-  fmt::print("model        {} ({} layers, n_embd {}, {} KV heads)\n", a.model, L, d, H);
-  fmt::print("documents    {} ({} train, {} held out), {} tokens each at most; {} + {} rows ({:.1f} s)\n",
-             docs.size(), first_test, n_test_docs, a.doc_tokens, train.size(), test.size(), collect_s);
-  fmt::print("\n{:>5} {:>14} {:>14}   (held-out Pearson correlation of log KVzip+ scores)\n", "layer", "linear", "mlp");
-  std::vector<double> r_lin(L), r_mlp(L);
-  t0 = Clock::now();
-  for (int l = 0; l < L; ++l) {
-    std::vector<float> Xtr = gather(data.X[l], train, d), Ytr = gather(data.Y[l], train, H);
-    std::vector<float> Xte = gather(data.X[l], test, d), Yte = gather(data.Y[l], test, H);
-    std::vector<float> w, b;
-    ridge_fit(Xtr.data(), Ytr.data(), train.size(), d, H, a.alpha, w, b);
-    lin.w1.push_back(w);
-    lin.b1.push_back(b);
-    MLPTrainOptions mo = a.mlp;
-    mo.seed = a.seed + l;
-    std::vector<float> w1, b1, w2, b2;
-    mlp_fit(Xtr.data(), Ytr.data(), train.size(), d, H, mo, w1, b1, w2, b2);
-    mlp.w1.push_back(w1);
-    mlp.b1.push_back(b1);
-    mlp.w2.push_back(w2);
-    mlp.b2.push_back(b2);
-    std::vector<float> p(test.size() * H);
-    lin.predict(l, Xte.data(), static_cast<int>(test.size()), p.data());
-    r_lin[l] = pearson(p.data(), Yte.data(), p.size());
-    mlp.predict(l, Xte.data(), static_cast<int>(test.size()), p.data());
-    r_mlp[l] = pearson(p.data(), Yte.data(), p.size());
-    fmt::print("{:>5} {:>14.3f} {:>14.3f}\n", l, r_lin[l], r_mlp[l]);
-  }
-  double ml = 0, mm = 0;
-  for (int l = 0; l < L; ++l) ml += r_lin[l] / L, mm += r_mlp[l] / L;
-  fmt::print("{:>5} {:>14.3f} {:>14.3f}   (fitting {:.1f} s)\n", "mean", ml, mm, since(t0));
-
-  const KVzapSurrogate& chosen = a.type == "mlp" ? mlp : lin;
+  const KVzapSurrogate& chosen = a.type == "mlp" ? r.mlp : r.linear;
   chosen.save(a.out, a.model);
   fmt::print("\nsaved        {} ({} surrogate)\n", a.out, chosen.kind_name());
 
   // Achieved ratio on the held-out documents: prefill with the saved surrogate as a press.
   auto press = make_press(fmt::format("kvzap:surrogate={},threshold={},window={}", a.out, a.threshold, a.window), 0.0);
-  size_t kept = 0, total = 0;
-  for (int i = first_test; i < static_cast<int>(docs.size()); ++i) {
-    SessionOptions so;
-    so.n_ctx = static_cast<int>(docs[i].size());
-    Session s(*model, so);
-    press->reset();
-    prefill_and_compress(s, *press, docs[i], 0);
-    kept += s.cache().entries();
-    total += docs[i].size() * L * H;
-  }
+  const std::vector<std::vector<Token>> held_out(docs.begin() + r.train_documents, docs.end());
+  const KeptEntries k = kept_entries(*model, *press, held_out);
   fmt::print("threshold    tau {} with a sliding window of {}: compression ratio {:.3f} on the held-out documents "
              "({} of {} entries kept)\n",
-             a.threshold, a.window, 1.0 - double(kept) / total, kept, total);
+             a.threshold, a.window, k.compression_ratio(), k.kept, k.total);
 
   if (a.bench) print_cost(chosen.kind_name(), *model, chosen, static_cast<int>(docs.front().size()));
   summary = {{"command", "kvzap-train"},
@@ -231,12 +117,12 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
              {"surrogate", a.out},
              {"type", chosen.kind_name()},
              {"documents", docs.size()},
-             {"held_out_documents", n_test_docs},
-             {"pearson_linear", r_lin},
-             {"pearson_mlp", r_mlp},
+             {"held_out_documents", r.test_documents},
+             {"pearson_linear", r.pearson_linear},
+             {"pearson_mlp", r.pearson_mlp},
              {"threshold", a.threshold},
              {"window", a.window},
-             {"held_out_compression_ratio", 1.0 - double(kept) / total}};
+             {"held_out_compression_ratio", k.compression_ratio()}};
   return 0;
 }
 
