@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kvslim/gguf.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
@@ -22,17 +23,6 @@ namespace {
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 
 // The pid keeps names apart when ctest runs tests as parallel processes.
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "kvslim_cli_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

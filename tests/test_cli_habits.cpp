@@ -15,22 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
+#include "support/files.h"
 
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 const std::string kPrompt = "Once upon a time";
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "kvslim_habits_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string quote(const std::string& s) {
   std::string q = "'";

@@ -18,19 +18,13 @@
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
 #include "kvslim/quant.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 template <class T>
 void put(std::string& out, T v) {

@@ -15,6 +15,7 @@
 #include "kvslim/eval_tasks.h"
 #include "press/authoring.h"
 #include "util/text_file.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
@@ -27,10 +28,6 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
-}
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "kvslim_limits_" + std::to_string(::getpid()) + "_" + name;
 }
 
 // Presses that cannot be built without a file (trained surrogate, head labels, query filters), as in

@@ -19,23 +19,13 @@
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
 #include "kvslim/quant.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "kvslim_numeric_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 /// Rewrites stories260K: `edit` changes metadata; `scale` (if set) returns a factor per tensor
 /// name (f32 tensors only).

@@ -20,6 +20,7 @@
 #include "press/kvzap.h"
 #include "press/kvzip.h"
 #include "press/recorders.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
@@ -47,10 +48,6 @@ SessionOptions exact_f32(int n_ctx = 1024) {
 std::vector<Token> story_tokens() {
   const Tokenizer& tok = model().tokenizer();
   return tok.encode(kStory, tok.add_bos_default(), false);
-}
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / fmt::format("kvslim_seedpapers_{}_{}", getpid(), name)).string();
 }
 
 /// Prefills `ctx` with `press`, then decodes `steps` greedy tokens passing the press's decode

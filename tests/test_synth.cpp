@@ -19,6 +19,7 @@
 #include "kvslim/model.h"
 #include "kvslim/session.h"
 #include "kvslim/synth.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
@@ -27,17 +28,6 @@ namespace {
 const std::string kVocab = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 
 // The pid keeps names apart when ctest runs tests as parallel processes.
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "kvslim_synth_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 GGMLType type_of(const std::string& ft, const std::string& name, int64_t ne0, int layer, int n_layer,
                  bool has_output) {
   return synth_tensor_type(synth_file_type(ft), name, ne0, layer, n_layer, has_output);

@@ -284,16 +284,43 @@ int on_all_ranks(const MpiWorld& mpi, const std::function<int()>& body) {
   }
 }
 
+/// What every sweep command sets up before it runs: the checks, this process's part, the runs, the
+/// model, and the results' provenance (kind, shard, the common configuration).
+struct Sweep {
+  Part part;
+  std::vector<PressRun> runs;
+  std::unique_ptr<Model> model;
+  SweepResults res;
+};
+
+Sweep start_sweep(const CommonArgs& a, const MpiWorld& mpi, const std::string& kind) {
+  check_plot_format(a.plot_format);
+  Sweep s;
+  s.part = part_of(a, mpi);
+  s.runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
+  if (mpi.rank() == 0) check_json_output(a.json);
+  apply_threads(a.threads);
+  s.model = Model::load(a.model);
+  if (mpi.rank() == 0) warn_context_size(*s.model, a.ctx);
+  s.res.info = make_run_info(kind, a.model);
+  s.res.info.shard_index = s.part.shard.index;
+  s.res.info.shard_count = s.part.shard.count;
+  s.res.info.config = common_config(a, s.runs);
+  return s;
+}
+
+/// After the records are in: rank 0 gathers every rank's, then the files and the report.
+int end_sweep(const CommonArgs& a, const MpiWorld& mpi, Sweep& s) {
+  if (!gather(mpi, s.res)) return 0;
+  return finish(a, s.part, s.res);
+}
+
 int run_fidelity_cmd(const FidelityArgs& a) {
   MpiWorld mpi;
   return on_all_ranks(mpi, [&] {
-    check_plot_format(a.plot_format);
-    const Part part = part_of(a, mpi);
-    auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-    if (mpi.rank() == 0) check_json_output(a.json);
-    apply_threads(a.threads);
-    auto model = Model::load(a.model);
-    if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
+    Sweep s = start_sweep(a, mpi, "fidelity");
+    const Part& part = s.part;
+    SweepResults& res = s.res;
     FidelitySweep sw;
     sw.context_tokens = a.context_tokens;
     sw.continuation_tokens = a.continuation_tokens;
@@ -303,24 +330,19 @@ int run_fidelity_cmd(const FidelityArgs& a) {
     sw.lmba_tau = a.lmba_tau;
     sw.run = run_options(a);
     sw.shard = part.shard;
-    SweepResults res;
-    res.info = make_run_info("fidelity", a.model);
-    res.info.shard_index = part.shard.index;
-    res.info.shard_count = part.shard.count;
-    res.info.config = common_config(a, runs);
     res.info.config.update({{"context_tokens", a.context_tokens},
                             {"continuation_tokens", a.continuation_tokens},
                             {"lmba_window", a.lmba_window},
                             {"lmba_tau", a.lmba_tau},
                             {"text", a.text_file}});
     if (!a.text_file.empty()) {
-      sw.text = model->tokenizer().encode(read_text_file(a.text_file, "--text"), false, false);
+      sw.text = s.model->tokenizer().encode(read_text_file(a.text_file, "--text"), false, false);
       res.info.config["text_sha256"] = sha256_file(a.text_file);
     }
     LiveSamples live(a.out, res.info, !part.mpi);
     Progress bar(!a.no_progress && mpi.rank() == 0);
     res.info.units = run_fidelity_sweep(
-        *model, runs, sw,
+        *s.model, s.runs, sw,
         [&](const FidelityRecord& r) {
           live.add(to_json(r));
           res.fidelity.push_back(r);
@@ -332,21 +354,16 @@ int run_fidelity_cmd(const FidelityArgs& a) {
         [&](size_t d, size_t t, const std::string& w) { bar.update(d, t, w); });
     bar.clear();
     live.close();
-    if (!gather(mpi, res)) return 0;
-    return finish(a, part, res);
+    return end_sweep(a, mpi, s);
   });
 }
 
 int run_task_cmd(const TaskArgs& a, bool niah) {
   MpiWorld mpi;
   return on_all_ranks(mpi, [&] {
-    check_plot_format(a.plot_format);
-    const Part part = part_of(a, mpi);
-    auto runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
-    if (mpi.rank() == 0) check_json_output(a.json);
-    apply_threads(a.threads);
-    auto model = Model::load(a.model);
-    if (mpi.rank() == 0) warn_context_size(*model, a.ctx);
+    Sweep s = start_sweep(a, mpi, niah ? "niah" : "ruler");
+    const Part& part = s.part;
+    SweepResults& res = s.res;
     TaskSweep sw;
     sw.tasks = niah ? std::vector<std::string>{"niah"} : a.tasks;
     sw.lengths = a.lengths;
@@ -358,11 +375,6 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
     sw.run = run_options(a);
     sw.run.n_predict = a.n_predict;
     sw.shard = part.shard;
-    SweepResults res;
-    res.info = make_run_info(niah ? "niah" : "ruler", a.model);
-    res.info.shard_index = part.shard.index;
-    res.info.shard_count = part.shard.count;
-    res.info.config = common_config(a, runs);
     res.info.config.update({{"tasks", sw.tasks},
                             {"lengths", a.lengths},
                             {"depths", a.depths},
@@ -378,7 +390,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
     std::map<std::string, std::pair<int, int>> base;  // task -> (baseline runs, with score 0)
     bool told = false;
     res.info.units = run_task_sweep(
-        *model, runs, sw,
+        *s.model, s.runs, sw,
         [&](const TaskRecord& r) {
           live.add(to_json(r));
           res.tasks.push_back(r);
@@ -398,8 +410,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
         [&](size_t d, size_t t, const std::string& w) { bar.update(d, t, w); });
     bar.clear();
     live.close();
-    if (!gather(mpi, res)) return 0;
-    return finish(a, part, res);
+    return end_sweep(a, mpi, s);
   });
 }
 

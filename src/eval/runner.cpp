@@ -274,7 +274,7 @@ std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const
       runs.push_back({spec, r});
     }
   }
-  if (runs.empty()) throw Error("sweep: no press to run (give --press and --ratios)");
+  if (runs.empty()) throw Error("sweep: no press to run (the press specs or the ratios are empty, and no baseline)");
   return runs;
 }
 
@@ -292,9 +292,9 @@ size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, con
   PieceEncoder enc(tok);
   TokenCounter count = [&](const std::string& s) { return enc.count(s); };
   for (double d : sw.depths)
-    if (!(d >= 0.0 && d <= 1.0)) throw Error(fmt::format("sweep: needle depth {} (--depths) is outside [0, 1]", d));
+    if (!(d >= 0.0 && d <= 1.0)) throw Error(fmt::format("sweep: needle depth {} (TaskSweep::depths) is outside [0, 1]", d));
   for (int n : sw.lengths)
-    if (n < 1) throw Error(fmt::format("sweep: context length {} (--lengths) must be >= 1", n));
+    if (n < 1) throw Error(fmt::format("sweep: context length {} (TaskSweep::lengths) must be >= 1", n));
   std::vector<double> depths = sw.depths;
   if (depths.empty()) depths.push_back(-1.0);  // a random depth per sample
   const size_t units = sw.tasks.size() * sw.lengths.size() * depths.size() * sw.samples * runs.size();
