@@ -49,8 +49,8 @@ struct KVQuantOptions {
   bool hadamard = false;    ///< rotate keys (and, inside attention, queries) before storing
 };
 
-/// Checks a cache configuration independently of the model; throws kvslim::Error with a message
-/// naming the flags for: KIVI bits other than 0/2/4, a group < 1, a residual < 0, KIVI with a
+/// Checks a cache configuration independently of the model; throws kvslim::Error naming the
+/// parameters (kivi_bits, cache_type_k, ...: the CLI maps them to its flags) for: KIVI bits other than 0/2/4, a group < 1, a residual < 0, KIVI with a
 /// quantized row codec (its residual window must be f32, f16 or bf16).
 void validate_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q);
 /// The model-dependent part: head_dim must allow the KIVI groups (head_dim a multiple of

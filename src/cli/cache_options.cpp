@@ -4,6 +4,18 @@
 
 namespace kvslim::cli {
 
+std::string cache_flags_in(std::string message) {
+  static const std::pair<const char*, const char*> kFlags[] = {{"kivi_bits", "--kivi-bits"},
+                                                               {"kivi_group", "--kivi-group"},
+                                                               {"kivi_residual", "--kivi-residual"},
+                                                               {"cache_type_k", "--cache-type-k"},
+                                                               {"cache_type_v", "--cache-type-v"}};
+  for (const auto& [param, flag] : kFlags)
+    for (size_t at = message.find(param); at != std::string::npos; at = message.find(param, at + 1))
+      message.replace(at, std::string(param).size(), flag);
+  return message;
+}
+
 void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& cache_type_v, KVQuantOptions& q) {
   sub->add_option("--cache-type-k", cache_type_k,
                   "KV cache key type: f32, f16, bf16, q8_0, q4_0 (llama.cpp's names; with --kivi-bits, the type of "
@@ -32,7 +44,7 @@ void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& ca
         throw Error(fmt::format("{} needs --kivi-bits 2 or 4", group->count() ? "--kivi-group" : "--kivi-residual"));
       validate_cache_config(k, v, q);
     } catch (const Error& e) {
-      throw CLI::ValidationError(e.what());
+      throw CLI::ValidationError(cache_flags_in(e.what()));
     }
   });
 }

@@ -16,7 +16,7 @@ KVCodec parse_codec(const std::string& name) {
   if (name == "q4_0") return KVCodec::Q4_0;
   if (name == "q4_1" || name == "q5_0" || name == "q5_1" || name == "iq4_nl")
     throw Error(fmt::format("KV cache type '{}' is a llama.cpp type kvslim does not store (supported: f32, f16, "
-                            "bf16, q8_0, q4_0; for 2- or 4-bit caches see --kivi-bits)",
+                            "bf16, q8_0, q4_0; for 2- or 4-bit caches see KIVI, kivi_bits)",
                             name));
   throw Error(fmt::format("unknown KV cache type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", name));
 }
@@ -49,12 +49,12 @@ size_t codec_row_bytes(KVCodec c, int hd) {
 
 void validate_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q) {
   if (q.kivi_bits != 0 && q.kivi_bits != 2 && q.kivi_bits != 4)
-    throw Error(fmt::format("--kivi-bits {} is not supported (expected 2 or 4; 0 = off)", q.kivi_bits));
-  if (q.kivi_group < 1) throw Error(fmt::format("--kivi-group {} must be >= 1", q.kivi_group));
-  if (q.kivi_residual < 0) throw Error(fmt::format("--kivi-residual {} must be >= 0", q.kivi_residual));
+    throw Error(fmt::format("kivi_bits {} is not supported (expected 2 or 4; 0 = off)", q.kivi_bits));
+  if (q.kivi_group < 1) throw Error(fmt::format("kivi_group {} must be >= 1", q.kivi_group));
+  if (q.kivi_residual < 0) throw Error(fmt::format("kivi_residual {} must be >= 0", q.kivi_residual));
   if (q.kivi_bits != 0 && (codec_is_quantized(key) || codec_is_quantized(value)))
-    throw Error(fmt::format("--kivi-bits {} keeps its residual window in full precision: --cache-type-k and "
-                            "--cache-type-v must be f32, f16 or bf16 with KIVI (got k={} v={})",
+    throw Error(fmt::format("kivi_bits {} keeps its residual window in full precision: cache_type_k and "
+                            "cache_type_v must be f32, f16 or bf16 with KIVI (got k={} v={})",
                             q.kivi_bits, codec_name(key), codec_name(value)));
 }
 
@@ -64,7 +64,7 @@ void validate_cache_config(KVCodec key, KVCodec value, const KVQuantOptions& q, 
   if (q.kivi_bits) {
     const int gv = std::min(q.kivi_group, hd);
     if (hd % gv)
-      throw Error(fmt::format("--kivi-group {}: values are quantized per token over groups of {} channels, "
+      throw Error(fmt::format("kivi_group {}: values are quantized per token over groups of {} channels, "
                               "which must divide head_dim {}",
                               q.kivi_group, gv, hd));
     if (hd % 4)
