@@ -450,7 +450,7 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 // bit for bit, at every level and batch size (decode 1-3 tokens, prefill tiles above), with row
 // counts that leave a partial 8-row block and a partial AVX-512 tile.
 TEST(Kernels, PackedRowsBitIdentical) {
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0})
   for (int64_t rows : {1, 8, 27}) {
     for (int64_t cols : {256, 768}) {
       Matrix m = make_matrix(t, rows, cols, 71 + static_cast<uint32_t>(rows));
@@ -467,11 +467,12 @@ TEST(Kernels, PackedRowsBitIdentical) {
   }
 }
 
-// The packed kernels add maddubs pairs in 16 bits (q4_K: 8 steps of a group, q6_K: 2 steps): at
-// the largest sums still exact. q4_K: every nibble 15, every 6-bit scale and min 63, d = dmin = 1,
+// The packed kernels add maddubs pairs in 16 bits (q4_K: 8 steps of a group, q6_K: 2 steps; q8_0
+// uses the sign trick, its pairs reach 2 * 128 * 127 with codes -128): at the largest sums still
+// exact. q4_K: every nibble 15, every 6-bit scale and min 63, d = dmin = 1,
 // so each column weighs 63 * 15 - 63 = 882; q6_K: every value 63 (offset 32: weight 31) with
 // scales 0x7F = 127 (each column 127 * 31 = 3937); activations all +1 or all -1 (codes +-127,
-// scale 1/127).
+// scale 1/127); q8_0: codes 127, then -128, with d = 1.
 TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
   struct Case {
     GGMLType t;
@@ -480,7 +481,8 @@ TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
     uint8_t fill;
     double column;
   };
-  for (const Case& c : {Case{GGMLType::Q4_K, 144, {0, 2}, 0xFF, 882.0}, Case{GGMLType::Q6_K, 210, {208}, 0xFF, 0}}) {
+  for (const Case& c : {Case{GGMLType::Q4_K, 144, {0, 2}, 0xFF, 882.0}, Case{GGMLType::Q6_K, 210, {208}, 0xFF, 0},
+                        Case{GGMLType::Q8_0, 34, {0}, 0x7F, 127.0}, Case{GGMLType::Q8_0, 34, {0}, 0x80, -128.0}}) {
     const int64_t cols = 512, rows = 19;
     const size_t rb = row_bytes(c.t, cols);
     Matrix m;
@@ -499,7 +501,7 @@ TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
       for (int64_t n : {1, 3, 9}) {
         std::vector<float> x(static_cast<size_t>(n * cols), sign);
         const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
-        for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * column * cols) << type_name(c.t);
+        for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * std::fabs(column) * cols) << type_name(c.t);
         for (qdot::Level lv : levels())
           EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
               << type_name(c.t) << " " << qdot::level_name(lv) << " n " << n << " sign " << sign;
@@ -511,7 +513,7 @@ TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
 TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
   Restore restore;
   const int64_t cols = 512, rows = 100;
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
   Matrix m = make_matrix(t, rows, cols, 81);
   const WeightView pv = packed_view(m);
   for (int64_t n : {1, 7}) {
@@ -528,11 +530,12 @@ TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
   }
 }
 
-// Only q4_K and q6_K rows whose length is a multiple of 256 are packed.
+// Only q4_K, q6_K and q8_0 rows whose length is a multiple of 256 are packed.
 TEST(Kernels, PackRowsRejectsOtherTypes) {
-  Matrix q8 = make_matrix(GGMLType::Q8_0, 8, 256, 91);
+  Matrix q4 = make_matrix(GGMLType::Q4_0, 8, 256, 91), q8 = make_matrix(GGMLType::Q8_0, 8, 224, 94);
+  EXPECT_FALSE(qdot::packable(q4.view));
+  EXPECT_THROW(qdot::pack_rows(q4.view), Error);
   EXPECT_FALSE(qdot::packable(q8.view));
-  EXPECT_THROW(qdot::pack_rows(q8.view), Error);
   Matrix k4 = make_matrix(GGMLType::Q4_K, 8, 256, 92), k6 = make_matrix(GGMLType::Q6_K, 3, 512, 93);
   EXPECT_TRUE(qdot::packable(k4.view));
   EXPECT_TRUE(qdot::packable(k6.view));

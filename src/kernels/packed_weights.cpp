@@ -16,6 +16,7 @@ namespace kvslim::qdot {
 namespace {
 
 constexpr size_t kQ4KBlock = 1184;  // 8 rows x (2 + 2 + 8 + 8 + 128) bytes
+constexpr size_t kQ8Block = 2176;   // 8 rows x 8 blocks x 34 bytes
 constexpr size_t kQ6KBlock = 1696;  // 8 rows x (2 + 16 + 128 + 64) bytes and 16 of padding
 
 // Six-bit scale and min j (0..7) of a q4_K super-block's 12 scale bytes (ggml's packing: j < 4
@@ -58,12 +59,25 @@ void pack_q6k(const uint8_t* const rows[8], uint8_t* out) {
   }
 }
 
+// One 8-row q8_0 super-block of 8 blocks of 32: rows[r] points at the rows' 8 34-byte blocks.
+void pack_q8(const uint8_t* const rows[8], uint8_t* out) {
+  std::memset(out, 0, kQ8Block);
+  for (int r = 0; r < 8; ++r) {
+    if (!rows[r]) continue;
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t* p = rows[r] + 34 * g;
+      std::memcpy(out + 16 * g + 2 * r, p, 2);  // d
+      for (int q = 0; q < 8; ++q) std::memcpy(out + 128 + 32 * (8 * g + q) + 4 * r, p + 2 + 4 * q, 4);
+    }
+  }
+}
+
 void free_bytes(void* p) { std::free(p); }
 
 }  // namespace
 
 size_t packed_block_bytes(GGMLType t) {
-  return t == GGMLType::Q4_K ? kQ4KBlock : t == GGMLType::Q6_K ? kQ6KBlock : 0;
+  return t == GGMLType::Q4_K ? kQ4KBlock : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8Block : 0;
 }
 
 bool packable(const WeightView& W) {
@@ -72,7 +86,7 @@ bool packable(const WeightView& W) {
 
 std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   if (!packable(W))
-    throw Error(fmt::format("pack_rows: a {} x {} {} matrix cannot be packed (q4_K or q6_K with columns a multiple of 256)",
+    throw Error(fmt::format("pack_rows: a {} x {} {} matrix cannot be packed (q4_K, q6_K or q8_0 with columns a multiple of 256)",
                             W.rows, W.cols, type_name(W.type)));
   auto P = std::make_shared<PackedRows>();
   P->type = W.type;
@@ -93,7 +107,8 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
         for (int r = 0; r < 8; ++r) rows[r] = 8 * b + r < W.rows ? W.row(8 * b + r) + s * in_block : nullptr;
         uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
         if (W.type == GGMLType::Q4_K) pack_q4k(rows, out);
-        else pack_q6k(rows, out);
+        else if (W.type == GGMLType::Q6_K) pack_q6k(rows, out);
+        else pack_q8(rows, out);
       }
   });
   return P;

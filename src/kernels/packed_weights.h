@@ -14,6 +14,19 @@
 //   [160, 1184)  32 vectors of 32 bytes, vector 8 p + q (p = 0..3, q = 0..7): byte 4 r + i is byte
 //                32 p + 4 q + i of row r's 128 quant bytes, i.e. columns 64 p + 4 q + i (low
 //                nibble, group 2 p) and 64 p + 32 + 4 q + i (high nibble, group 2 p + 1).
+//
+// q6_K, 1,696 bytes (212 per row; the file has 210):
+//   [0, 16)      d of rows 0..7 (f16)
+//   [16, 144)    int8 scale of group g (16 columns) and row r at 16 + 8 g + r; [144, 160) zero
+//   [160, 1184)  ql: 32 vectors, vector v byte 4 r + i = ql byte 4 v + i of row r
+//   [1184, 1696) qh: 16 vectors, vector w byte 4 r + i = qh byte 4 w + i of row r
+//   (ggml's order: ql byte 64 n + l holds columns 128 n + l and 128 n + 64 + l, byte 64 n + 32 + l
+//   columns 128 n + 32 + l and 128 n + 96 + l; qh byte 32 n + l the top 2 bits of all four)
+//
+// q8_0, 2,176 bytes (272 per row of 8 blocks, as in the file):
+//   [0, 128)     d of block g (32 columns) and row r at 16 g + 2 r (f16)
+//   [128, 2176)  64 vectors, vector 8 g + q byte 4 r + i = code of column 32 g + 4 q + i of row r
+//
 // The packed values are the file's own (no rounding): every kernel computes the canonical result
 // of kernels/quant_dot.h from them, bit for bit the same as from the file's rows.
 #include <cstddef>
@@ -40,7 +53,7 @@ struct PackedRows {
   }
 };
 
-/// Whether W can be packed: a packed type and cols a multiple of 256.
+/// Whether W can be packed: q4_K, q6_K or q8_0 and cols a multiple of 256.
 bool packable(const WeightView& W);
 
 /// Repacks W (packable(W) must hold, else kvslim::Error). Reads every byte of W once.
