@@ -32,6 +32,7 @@ const std::set<std::string> kNotRatioDriven = {
     "per_layer",  // its own per-layer ratios
     "decoding",   // compresses during decode only
     "compression_ratio_decoding",  // the same (decoding with size=0)
+    "cam",        // the same: merges and evicts during decode only
     "leankv",     // precision tiers: a share is kept at low precision, not evicted
     "simlayerkv", // keeps everything in non-lazy layers; no ratio (default threshold 1: no-op)
 };

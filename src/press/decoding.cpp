@@ -5,11 +5,11 @@
 // window to start with). kvpress's DecodingPress (kvpress/presses/decoding_press.py): defaults
 // compression_interval 512, target_size 2048.
 #include <algorithm>
-#include <cstring>
 
 #include <fmt/format.h>
 
 #include "press/authoring.h"
+#include "press/decode_window.h"
 
 namespace kvslim {
 namespace {
@@ -33,7 +33,7 @@ class DecodingPress : public Press {
   }
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
     inner_->observe(cache, model, obs);
-    append_window(model, obs);
+    append_decode_window(buf_, obs, model, inner_->needs().window);
     if (++steps_ % interval_ != 0) return;
     const size_t n = static_cast<size_t>(cache_next_position(cache));
     Target t{inner_->ratio(), n};
@@ -58,31 +58,6 @@ class DecodingPress : public Press {
   }
 
  private:
-  /// Appends the decode step's recorded queries to the window, keeping the newest `window` rows.
-  void append_window(const Model& model, const Observation& obs) {
-    const int W = inner_->needs().window, add = obs.n_window();
-    if (W <= 0 || add == 0) return;
-    const HParams& hp = model.hparams();
-    const int nh = hp.n_head, hd = hp.head_dim, have = buf_.n_window();
-    const int keep_old = std::min(have, std::max(0, W - add)), take = std::min(add, W), nw = keep_old + take;
-    buf_.queries.resize(hp.n_layer);
-    for (int l = 0; l < hp.n_layer; ++l) {
-      std::vector<float> q(static_cast<size_t>(nh) * nw * hd);
-      const std::vector<float>& old = buf_.queries[l];
-      const std::vector<float>& neu = obs.queries[l];
-      for (int h = 0; h < nh; ++h) {
-        if (keep_old > 0)
-          std::memcpy(&q[static_cast<size_t>(h) * nw * hd], &old[(static_cast<size_t>(h) * have + have - keep_old) * hd],
-                      sizeof(float) * keep_old * hd);
-        std::memcpy(&q[(static_cast<size_t>(h) * nw + keep_old) * hd], &neu[(static_cast<size_t>(h) * add + add - take) * hd],
-                    sizeof(float) * take * hd);
-      }
-      buf_.queries[l].swap(q);
-    }
-    std::vector<int32_t> wp(buf_.window_positions.end() - keep_old, buf_.window_positions.end());
-    wp.insert(wp.end(), obs.window_positions.end() - take, obs.window_positions.end());
-    buf_.window_positions.swap(wp);
-  }
   std::unique_ptr<Press> inner_;
   int interval_, size_;
   Observation buf_;

@@ -65,6 +65,7 @@ const std::vector<Entry>& table() {
       {"ThinKPress", "think", {{"key_channel_compression_ratio", "key_ratio"}, {"window_size", "window"}}},
       {"CapPress", "cap", {{"n_future_positions", "n_future"}}},
       {"KVComposePress", "kvcompose", {}},
+      {"CAMPress", "cam", {{"compression_interval", "interval"}, {"target_size", "size"}}},
   };
   return t;
 }
