@@ -55,6 +55,15 @@ double row_bound(KVCodec c, const float* x, int hd, int i) {
       if (c == KVCodec::Q8_0) return amax / 127 * (0.5 + 127 * kHalfUlp16) + 1e-7 * amax;
       return amax / 8 * (1.0 + 8 * kHalfUlp16) + 1e-7 * amax;
     }
+    case KVCodec::Q2_1: {
+      // d = (max - min) / 3, codes trunc((x - min) / d + 0.5) <= 3: |err| <= d / 2 with exact d and
+      // min; the f16 min and step add half an f16 ulp of |min| and 3 halves of d's.
+      const int qb = gcd32(hd), b0 = i / qb * qb;
+      double mn = x[b0], mx = x[b0];
+      for (int j = b0; j < b0 + qb; ++j) mn = std::min(mn, double(x[j])), mx = std::max(mx, double(x[j]));
+      const double d = (mx - mn) / 3;
+      return d / 2 + kHalfUlp16 * std::fabs(mn) + 3 * kHalfUlp16 * d + std::ldexp(1.0, -24) + 1e-6 * (mx - mn);
+    }
   }
   return 0.0;
 }
@@ -66,6 +75,7 @@ GGMLType ggml_type(KVCodec c) {
     case KVCodec::BF16: return GGMLType::BF16;
     case KVCodec::Q8_0: return GGMLType::Q8_0;
     case KVCodec::Q4_0: return GGMLType::Q4_0;
+    case KVCodec::Q2_1: break;  // no ggml type
   }
   return GGMLType::F32;
 }
@@ -95,8 +105,8 @@ TEST(KVCodec, NamesFollowLlamaCpp) {
 }
 
 TEST(KVCodec, RoundTripWithinBoundAgainstFloat64) {
-  for (int hd : {8, 64, 96}) {
-    for (KVCodec c : kAll) {
+  for (int hd : {8, 64, 96, 6}) {
+    for (KVCodec c : {KVCodec::F32, KVCodec::F16, KVCodec::BF16, KVCodec::Q8_0, KVCodec::Q4_0, KVCodec::Q2_1}) {
       Segment s(hd, c, c);
       const int n = 41;  // crosses key tiles, leaves a partial one
       auto k = sample(static_cast<size_t>(n) * hd, 1 + hd), v = sample(static_cast<size_t>(n) * hd, 2 + hd);
@@ -120,6 +130,29 @@ TEST(KVCodec, RoundTripWithinBoundAgainstFloat64) {
       }
     }
   }
+}
+
+// q2_1 (LeanKV's 2-bit rows): the layout written by hand for one row of head_dim 8 (one block):
+// values 0..7 -> min 0, step 7/3; codes trunc(x * 3/7 + 0.5) = 0 0 1 1 2 2 3 3, four per byte,
+// value j at bits 2 (j % 4); then the bytes of a whole entry and the row sizes.
+TEST(KVCodec, Q2_1LayoutAndBytesByHand) {
+  EXPECT_EQ(parse_codec("q2_1"), KVCodec::Q2_1);
+  EXPECT_STREQ(codec_name(KVCodec::Q2_1), "q2_1");
+  EXPECT_TRUE(codec_is_quantized(KVCodec::Q2_1));
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q2_1, 128), 4u * 4 + 32);  // 4 blocks x (f16 step, f16 min) + 2 bits x 128
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q2_1, 8), 4u + 2);
+  EXPECT_EQ(codec_row_bytes(KVCodec::Q2_1, 6), 3u * 4 + 2);       // 3 blocks of gcd(32, 6) = 2
+  const float x[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  Segment s(8, KVCodec::Q2_1, KVCodec::Q2_1);
+  s.append(x, x, 0);
+  float got[8];
+  s.value(0, got);
+  const double d = fp16_to_fp32(fp32_to_fp16(7.0f / 3.0f));
+  const int codes[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+  for (int j = 0; j < 8; ++j) EXPECT_FLOAT_EQ(got[j], static_cast<float>(codes[j] * d)) << j;
+  s.key(0, got);
+  for (int j = 0; j < 8; ++j) EXPECT_FLOAT_EQ(got[j], static_cast<float>(codes[j] * d)) << j;
+  EXPECT_EQ(s.kv_bytes(), 2u * 6);
 }
 
 TEST(KVCodec, BitExactWithGgmlWhereHeadDimHoldsWholeBlocks) {

@@ -26,15 +26,16 @@ namespace kvslim {
 
 /// Row codec of keys or values. Q8_0 / Q4_0 use ggml's blocks of 32 values along head_dim (one
 /// f16 scale per block; q4_0's codes are offset by 8); where head_dim is not a multiple of 32 the
-/// block is gcd(32, head_dim) values (8 for a head_dim of 8), with the same rounding.
-enum class KVCodec { F32, F16, BF16, Q8_0, Q4_0 };
+/// block is gcd(32, head_dim) values (8 for a head_dim of 8), with the same rounding. Q2_1: 2-bit
+/// asymmetric codes with an f16 step and minimum per block (LeanKV's K4V2 low tier; src/kv/codec_q2_1.cpp).
+enum class KVCodec { F32, F16, BF16, Q8_0, Q4_0, Q2_1 };
 
-/// Parses llama.cpp's --cache-type names: "f32", "f16", "bf16", "q8_0", "q4_0". Other names
+/// Parses llama.cpp's --cache-type names: "f32", "f16", "bf16", "q8_0", "q4_0", and "q2_1". Other names
 /// (including llama.cpp types this engine does not store, like q4_1) throw kvslim::Error naming
 /// the value and listing the supported ones.
 KVCodec parse_codec(const std::string& name);
 const char* codec_name(KVCodec c);
-/// True for q8_0 and q4_0.
+/// True for q8_0, q4_0 and q2_1.
 bool codec_is_quantized(KVCodec c);
 /// Values per quantization block along head_dim: 1 for f32/f16/bf16, gcd(32, head_dim) otherwise.
 int codec_block(KVCodec c, int head_dim);

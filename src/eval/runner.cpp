@@ -178,7 +178,7 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
 
 SessionOptions full_precision(SessionOptions opt) {
   for (KVCodec* c : {&opt.key_codec, &opt.value_codec})
-    if (*c == KVCodec::Q8_0 || *c == KVCodec::Q4_0) *c = KVCodec::F16;
+    if (codec_is_quantized(*c)) *c = KVCodec::F16;
   opt.kv_quant = KVQuantOptions{};
   return opt;
 }

@@ -14,11 +14,12 @@ KVCodec parse_codec(const std::string& name) {
   if (name == "bf16") return KVCodec::BF16;
   if (name == "q8_0") return KVCodec::Q8_0;
   if (name == "q4_0") return KVCodec::Q4_0;
+  if (name == "q2_1") return KVCodec::Q2_1;
   if (name == "q4_1" || name == "q5_0" || name == "q5_1" || name == "iq4_nl")
     throw Error(fmt::format("KV cache type '{}' is a llama.cpp type kvslim does not store (supported: f32, f16, "
-                            "bf16, q8_0, q4_0; for 2- or 4-bit caches see KIVI, kivi_bits)",
+                            "bf16, q8_0, q4_0, q2_1; for 2- or 4-bit caches see KIVI, kivi_bits)",
                             name));
-  throw Error(fmt::format("unknown KV cache type '{}' (expected f32, f16, bf16, q8_0 or q4_0)", name));
+  throw Error(fmt::format("unknown KV cache type '{}' (expected f32, f16, bf16, q8_0, q4_0 or q2_1)", name));
 }
 
 const char* codec_name(KVCodec c) {
@@ -28,11 +29,12 @@ const char* codec_name(KVCodec c) {
     case KVCodec::BF16: return "bf16";
     case KVCodec::Q8_0: return "q8_0";
     case KVCodec::Q4_0: return "q4_0";
+    case KVCodec::Q2_1: return "q2_1";
   }
   return "?";
 }
 
-bool codec_is_quantized(KVCodec c) { return c == KVCodec::Q8_0 || c == KVCodec::Q4_0; }
+bool codec_is_quantized(KVCodec c) { return c == KVCodec::Q8_0 || c == KVCodec::Q4_0 || c == KVCodec::Q2_1; }
 
 int codec_block(KVCodec c, int head_dim) { return codec_is_quantized(c) ? std::gcd(32, head_dim) : 1; }
 
@@ -43,6 +45,7 @@ size_t codec_row_bytes(KVCodec c, int hd) {
     case KVCodec::BF16: return hd * sizeof(uint16_t);
     case KVCodec::Q8_0: return hd / codec_block(c, hd) * 2 + hd;
     case KVCodec::Q4_0: return hd / codec_block(c, hd) * 2 + hd / 2;
+    case KVCodec::Q2_1: return hd / codec_block(c, hd) * 4 + (hd + 3) / 4;
   }
   return 0;
 }
@@ -89,6 +92,7 @@ void tile_put(KVCodec c, int hd, uint8_t* tile, int lane, const float* k) {
   switch (c) {
     case KVCodec::Q8_0: return q8_0_tile_put(hd, tile, lane, k);
     case KVCodec::Q4_0: return q4_0_tile_put(hd, tile, lane, k);
+    case KVCodec::Q2_1: return q2_1_tile_put(hd, tile, lane, k);
     default: return float_tile_put(c, hd, tile, lane, k);
   }
 }
@@ -97,6 +101,7 @@ void tile_get(KVCodec c, int hd, const uint8_t* tile, int lane, float* out) {
   switch (c) {
     case KVCodec::Q8_0: return q8_0_tile_get(hd, tile, lane, out);
     case KVCodec::Q4_0: return q4_0_tile_get(hd, tile, lane, out);
+    case KVCodec::Q2_1: return q2_1_tile_get(hd, tile, lane, out);
     default: return float_tile_get(c, hd, tile, lane, out);
   }
 }
@@ -105,6 +110,7 @@ void tile_decode(KVCodec c, int hd, const uint8_t* tile, float* kt) {
   switch (c) {
     case KVCodec::Q8_0: return q8_0_tile_decode(hd, tile, kt);
     case KVCodec::Q4_0: return q4_0_tile_decode(hd, tile, kt);
+    case KVCodec::Q2_1: return q2_1_tile_decode(hd, tile, kt);
     default: return float_tile_decode(c, hd, tile, kt);
   }
 }
@@ -113,6 +119,7 @@ void tile_move(KVCodec c, int hd, uint8_t* dtile, int dlane, const uint8_t* stil
   switch (c) {
     case KVCodec::Q8_0: return q8_0_tile_move(hd, dtile, dlane, stile, slane);
     case KVCodec::Q4_0: return q4_0_tile_move(hd, dtile, dlane, stile, slane);
+    case KVCodec::Q2_1: return q2_1_tile_move(hd, dtile, dlane, stile, slane);
     default: {
       const size_t es = codec_row_bytes(c, hd) / hd;  // bytes per element
       for (int d = 0; d < hd; ++d)
@@ -126,6 +133,7 @@ void row_encode(KVCodec c, int hd, const float* x, uint8_t* dst) {
   switch (c) {
     case KVCodec::Q8_0: return q8_0_row_encode(hd, x, dst);
     case KVCodec::Q4_0: return q4_0_row_encode(hd, x, dst);
+    case KVCodec::Q2_1: return q2_1_row_encode(hd, x, dst);
     default: return float_row_encode(c, hd, x, dst);
   }
 }
@@ -134,6 +142,7 @@ void rows_decode(KVCodec c, int hd, const uint8_t* src, float* out, size_t n) {
   switch (c) {
     case KVCodec::Q8_0: return q8_0_rows_decode(hd, src, out, n);
     case KVCodec::Q4_0: return q4_0_rows_decode(hd, src, out, n);
+    case KVCodec::Q2_1: return q2_1_rows_decode(hd, src, out, n);
     default: return float_rows_decode(c, src, out, n * hd);
   }
 }

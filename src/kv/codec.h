@@ -61,6 +61,15 @@ void q4_0_tile_move(int hd, uint8_t* dtile, int dlane, const uint8_t* stile, int
 void q4_0_row_encode(int hd, const float* x, uint8_t* dst);
 void q4_0_rows_decode(int hd, const uint8_t* src, float* out, size_t n);
 
+/// q2_1 block of qb values: f16 step and minimum, qb codes in [0, 3] (codec_q2_1.cpp).
+void q2_1_block(const float* x, int qb, uint16_t& d, uint16_t& m, uint8_t* codes);
+void q2_1_tile_put(int hd, uint8_t* tile, int lane, const float* k);
+void q2_1_tile_get(int hd, const uint8_t* tile, int lane, float* out);
+void q2_1_tile_decode(int hd, const uint8_t* tile, float* kt);
+void q2_1_tile_move(int hd, uint8_t* dtile, int dlane, const uint8_t* stile, int slane);
+void q2_1_row_encode(int hd, const float* x, uint8_t* dst);
+void q2_1_rows_decode(int hd, const uint8_t* src, float* out, size_t n);
+
 // ---- KIVI (kivi.cpp) ----
 
 /// Asymmetric b-bit parameters of values x[0], x[stride], ... (n of them): the f16 zero point

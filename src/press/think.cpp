@@ -24,6 +24,7 @@ int bits_like(KVCodec c, const KVQuantOptions& q) {
     case KVCodec::F32: return 32;
     case KVCodec::Q8_0: return 8;
     case KVCodec::Q4_0: return 4;
+    case KVCodec::Q2_1: return 2;
     default: return 0;  // f16 (bf16 is stored as f16 codes)
   }
 }
