@@ -13,6 +13,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "kvslim/gguf.h"
 #include "support/files.h"
 
@@ -275,4 +277,22 @@ TEST(CliErrors, ContextAboveTrainingWarns) {
   Result ok = run_cli(gen(kModel, "-p 'Once upon a time' -c 256"));
   EXPECT_EQ(ok.rc, 0) << ok.err;
   EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
+}
+
+TEST(CliAutoBudget, KvBudgetAndTargetKlAreReportedAndChecked) {
+  const std::string ctx = "-f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt");
+  Result r = run_cli(gen(kModel, ctx + " --press knorm --kv-budget 20KiB --json -"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_LE(j["kv_bytes"].get<size_t>(), size_t(20) * 1024);
+  EXPECT_EQ(j["auto_budget"]["kv_budget_bytes"].get<size_t>(), size_t(20) * 1024);
+  EXPECT_TRUE(j["auto_budget"]["budget_met"].get<bool>());
+  EXPECT_NEAR(j["compression_ratio"].get<double>(), j["auto_budget"]["ratio"].get<double>(), 0.01);
+  EXPECT_NE(r.err.find("auto-budget"), std::string::npos);
+
+  expect_clean_failure(gen(kModel, ctx + " --press knorm --kv-budget 12parsecs"), {"--kv-budget", "12parsecs"});
+  expect_clean_failure(gen(kModel, ctx + " --press knorm --target-kl 0.01 --compression-ratio 0.5"),
+                       {"--compression-ratio"});
+  expect_clean_failure(gen(kModel, ctx + " --target-kl 0.01"), {"--press"});
+  expect_clean_failure(gen(kModel, ctx + " --press knorm --target-kl nan"), {"--target-kl", "nan"});
 }

@@ -22,6 +22,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   int chunk_size = 0;       ///< > 0: the press acts after every chunk of this many context tokens
   SessionOptions session;
+  AutoBudget auto_budget;   ///< the press's ratio chosen per request (see request.h); off by default
 };
 
 /// Measured from the cache, never computed from the request.

@@ -41,6 +41,26 @@ enum class FinishReason {
 /// "length", "eog", "context_full", "stop", "cancelled", "none".
 const char* finish_reason_name(FinishReason r);
 
+/// Auto-budget: the request chooses its press's compression ratio after prefill so that the
+/// compressed cache fits a byte budget and/or stays within a fidelity target, measured on the
+/// request's own text (no peer engine offers this; CLLA's issue 14 asks for it).
+///
+/// How: the context is prefilled once and observed; the press then compresses copies of that cache
+/// at trial ratios (bisection). Fidelity is measured on probe tokens: the question when there is
+/// one, else the last `probe_tokens` context tokens (held out of compression, then appended
+/// uncompressed like a question). Each trial runs the probe teacher-forced on the compressed cache
+/// and takes the mean KL(full || compressed) of the next-token distributions over the probe
+/// positions, in nats; the full cache's distributions come from the same probe run once on the
+/// uncompressed cache. Trials rewind: only the chosen compression stays.
+struct AutoBudget {
+  double target_kl = 0;       ///< > 0: largest ratio whose probe KL is <= this (nats); 0: no fidelity target
+  size_t kv_budget_bytes = 0; ///< > 0: smallest ratio whose cache bytes (RequestStats::kv_bytes) fit; 0: none
+  int probe_tokens = 32;      ///< probe length when the request has no question (tokens)
+  double max_ratio = 0.99;    ///< largest ratio tried
+  double tolerance = 0.005;   ///< bisection stops when the bracket is this narrow (ratio units)
+  bool active() const { return target_kl > 0 || kv_budget_bytes > 0; }
+};
+
 /// How a request runs. Everything here is per request.
 struct RequestOptions {
   SessionOptions session;    ///< context size, cache codecs, prefill batch
@@ -49,6 +69,21 @@ struct RequestOptions {
   SamplingParams sampling;   ///< temp <= 0 is greedy (arg max, lowest id on ties)
   /// Generation stops as soon as the text contains one of these; the text is cut before it.
   std::vector<std::string> stop;
+  /// Ratio chosen per request for a byte budget / fidelity target (off by default). Needs
+  /// chunk_size 0 and a press with a compression ratio (see AutoBudget).
+  AutoBudget auto_budget;
+};
+
+/// What auto-budget chose and measured (RequestStats::auto_budget).
+struct AutoBudgetReport {
+  bool used = false;
+  double ratio = 0;          ///< the press ratio chosen
+  double probe_kl = 0;       ///< mean KL(full || compressed) over the probe at that ratio (nats)
+  int probe_tokens = 0;      ///< probe positions measured (0 without a fidelity target)
+  bool probe_is_question = false;
+  int trials = 0;            ///< compressions tried (the final one excluded)
+  bool budget_met = true;    ///< kv bytes <= kv_budget_bytes (false: even max_ratio did not fit)
+  bool target_met = true;    ///< probe_kl <= target_kl (false: the budget forced a larger ratio)
 };
 
 /// What a request measured. Cache figures are read from the cache, never computed from the request.
@@ -67,6 +102,7 @@ struct RequestStats {
   double prefill_seconds = 0;           ///< context + compression + question
   double press_seconds = 0;             ///< of which the press's compression
   double decode_seconds = 0;            ///< from the first sampled token to the last
+  AutoBudgetReport auto_budget;         ///< what auto-budget chose (used == false when off)
   /// Fraction of context entries removed, measured: 1 - entries_kept / entries_total.
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
   /// Cache bytes / full f16 cache bytes of the context.

@@ -40,6 +40,8 @@ struct GenerateArgs {
   bool no_progress = false;
   bool chat = false;            // the prompt is a user message, rendered with the chat template
   ChatTemplateArgs chat_template;
+  AutoBudget auto_budget;
+  std::string kv_budget;        // --kv-budget SIZE, parsed in run()
 };
 
 std::string human_bytes(double b) {
@@ -57,9 +59,19 @@ int run(const GenerateArgs& a) {
     throw Error(fmt::format("{} needs a press: add --press NAME (see `kvslim presses`); without one nothing is removed",
                             a.ratio_given ? fmt::format("--compression-ratio {}", a.ratio)
                                           : fmt::format("--chunk-size {}", a.chunk_size)));
+  AutoBudget auto_budget = a.auto_budget;
+  if (!a.kv_budget.empty()) auto_budget.kv_budget_bytes = parse_byte_size(a.kv_budget, "--kv-budget");
+  if (auto_budget.active()) {
+    if (a.press == "none")
+      throw Error("--target-kl / --kv-budget choose a press's compression ratio: add --press NAME");
+    if (a.ratio_given)
+      throw Error("--target-kl / --kv-budget choose the compression ratio: drop --compression-ratio");
+    if (a.chunk_given) throw Error("--target-kl / --kv-budget need the context compressed once: drop --chunk-size");
+  }
   std::unique_ptr<Press> press = make_press(a.press, a.ratio);
   check_json_output(a.json);
   GenerateOptions opt;
+  opt.auto_budget = auto_budget;
   opt.context = a.file_given ? read_text_file(a.prompt_file, "-f") : a.prompt;
   opt.question = a.question;
   apply_threads(a.threads);
@@ -149,6 +161,17 @@ int run(const GenerateArgs& a) {
                "KV bits          {:.1f} bits per entry ({:.2f} bits per key/value element; full f16 cache: {} and 16)\n",
                bits_per_entry, per_value, 2 * 16 * hp.head_dim + 32);
   }
+  if (st.auto_budget.used) {
+    const AutoBudgetReport& ab = st.auto_budget;
+    std::string line = fmt::format("ratio {:.4f} chosen after {} trial compressions", ab.ratio, ab.trials);
+    if (auto_budget.kv_budget_bytes)
+      line += fmt::format("; budget {} B {}", auto_budget.kv_budget_bytes, ab.budget_met ? "met" : "NOT met");
+    if (auto_budget.target_kl > 0)
+      line += fmt::format("; probe KL {:.5f} nats over {} {} tokens, target {} {}", ab.probe_kl, ab.probe_tokens,
+                          ab.probe_is_question ? "question" : "held-out context", auto_budget.target_kl,
+                          ab.target_met ? "met" : "NOT met");
+    fmt::print(stderr, "auto-budget      {}\n", line);
+  }
   fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
              st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print(stderr, "decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
@@ -189,6 +212,18 @@ int run(const GenerateArgs& a) {
         {"decode_tokens_per_second", st.decode_tps()},
         {"press_report", report},
     };
+    if (st.auto_budget.used) {
+      const AutoBudgetReport& ab = st.auto_budget;
+      j["auto_budget"] = {{"ratio", ab.ratio},
+                          {"trials", ab.trials},
+                          {"kv_budget_bytes", auto_budget.kv_budget_bytes},
+                          {"budget_met", ab.budget_met},
+                          {"target_kl", auto_budget.target_kl},
+                          {"probe_kl", ab.probe_kl},
+                          {"probe_tokens", ab.probe_tokens},
+                          {"probe_is_question", ab.probe_is_question},
+                          {"target_met", ab.target_met}};
+    }
     write_json(a.json, j);
   }
   return 0;
@@ -231,6 +266,7 @@ void add_generate(CLI::App& app, Action& action) {
   add_no_progress_flag(sub, a->no_progress);
   sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
   add_chat_template_options(sub, a->chat_template);  // each implies --chat
+  add_auto_budget_options(sub, a->auto_budget, a->kv_budget);
   sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;

@@ -57,6 +57,42 @@ CLI::Validator finite_range(double lo, double hi) {
       "FINITE in " + range);
 }
 
+size_t parse_byte_size(const std::string& text, const std::string& flag) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::string unit(end ? end : "");
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  static const std::pair<const char*, double> units[] = {
+      {"", 1.0},           {"B", 1.0},           {"K", 1024.0},        {"KiB", 1024.0}, {"M", 1048576.0},
+      {"MiB", 1048576.0},  {"G", 1073741824.0},  {"GiB", 1073741824.0}, {"KB", 1e3},     {"MB", 1e6},
+      {"GB", 1e9}};
+  double scale = 0;
+  for (const auto& [name, s] : units)
+    if (unit == name) scale = s;
+  const double bytes = v * scale;
+  if (text.empty() || end == text.c_str() || scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 1e18)
+    throw Error(fmt::format("{} {}: not a byte size (a positive number with an optional unit B, KiB, MiB, GiB, "
+                            "KB, MB, GB)",
+                            flag, printable(text)));
+  return static_cast<size_t>(bytes);
+}
+
+void add_auto_budget_options(CLI::App* sub, AutoBudget& opt, std::string& budget_text) {
+  sub->add_option("--target-kl", opt.target_kl,
+                  "auto-budget: the largest compression ratio whose KL(full || compressed) on probe tokens (the "
+                  "question, or the context's last --probe-tokens) stays within NATS; replaces --compression-ratio")
+      ->type_name("NATS")
+      ->check(finite_range(0.0, 100.0));
+  sub->add_option("--kv-budget", budget_text,
+                  "auto-budget: the smallest compression ratio whose compressed cache fits SIZE (e.g. 3MiB, "
+                  "500000); with --target-kl, the budget wins when both cannot hold")
+      ->type_name("SIZE");
+  sub->add_option("--probe-tokens", opt.probe_tokens,
+                  "auto-budget: context tokens held out to measure the KL when there is no --question")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
 CLI::Option* add_json_option(CLI::App* sub, std::string& path) {
   return sub->add_option("--json", path, "write a JSON summary to FILE, or to stdout with '-' (stdout then holds only the JSON)")
       ->type_name("FILE|-");

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kvslim/request.h"
+
 namespace kvslim::cli {
 
 /// "-m,--model FILE": required in every subcommand that runs a model (no default path).
@@ -33,6 +35,14 @@ void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args);
 /// NonNegativeNumber let "nan" (and "inf" for the latter two) through; this does not. The error
 /// reads "--flag: value nan is not a finite number in [lo, hi]".
 CLI::Validator finite_range(double lo, double hi);
+
+/// A byte size: a number with an optional unit, B (default), KiB/MiB/GiB (also K, M, G) or
+/// KB/MB/GB (powers of 1000). Throws kvslim::Error naming `flag` and the value otherwise.
+size_t parse_byte_size(const std::string& text, const std::string& flag);
+
+/// Auto-budget flags (RequestOptions::auto_budget): "--target-kl NATS", "--kv-budget SIZE",
+/// "--probe-tokens N". `budget_text` receives --kv-budget's text (parse it with parse_byte_size).
+void add_auto_budget_options(CLI::App* sub, AutoBudget& opt, std::string& budget_text);
 
 /// "--json FILE|-": a JSON summary of the run; "-" writes it to stdout, which then carries nothing else.
 CLI::Option* add_json_option(CLI::App* sub, std::string& path);

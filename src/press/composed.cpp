@@ -6,6 +6,7 @@
 // with per-entry state (H2O) see the step's attention aligned with the cache.
 #include <fmt/format.h>
 
+#include "kvslim/error.h"
 #include "press/wrappers.h"
 
 namespace kvslim {
@@ -65,6 +66,18 @@ double ComposedPress::ratio() const {
   double kept = 1.0;
   for (const auto& p : p_) kept *= 1.0 - p->ratio();
   return 1.0 - kept;
+}
+
+void ComposedPress::set_ratio(double r) {
+  check_ratio(r, describe());
+  for (auto& p : p_) {
+    try {
+      p->set_ratio(r);
+      return;
+    } catch (const Error&) {  // this stage has no ratio (latent, threshold): try the next
+    }
+  }
+  throw Error(fmt::format("press {} has no stage with a compression ratio to set", describe()));
 }
 
 size_t ComposedPress::kept_after(const Target& t) const {

@@ -19,6 +19,9 @@ class ComposedPress : public Press {
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
   void reset() override;
   double ratio() const override;
+  /// Sets the ratio of the first stage that has one (the others keep theirs); kvslim::Error when
+  /// no stage has a ratio.
+  void set_ratio(double r) override;
   size_t kept_after(const Target& t) const override;
   bool evicts_in_decode() const override;
   bool selects_in_decode() const override;

@@ -26,6 +26,7 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
   ro.chunk_size = opt.chunk_size;
   ro.n_predict = opt.n_predict;
   ro.sampling = opt.sampling;
+  ro.auto_budget = opt.auto_budget;
   Request req(model, press, ro);
   if (opt.context_tokens.empty())
     req.set_prompt(opt.context, opt.question);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "press/recorders.h"
+#include "run/auto_budget.h"
 #include "run/steps.h"
 
 namespace kvslim {
@@ -106,11 +107,21 @@ bool Request::prefill_step() {
   if (context_done_ < context_.size()) {
     // A press object may serve several requests in turn: nothing of the previous one may leak.
     if (context_done_ == 0) press_->reset();
-    const size_t step = opt_.chunk_size > 0 ? static_cast<size_t>(opt_.chunk_size) : context_.size();
-    const size_t n = std::min(step, context_.size() - context_done_);
-    logits_ = run::prefill_chunk(*session_, *press_, context_.data() + context_done_, n, &stats_.peak_kv_bytes,
-                                 &stats_.press_seconds);
-    context_done_ += n;
+    if (opt_.auto_budget.active()) {
+      if (opt_.chunk_size > 0)
+        throw Error(fmt::format("auto-budget needs the context prefilled in one step (chunk size 0), not in chunks "
+                                "of {} tokens",
+                                opt_.chunk_size));
+      logits_ = run::prefill_auto_budget(*session_, *press_, context_, question_, opt_.auto_budget,
+                                         stats_.auto_budget, &stats_.peak_kv_bytes, &stats_.press_seconds);
+      context_done_ = context_.size();
+    } else {
+      const size_t step = opt_.chunk_size > 0 ? static_cast<size_t>(opt_.chunk_size) : context_.size();
+      const size_t n = std::min(step, context_.size() - context_done_);
+      logits_ = run::prefill_chunk(*session_, *press_, context_.data() + context_done_, n, &stats_.peak_kv_bytes,
+                                   &stats_.press_seconds);
+      context_done_ += n;
+    }
     if (context_done_ == context_.size()) {
       const KVCache& cache = session_->cache();
       stats_.entries_kept = cache.entries();

@@ -1,0 +1,203 @@
+// Auto-budget (RequestOptions::auto_budget): the press's ratio chosen per request for a byte budget
+// and/or a KL target. The expected values are re-computed here on plain requests at fixed ratios
+// (the cache bytes the runner reports, and the KL in float64 from the logits of a bare session),
+// never taken from the auto-budget code itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kvslim/request.h"
+#include "test_press_util.h"
+
+using namespace kvslim;
+using press_test::bundled_model;
+using press_test::same_cache;
+using press_test::story_tokens;
+
+namespace {
+
+RequestOptions opts() {
+  RequestOptions o;
+  o.n_predict = 0;
+  o.sampling.temp = 0;
+  o.session.n_ctx = 1024;
+  return o;
+}
+
+/// Float64 log-softmax KL(P || Q) of two logit rows, written out here as the independent reference.
+double kl64(const float* p, const float* q, size_t n) {
+  auto logz = [n](const float* x) {
+    double m = -1e300;
+    for (size_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+    return m + std::log(s);
+  };
+  const double lp = logz(p), lq = logz(q);
+  double kl = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double a = double(p[i]) - lp, b = double(q[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return kl;
+}
+
+/// Mean KL over the question's positions between the full cache and `spec` at `ratio`: each request
+/// prefills the context (compressed) and its session then runs the question teacher-forced.
+double question_kl(const std::string& spec, double ratio, const std::vector<Token>& context,
+                   const std::vector<Token>& question) {
+  auto logits_of = [&](const std::string& s, double r) {
+    Request req(bundled_model(), make_press(s, r), opts());
+    req.set_prompt_tokens(context);
+    req.prefill();
+    return req.session().forward(question, true);
+  };
+  const std::vector<float> full = logits_of("none", 0.0), comp = logits_of(spec, ratio);
+  const size_t v = full.size() / question.size();
+  double sum = 0;
+  for (size_t i = 0; i < question.size(); ++i) sum += kl64(full.data() + i * v, comp.data() + i * v, v);
+  return sum / question.size();
+}
+
+size_t bytes_at(const std::string& spec, double ratio, const std::vector<Token>& context) {
+  Request req(bundled_model(), make_press(spec, ratio), opts());
+  req.set_prompt_tokens(context);
+  req.prefill();
+  return req.stats().kv_bytes;
+}
+
+}  // namespace
+
+TEST(AutoBudget, ByteBudgetChoosesTheSmallestRatioThatFitsAndLeavesThatPressesCache) {
+  const std::vector<Token> ctx = story_tokens(200);
+  const size_t full = bytes_at("none", 0.0, ctx);
+  const size_t budget = full * 2 / 5;
+  RequestOptions o = opts();
+  o.auto_budget.kv_budget_bytes = budget;
+  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  req.set_prompt_tokens(ctx);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  ASSERT_TRUE(ab.used);
+  EXPECT_TRUE(ab.budget_met);
+  EXPECT_LE(req.stats().kv_bytes, budget);
+  EXPECT_GT(ab.ratio, 0.5);  // 2/5 of the bytes cannot be had by removing less than 3/5 of the entries
+  // Minimal: the ratio one tolerance lower does not fit.
+  EXPECT_GT(bytes_at("knorm", ab.ratio - o.auto_budget.tolerance, ctx), budget);
+  // The cache is exactly the plain press's at the chosen ratio (trials leave nothing behind).
+  Request plain(bundled_model(), make_press("knorm", ab.ratio), opts());
+  plain.set_prompt_tokens(ctx);
+  plain.prefill();
+  EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
+  EXPECT_EQ(req.logits(), plain.logits());
+  EXPECT_GT(ab.trials, 2);
+}
+
+TEST(AutoBudget, KlTargetOnTheQuestionChoosesTheBoundaryRatio) {
+  const std::vector<Token> ctx = story_tokens(240);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  const double target = 0.02;
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = target;
+  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  ASSERT_TRUE(ab.used);
+  EXPECT_TRUE(ab.probe_is_question);
+  EXPECT_EQ(ab.probe_tokens, static_cast<int>(question.size()));
+  ASSERT_TRUE(ab.target_met);
+  // The KL it reports is the KL of the plain press at that ratio, re-computed independently.
+  const double kl = question_kl("knorm", ab.ratio, ctx, question);
+  EXPECT_NEAR(ab.probe_kl, kl, 1e-6 + 1e-4 * kl);
+  EXPECT_LE(kl, target);
+  // The target binds: a tolerance more compression exceeds it, and the chosen ratio is not trivial.
+  ASSERT_LT(ab.ratio, o.auto_budget.max_ratio);
+  EXPECT_GT(question_kl("knorm", ab.ratio + o.auto_budget.tolerance, ctx, question), target);
+  EXPECT_GT(ab.ratio, 0.0);
+  // After the probe trials the question is appended once, at its place.
+  EXPECT_EQ(req.position(), static_cast<int32_t>(ctx.size() + question.size()));
+}
+
+TEST(AutoBudget, WithoutAQuestionTheContextTailIsHeldOutAndKeptUncompressed) {
+  const std::vector<Token> ctx = story_tokens(200);
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = 0.05;
+  o.auto_budget.probe_tokens = 16;
+  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  req.set_prompt_tokens(ctx);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  EXPECT_FALSE(ab.probe_is_question);
+  EXPECT_EQ(ab.probe_tokens, 16);
+  // Equivalent plain request: the first 184 tokens compressed at the chosen ratio, the last 16 as a question.
+  const std::vector<Token> head(ctx.begin(), ctx.end() - 16), tail(ctx.end() - 16, ctx.end());
+  Request plain(bundled_model(), make_press("knorm", ab.ratio), opts());
+  plain.set_prompt_tokens(head, tail);
+  plain.prefill();
+  EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
+  EXPECT_EQ(req.position(), static_cast<int32_t>(ctx.size()));
+  ASSERT_EQ(req.logits().size(), plain.logits().size());
+  for (size_t i = 0; i < req.logits().size(); ++i) ASSERT_NEAR(req.logits()[i], plain.logits()[i], 1e-4) << i;
+  // Measured figures count the held-out tokens as the context they are.
+  EXPECT_EQ(req.stats().entries_total, ctx.size() * req.cache().n_layer() * req.cache().n_head_kv());
+  EXPECT_EQ(req.stats().entries_kept, req.cache().entries());
+}
+
+TEST(AutoBudget, BudgetWinsOverTheTargetAndAnImpossibleBudgetIsReported) {
+  const std::vector<Token> ctx = story_tokens(160);
+  RequestOptions o = opts();
+  o.auto_budget.kv_budget_bytes = 1;  // nothing fits
+  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  req.set_prompt_tokens(ctx);
+  req.prefill();
+  EXPECT_FALSE(req.stats().auto_budget.budget_met);
+  EXPECT_DOUBLE_EQ(req.stats().auto_budget.ratio, o.auto_budget.max_ratio);
+
+  // The held-out probe (no question) stays uncompressed and counts against the budget: 8 of 160
+  // tokens, within a budget of a quarter of the full cache.
+  o.auto_budget.kv_budget_bytes = bytes_at("none", 0.0, ctx) / 4;
+  o.auto_budget.probe_tokens = 8;
+  o.auto_budget.target_kl = 1e-9;  // unreachable once 70% is removed
+  Request both(bundled_model(), make_press("knorm", 0.0), o);
+  both.set_prompt_tokens(ctx);
+  both.prefill();
+  EXPECT_TRUE(both.stats().auto_budget.budget_met);
+  EXPECT_FALSE(both.stats().auto_budget.target_met);
+  EXPECT_LE(both.stats().kv_bytes, o.auto_budget.kv_budget_bytes);
+}
+
+TEST(AutoBudget, CompositionSetsTheFirstStageWithARatio) {
+  std::unique_ptr<Press> p = make_press("knorm+snapkv", 0.5);
+  p->set_ratio(0.2);
+  EXPECT_NEAR(p->ratio(), 1 - 0.8 * 0.5, 1e-12);
+  EXPECT_THROW(make_press("none", 0.0)->set_ratio(0.3), Error);
+}
+
+TEST(AutoBudget, InvalidUsesAreErrors) {
+  const std::vector<Token> ctx = story_tokens(64);
+  auto expect_error = [&](RequestOptions o, const std::string& spec, const std::string& part) {
+    Request req(bundled_model(), make_press(spec, 0.0), o);
+    req.set_prompt_tokens(ctx);
+    try {
+      req.prefill();
+      ADD_FAILURE() << "no error for " << part;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = 0.01;
+  expect_error(o, "none", "no compression ratio");
+  RequestOptions chunked = o;
+  chunked.chunk_size = 16;
+  expect_error(chunked, "knorm", "chunk");
+  RequestOptions bad = opts();
+  bad.auto_budget.target_kl = std::nan("");
+  bad.auto_budget.kv_budget_bytes = 100;
+  expect_error(bad, "knorm", "target KL nan");
+  RequestOptions tiny = o;
+  Request one(bundled_model(), make_press("knorm", 0.0), tiny);
+  one.set_prompt_tokens({ctx[0]});
+  EXPECT_THROW(one.prefill(), Error);
+}
