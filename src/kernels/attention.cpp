@@ -8,6 +8,7 @@
 // (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and chosen at run time.
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
+#include "kernels/clones.h"
 
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"
@@ -21,7 +22,7 @@
 
 namespace kvslim {
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float dot_f32(const float* a, const float* b,
+KVSLIM_TARGET_CLONES float dot_f32(const float* a, const float* b,
                                                                             int64_t n) {
   // Eight partial sums let the compiler vectorize without -ffast-math.
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -33,7 +34,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float dot_f32(const
   return r;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void axpy_f32(float a, const float* x, float* y,
+KVSLIM_TARGET_CLONES void axpy_f32(float a, const float* x, float* y,
                                                                             int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }

@@ -1,6 +1,7 @@
 // Window attention probabilities (see window_attention.h): logits against keys in blocks of 16
 // entries, then a vectorised softmax per row, in GCC vector extensions compiled per SIMD level.
 #include "kernels/window_attention.h"
+#include "kernels/clones.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,7 +49,7 @@ __attribute__((always_inline)) inline vf16 load16(const float* p) {
 /// out[r][j] = sum_d q[r][d] * key_j[d] for r < rb, j < n, with keys in blocks of 16 entries,
 /// [block][head_dim][16] (keys_t): a block is contiguous and stays in L1 while four rows at a
 /// time use it, with four independent accumulators (SIMD chosen at run time).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void logits_block(const float* __restrict q, int rb,
+KVSLIM_TARGET_CLONES void logits_block(const float* __restrict q, int rb,
                                                                                 const float* __restrict kt, size_t n,
                                                                                 int hd, float* __restrict out) {
   for (size_t j = 0; j < n; j += kKB) {
@@ -102,7 +103,7 @@ __attribute__((always_inline)) inline void exp2_nonpos(vf16& y) {
 }
 
 /// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_inplace(float* __restrict x, size_t n) {
+KVSLIM_TARGET_CLONES void softmax_inplace(float* __restrict x, size_t n) {
   if (n == 0) return;
   constexpr size_t kL = 16;
   constexpr float kLog2e = 1.44269504088896341f;
