@@ -34,6 +34,8 @@ int run(const CalibArgs& a) {
     throw Error(fmt::format("--energy {} must be in (0, 1]", a.opt.energy));
   if (!(a.opt.memory_ratio >= 0.0 && a.opt.memory_ratio <= 1.0))
     throw Error(fmt::format("--memory-ratio {} must be in (0, 1] (0 = off)", a.opt.memory_ratio));
+  if (a.opt.share > 1.0) throw Error(fmt::format("--share {} must be a tolerance in [0, 1] (or < 0 = off)", a.opt.share));
+  if (a.opt.auto_bits && !(a.opt.memory_ratio > 0.0)) throw Error("--auto-bits needs --memory-ratio");
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);
@@ -85,6 +87,15 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
   sub->add_option("--memory-ratio", a->opt.memory_ratio,
                   "choose ranks so an entry takes at most this fraction of its f16 bytes (bases excluded; 0 = off)")
       ->capture_default_str();
+  sub->add_flag("--auto-bits", a->opt.auto_bits,
+               "with --memory-ratio: choose every segment side's bits (2, 4, 8) together with its rank, for the least "
+               "predicted error (variance beyond the rank + quantization error) under the byte budget");
+  sub->add_option("--share", a->opt.share,
+                  "share one basis across adjacent layers (per KV head and side) when the pooled basis keeps, for every "
+                  "member, at least its own kept fraction minus this tolerance of its variance (-1 = off)")
+      ->capture_default_str();
+  sub->add_option("--share-max", a->opt.share_max, "layers per shared group at most (0 = any)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--k-bits", a->opt.k_bits, "key code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   sub->add_option("--v-bits", a->opt.v_bits, "value code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   add_threads_option(sub, a->threads);

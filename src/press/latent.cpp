@@ -16,6 +16,7 @@
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
+#include "press/latent_share.h"
 
 namespace kvslim {
 
@@ -133,16 +134,19 @@ namespace {
 
 class LatentPress : public Press {
  public:
-  LatentPress(int k_rank, int v_rank, double energy, int k_bits, int v_bits, LatentScales scales, std::string file)
+  LatentPress(int k_rank, int v_rank, double energy, int k_bits, int v_bits, LatentScales scales, std::string file,
+              double share, int share_max)
       : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_bits_(k_bits), v_bits_(v_bits), scales_(scales),
-        file_(std::move(file)) {
+        file_(std::move(file)), share_(share), share_max_(share_max) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
   std::string describe() const override {
     const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
     if (!file_.empty()) return fmt::format("latent:file={},scales={}", file_, sc);
-    return fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_, v_rank_, energy_,
-                       k_bits_, v_bits_, sc);
+    std::string d = fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_,
+                                v_rank_, energy_, k_bits_, v_bits_, sc);
+    if (share_ >= 0.0) d += fmt::format(",share={},share_max={}", share_, share_max_);
+    return d;
   }
   // Dimensions, not entries: the entry count is unchanged.
   double ratio() const override { return 0.0; }
@@ -151,6 +155,7 @@ class LatentPress : public Press {
   void apply(KVCache& cache, const Model& model, const Observation&, const Target&) override {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     if (bases_) bases_->check(model.hparams(), "press latent: " + file_);
+    if (!bases_ && share_ >= 0.0) apply_shared(cache);
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       std::vector<float> ks, vs;
       for (int64_t u = b; u < e; ++u) {
@@ -173,11 +178,44 @@ class LatentPress : public Press {
   }
 
  private:
+  // Per-request bases shared across adjacent layers (latent_share.h), per KV head: the layers'
+  // keys (and values) are grouped by measured similarity and each group gets one pooled basis,
+  // which KVCache::bytes() counts once. Heads whose segments are not all fresh (non-empty, not
+  // yet latent) are left to the per-segment path.
+  void apply_shared(KVCache& cache) const {
+    const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
+    parallel_for(H, [&](int64_t b, int64_t e) {
+      for (int64_t h = b; h < e; ++h) {
+        bool fresh = true;
+        for (int l = 0; l < L && fresh; ++l) fresh = cache.seg(l, h).size() > 0 && !cache.seg(l, h).latent();
+        if (!fresh) continue;
+        std::vector<std::vector<float>> ks(L), vs(L);
+        std::vector<LayerRows> kr(L), vr(L);
+        for (int l = 0; l < L; ++l) {
+          const Segment& seg = cache.seg(l, static_cast<int>(h));
+          const size_t n = seg.size();
+          ks[l].resize(n * hd);
+          vs[l].resize(n * hd);
+          seg.keys(0, n, ks[l].data());
+          seg.values(0, n, vs[l].data());
+          kr[l] = {ks[l].data(), n};
+          vr[l] = {vs[l].data(), n};
+        }
+        const LatentShare sk = share_adjacent_layers(kr, hd, std::vector<int>(L, k_rank_), energy_, share_, share_max_);
+        const LatentShare sv = share_adjacent_layers(vr, hd, std::vector<int>(L, v_rank_), energy_, share_, share_max_);
+        for (int l = 0; l < L; ++l)
+          cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], k_bits_, sv.basis[l], v_bits_, scales_);
+      }
+    });
+  }
+
   int k_rank_, v_rank_;
   double energy_;
   int k_bits_, v_bits_;
   LatentScales scales_;
   std::string file_;
+  double share_;
+  int share_max_;
   std::shared_ptr<const LatentBases> bases_;
 };
 
@@ -194,10 +232,12 @@ PressRegistrar reg([] {
   i.summary = "stores keys (after RoPE) and values as low-rank codes per (layer, KV head): bases from the context's "
               "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0) or from a calibration file; "
               "codes in f16 (bits 0), 2/4/8-bit or f32 (32); quantized codes scaled per channel (fitted on the "
-              "context) or per token (`scales`)";
-  i.source = "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection, arXiv 2407.21118; xKV, arXiv "
-             "2503.18893";
-  i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"}, {"scales", "channel"}, {"file", ""}};
+              "context) or per token (`scales`); `share`=TOL: adjacent layers whose pooled basis keeps within TOL of "
+              "the variance their own keeps share one basis, counted once (xKV)";
+  i.source = "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection, arXiv 2407.21118; xKV "
+             "(cross-layer bases), arXiv 2503.18893";
+  i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"},
+              {"scales", "channel"}, {"file", ""}, {"share", "off"}, {"share_max", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const int kr = param_int(p, "latent", "k_rank"), vr = param_int(p, "latent", "v_rank");
     const double en = param_double(p, "latent", "energy");
@@ -207,9 +247,20 @@ PressRegistrar reg([] {
     const std::string sc = param_str(p, "latent", "scales");
     if (sc != "channel" && sc != "token")
       throw Error(fmt::format("press latent: scales={} must be channel or token", sc));
+    // share: off, or the tolerance (a fraction of variance, >= 0) within which adjacent layers share
+    // one per-request basis (latent_share.h); share_max: layers per group at most (0 = any).
+    const std::string sh = param_str(p, "latent", "share");
+    double share = -1.0;
+    if (sh != "off") {
+      share = param_double(p, "latent", "share");
+      if (!(share >= 0.0 && share <= 1.0))
+        throw Error(fmt::format("press latent: share={} must be off or a tolerance in [0, 1]", sh));
+    }
+    const int share_max = param_int(p, "latent", "share_max");
+    if (share_max < 0) throw Error(fmt::format("press latent: share_max={} must be >= 0", share_max));
     return std::make_unique<LatentPress>(kr, vr, en, checked_bits(p, "k_bits"), checked_bits(p, "v_bits"),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
-                                         param_str(p, "latent", "file"));
+                                         param_str(p, "latent", "file"), share, share_max);
   };
   return i;
 }());

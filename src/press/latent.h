@@ -47,7 +47,22 @@ struct LatentCalibration {
   /// bytes), spending dimensions where they keep the largest share of a segment's variance.
   double memory_ratio = 0.0;
   int k_bits = 0, v_bits = 0;  ///< code bits (0 = f16, 2, 4, 8, 32 = f32)
+  /// With memory_ratio: choose each segment side's bits among 2, 4, 8 together with its rank
+  /// (k_bits / v_bits ignored), minimizing the predicted relative error (variance beyond the
+  /// rank + Max's Gaussian quantization error of the kept variance at those bits) summed over
+  /// segments under the byte budget, by a Lagrange multiplier bisected to the budget.
+  bool auto_bits = false;
+  /// >= 0: adjacent layers (same KV head and side) share one basis when the pooled basis keeps,
+  /// for every member, at least its own kept fraction - share of its variance (latent_share.h);
+  /// < 0: no sharing. share_max > 0 caps the layers per group.
+  double share = -1.0;
+  int share_max = 0;
 };
+
+/// Relative mean squared error of a unit Gaussian quantized uniformly with 2^bits levels at the
+/// MSE-optimal step (Max 1960, table II: 0.1188 for 4 levels, 0.01154 for 16; 256 levels: step^2 / 12
+/// with step 0.0308); 0 for f16 / f32 codes (bits 0, 32).
+double latent_quant_error(int bits);
 
 /// Bytes of one entry's codes of `rank` coordinates at `bits` (LatentCodes::row_bytes; the
 /// latent press scales quantized codes per channel by default).
