@@ -25,3 +25,28 @@ $K eval fidelity $FID --ratios 0 --press \
   -o "$OUT/story_scales"
 $K eval fidelity $FID --ratios 0.25,0.5,0.75 --press kvzip "kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8" \
   -o "$OUT/story"
+
+# ---- Round 2: cross-layer shared bases, 8K NIAH, the story model's curve ----
+# Calibrated bases shared across adjacent layers (--share 0.02: a layer joins when the pooled basis
+# keeps within 2% of the variance its own keeps).
+$K latent-calibrate -m models/retrieval.gguf --text bench/latent/retrieval_calib.txt --doc-tokens 2048 \
+  --max-docs 4 --k-rank 64 --v-rank 64 --k-bits 8 --v-bits 8 --share 0.02 -o "$OUT/retrieval_r64b8_share.gguf" -t $T
+$K eval niah $NIAH --lengths 2048 --ratios 0.9,0.95,0.98 --no-baseline \
+  --press "kvzip+latent:file=$OUT/retrieval_r64b8_share.gguf" -o "$OUT/niah2k_share"
+# Sharing alone (per-request bases, no eviction): the bases' bytes are in the memory ratio.
+$K eval niah $NIAH --lengths 2048 --ratios 0 --no-baseline \
+  --press "latent:k_rank=32,v_rank=32,k_bits=8,v_bits=8" "latent:k_rank=32,v_rank=32,k_bits=8,v_bits=8,share=0.05" \
+  -o "$OUT/niah2k_share_alone"
+# 8,192 tokens: full cache, eviction alone, eviction + shared calibrated bases.
+$K eval niah $NIAH --lengths 8192 --ratios 0.98,0.99 \
+  --press kvzip "kvzip+latent:file=$OUT/retrieval_r64b8.gguf" -o "$OUT/niah8k"
+# Story model: eviction alone, latent alone (per-request and calibrated), sharing alone, compositions.
+$K latent-calibrate -m models/stories260K.gguf --text models/story.txt --k-rank 8 --v-rank 8 --k-bits 8 \
+  --v-bits 8 -o "$OUT/story_r8b8.gguf" -t $T
+$K latent-calibrate -m models/stories260K.gguf --text models/story.txt --k-rank 8 --v-rank 8 --k-bits 8 \
+  --v-bits 8 --share 1 -o "$OUT/story_r8b8_share.gguf" -t $T
+$K eval fidelity $FID --ratios 0 --no-baseline --press "latent:file=$OUT/story_r8b8.gguf" \
+  "latent:file=$OUT/story_r8b8_share.gguf" "latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8,share=1" \
+  "latent:k_rank=7,v_rank=8,k_bits=8,v_bits=8" -o "$OUT/story_latent"
+$K eval fidelity $FID --ratios 0.25,0.5,0.75,0.9 --press kvzip "kvzip+latent:file=$OUT/story_r8b8_share.gguf" \
+  -o "$OUT/story_curve"
