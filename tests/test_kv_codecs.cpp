@@ -17,6 +17,7 @@
 #include "kvslim/quant.h"
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"
+#include "kv/codec.h"
 
 using namespace kvslim;
 
@@ -575,7 +576,7 @@ TEST(KVCodec, BlockDecodersAgreeAtEveryLevel) {
     KVCodec k, v;
     int bits;
   };
-  const Cfg cfgs[] = {{KVCodec::Q8_0, KVCodec::Q8_0, 0}, {KVCodec::Q4_0, KVCodec::Q4_0, 0},
+  const Cfg cfgs[] = {{KVCodec::Q8_0, KVCodec::Q8_0, 0}, {KVCodec::Q4_0, KVCodec::Q4_0, 0}, {KVCodec::Q2_1, KVCodec::Q2_1, 0},
                       {KVCodec::F16, KVCodec::BF16, 0},  {KVCodec::F16, KVCodec::F16, 4},
                       {KVCodec::F16, KVCodec::F16, 2}};
   for (qdot::Level lv : levels)
@@ -622,5 +623,62 @@ TEST(KVCodec, BlockDecodersAgreeAtEveryLevel) {
         }
         EXPECT_EQ(base, static_cast<size_t>(n));
       }
+  qdot::set_level(saved);
+}
+
+namespace {
+// q2_1 value j of a row (layout of kv/codec_q2_1.cpp read from the bytes): min + code * step,
+// in float64 then rounded once (both terms are exact in float64 and so is their sum: f16 values
+// times a code in [0, 3] span at most 13 + 40 bits), i.e. the float that one fused multiply-add or
+// an exact product then a sum yields.
+float q2_1_row_ref(const uint8_t* row, int hd, int j) {
+  const int qb = std::gcd(32, hd), nb = hd / qb, b = j / qb;
+  uint16_t d, m;
+  std::memcpy(&d, row + 4 * b, 2);
+  std::memcpy(&m, row + 4 * b + 2, 2);
+  const int code = (row[4 * nb + j / 4] >> (2 * (j % 4))) & 3;
+  return static_cast<float>(static_cast<double>(fp16_to_fp32(m)) + code * static_cast<double>(fp16_to_fp32(d)));
+}
+// The same for lane l, channel c of a key tile: f16 steps [nb][16], f16 minimums [nb][16], codes
+// [hd][4 bytes], lane l at bits 2 (l % 4) of byte l / 4.
+float q2_1_tile_ref(const uint8_t* tile, int hd, int l, int c) {
+  const int qb = std::gcd(32, hd), nb = hd / qb, b = c / qb;
+  uint16_t d, m;
+  std::memcpy(&d, tile + 2 * (b * kKVTile + l), 2);
+  std::memcpy(&m, tile + 2 * ((nb + b) * kKVTile + l), 2);
+  const int code = (tile[nb * kKVTile * 4 + c * (kKVTile / 4) + l / 4] >> (2 * (l % 4))) & 3;
+  return static_cast<float>(static_cast<double>(fp16_to_fp32(m)) + code * static_cast<double>(fp16_to_fp32(d)));
+}
+}  // namespace
+
+// q2_1's block decoders (key tiles and value rows: generic code per level, hand-written AVX2) at
+// every SIMD level against the value read from the bytes by the layout's definition and computed
+// in float64 (q2_1_row_ref): equal bit for bit. Head dims with 32-blocks (128, 64), 16-blocks (80,
+// the AVX2 rows path) and 8-blocks (8, 24: scalar rows tail).
+TEST(KVCodec, Q2_1DecodersAreBitExactAtEveryLevel) {
+  const qdot::Level saved = qdot::level();
+  std::vector<qdot::Level> levels{qdot::Level::Scalar};
+  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
+  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  for (int hd : {128, 64, 80, 8, 24}) {
+    const int n = 37;
+    const auto x = sample(static_cast<size_t>(n) * hd, 11);
+    const size_t rb = codec_row_bytes(KVCodec::Q2_1, hd);
+    std::vector<uint8_t> rows(rb * n + 32);
+    for (int i = 0; i < n; ++i) kv::q2_1_row_encode(hd, &x[static_cast<size_t>(i) * hd], &rows[rb * i]);
+    std::vector<uint8_t> tile(static_cast<size_t>(hd) / std::gcd(32, hd) * kKVTile * 4 + hd * kKVTile / 4 + 32);
+    for (int l = 0; l < kKVTile; ++l) kv::q2_1_tile_put(hd, tile.data(), l, &x[static_cast<size_t>(l) * hd]);
+    for (qdot::Level lv : levels) {
+      qdot::set_level(lv);
+      SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + " hd " + std::to_string(hd));
+      std::vector<float> out(static_cast<size_t>(n) * hd), kt(static_cast<size_t>(hd) * kKVTile);
+      kv::q2_1_rows_decode(hd, rows.data(), out.data(), n);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < hd; ++j) ASSERT_EQ(out[static_cast<size_t>(i) * hd + j], q2_1_row_ref(&rows[rb * i], hd, j)) << i << " " << j;
+      kv::q2_1_tile_decode(hd, tile.data(), kt.data());
+      for (int l = 0; l < kKVTile; ++l)
+        for (int c = 0; c < hd; ++c) ASSERT_EQ(kt[c * kKVTile + l], q2_1_tile_ref(tile.data(), hd, l, c)) << l << " " << c;
+    }
+  }
   qdot::set_level(saved);
 }

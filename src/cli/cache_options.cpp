@@ -18,8 +18,8 @@ std::string cache_flags_in(std::string message) {
 
 void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& cache_type_v, KVQuantOptions& q) {
   sub->add_option("--cache-type-k", cache_type_k,
-                  "KV cache key type: f32, f16, bf16, q8_0, q4_0 (llama.cpp's names; with --kivi-bits, the type of "
-                  "the full-precision residual window)")
+                  "KV cache key type: f32, f16, bf16, q8_0, q4_0 (llama.cpp's names), q2_1 (2-bit codes with an f16 "
+                  "step and minimum per block of 32; with --kivi-bits, the type of the full-precision residual window)")
       ->capture_default_str();
   sub->add_option("--cache-type-v", cache_type_v, "KV cache value type (as --cache-type-k)")->capture_default_str();
   sub->add_option("--kivi-bits", q.kivi_bits,

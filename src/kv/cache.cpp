@@ -140,7 +140,7 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
     throw Error(fmt::format("Segment::retain_tiered: {} tier flags for {} indices", low.size(), idx.size()));
   const bool any_low = std::any_of(low.begin(), low.end(), [](uint8_t x) { return x != 0; });
   if (q_.kivi_bits && any_low)
-    throw Error("precision tiers need row codecs (f32, f16, bf16, q8_0, q4_0): KIVI's token groups cannot be "
+    throw Error("precision tiers need row codecs (f32, f16, bf16, q8_0, q4_0, q2_1): KIVI's token groups cannot be "
                 "split by tier");
   if (!any_low && low_.empty()) return retain(idx);
   if (latent_) throw Error("precision tiers need row codecs: a latent segment stores codes in its bases");

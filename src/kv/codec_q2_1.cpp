@@ -5,12 +5,17 @@
 // LeanKV's K4V2 low tier (Zhang et al., arXiv 2412.03131: keys q4_0, values q2_1).
 // Value row: [n_blocks] x (f16 d, f16 m), then ceil(head_dim / 4) bytes of codes, value j in bits
 // 2 (j % 4) of byte j / 4. Key tile: f16 d [n_blocks][kKVTile], f16 m [n_blocks][kKVTile], then
-// codes [head_dim][kKVTile / 4] bytes, lane l in bits 2 (l % 4) of byte l / 4. Scalar code: this
-// codec serves the low tier, not the hot path.
+// codes [head_dim][kKVTile / 4] bytes, lane l in bits 2 (l % 4) of byte l / 4. The block decoders
+// that attention reads (key tiles, value rows) have a path per SIMD level (KV_SIMD_LEVELS, and a
+// hand-written AVX2 one in kv/decode_avx2.cpp); code * step is exact in float (a 2-bit code times an
+// f16 value needs at most 13 significant bits), so a fused multiply-add and a product then a sum
+// give the same float: every level decodes bit for bit what the scalar per-entry decoder does.
 #include <algorithm>
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kv/decode_avx2.h"
+#include "kv/simd.h"
 #include "kvslim/quant.h"
 
 namespace kvslim::kv {
@@ -61,20 +66,19 @@ void q2_1_tile_get(int hd, const uint8_t* tile, int lane, float* out) {
   }
 }
 
-void q2_1_tile_decode(int hd, const uint8_t* tile, float* kt) {
+namespace {
+KV_SIMD_INLINE void tile_decode_body(int hd, const uint8_t* tile, float* kt) {
   const int qb = codec_block(KVCodec::Q2_1, hd), nb = hd / qb;
+  const uint8_t* c = codes(tile, nb);
   for (int b = 0; b < nb; ++b) {
-    float d[kKVTile], m[kKVTile];
-    for (int l = 0; l < kKVTile; ++l) {
-      d[l] = fp16_to_fp32(steps(tile)[b * kKVTile + l]);
-      m[l] = fp16_to_fp32(mins(tile, nb)[b * kKVTile + l]);
-    }
-    for (int c = b * qb; c < (b + 1) * qb; ++c) {
-      const uint8_t* row = codes(tile, nb) + c * kQuarter;
-      for (int l = 0; l < kKVTile; ++l) kt[c * kKVTile + l] = m[l] + get2(row, l) * d[l];
-    }
+    const simd::v16 d = simd::from_f16(steps(tile) + b * kKVTile), m = simd::from_f16(mins(tile, nb) + b * kKVTile);
+    for (int ch = b * qb; ch < (b + 1) * qb; ++ch) simd::store(kt + ch * kKVTile, m + simd::crumbs(c + ch * kQuarter) * d);
   }
 }
+}  // namespace
+
+KV_SIMD_LEVELS_AVX2(void, q2_1_tile_decode, (int hd, const uint8_t* tile, float* kt), (hd, tile, kt), tile_decode_body, true,
+                    avx2::q2_1_tile_decode(hd, codec_block(KVCodec::Q2_1, hd), tile, kt))
 
 void q2_1_tile_move(int hd, uint8_t* dt, int dl, const uint8_t* st, int sl) {
   const int nb = hd / codec_block(KVCodec::Q2_1, hd);
@@ -99,7 +103,8 @@ void q2_1_row_encode(int hd, const float* x, uint8_t* dst) {
   }
 }
 
-void q2_1_rows_decode(int hd, const uint8_t* src, float* out, size_t n) {
+namespace {
+KV_SIMD_INLINE void rows_decode_body(int hd, const uint8_t* src, float* out, size_t n) {
   const int qb = codec_block(KVCodec::Q2_1, hd), nb = hd / qb;
   const size_t row = codec_row_bytes(KVCodec::Q2_1, hd);
   for (size_t r = 0; r < n; ++r, src += row, out += hd) {
@@ -108,10 +113,19 @@ void q2_1_rows_decode(int hd, const uint8_t* src, float* out, size_t n) {
       uint16_t d16, m16;
       std::memcpy(&d16, src + b * 4, 2);
       std::memcpy(&m16, src + b * 4 + 2, 2);
-      const float d = fp16_to_fp32(d16), m = fp16_to_fp32(m16);
-      for (int j = b * qb; j < (b + 1) * qb; ++j) out[j] = m + get2(c, j) * d;
+      const float d = simd::half(d16), m = simd::half(m16);
+      if (qb % 16 == 0) {
+        for (int j = b * qb; j < (b + 1) * qb; j += 16) simd::store(out + j, m + simd::crumbs(c + j / 4) * d);
+      } else {
+        for (int j = b * qb; j < (b + 1) * qb; ++j) out[j] = m + get2(c, j) * d;
+      }
     }
   }
 }
+}  // namespace
+
+KV_SIMD_LEVELS_AVX2(void, q2_1_rows_decode, (int hd, const uint8_t* src, float* out, size_t n), (hd, src, out, n),
+                    rows_decode_body, codec_block(KVCodec::Q2_1, hd) % 16 == 0,
+                    avx2::q2_1_rows_decode(hd, codec_block(KVCodec::Q2_1, hd), src, out, n))
 
 }  // namespace kvslim::kv

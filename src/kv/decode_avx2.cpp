@@ -124,6 +124,40 @@ void q4_0_rows_decode(int hd, int qb, const uint8_t* src, float* out, size_t n) 
   }
 }
 
+void q2_1_tile_decode(int hd, int qb, const uint8_t* tile, float* kt) {
+  const int nb = hd / qb;
+  const auto* st = reinterpret_cast<const uint16_t*>(tile);  // steps [nb][16], then minimums [nb][16]
+  const uint8_t* c = tile + nb * kTile * 4;
+  for (int b = 0; b < nb; ++b) {
+    __m256 d0, d1, m0, m1;
+    halves16(st + b * kTile, d0, d1);
+    halves16(st + (nb + b) * kTile, m0, m1);
+    for (int ch = b * qb; ch < (b + 1) * qb; ++ch) {
+      __m256 a, bb;
+      crumbs16(c + ch * (kTile / 4), a, bb);
+      _mm256_storeu_ps(kt + ch * kTile, _mm256_fmadd_ps(a, d0, m0));  // a * d exact: one rounding either way
+      _mm256_storeu_ps(kt + ch * kTile + 8, _mm256_fmadd_ps(bb, d1, m1));
+    }
+  }
+}
+
+void q2_1_rows_decode(int hd, int qb, const uint8_t* src, float* out, size_t n) {
+  const int nb = hd / qb;
+  const size_t row = static_cast<size_t>(nb) * 4 + (hd + 3) / 4;
+  for (size_t r = 0; r < n; ++r, src += row, out += hd) {
+    const uint8_t* c = src + nb * 4;
+    for (int b = 0; b < nb; ++b) {
+      const __m256 d = _mm256_set1_ps(half1(src + b * 4)), m = _mm256_set1_ps(half1(src + b * 4 + 2));
+      for (int j = b * qb; j < (b + 1) * qb; j += 16) {
+        __m256 a, bb;
+        crumbs16(c + j / 4, a, bb);
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(a, d, m));
+        _mm256_storeu_ps(out + j + 8, _mm256_fmadd_ps(bb, d, m));
+      }
+    }
+  }
+}
+
 void kivi_group_keys_t(const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt) {
   const auto* zero = reinterpret_cast<const uint16_t*>(grp);
   const auto* step = zero + hd;

@@ -1,5 +1,5 @@
 #pragma once
-// AVX2 + F16C decoders of the quantized KV formats (q8_0, q4_0 tiles and rows; KIVI groups),
+// AVX2 + F16C decoders of the quantized KV formats (q8_0, q4_0, q2_1 tiles and rows; KIVI groups),
 // written with intrinsics on 8-float registers: the generic 16-lane versions (kv/simd.h) are
 // lowered by GCC 12 for x86-64-v3 with broadcasts through the stack and scalar f16 conversions.
 // q8_0 and q4_0 values are computed with the generic decoders' operations (a product, or an exact
@@ -19,6 +19,10 @@ void q8_0_rows_decode(int hd, int qb, const uint8_t* src, float* out, size_t n);
 void q4_0_tile_decode(int hd, int qb, const uint8_t* tile, float* kt);
 /// n q4_0 value rows -> out[n][hd]. qb a multiple of 32.
 void q4_0_rows_decode(int hd, int qb, const uint8_t* src, float* out, size_t n);
+/// q2_1 key tile -> kt[d * 16 + j] (layout: kv/codec_q2_1.cpp): min + code * step, exact products.
+void q2_1_tile_decode(int hd, int qb, const uint8_t* tile, float* kt);
+/// n q2_1 value rows -> out[n][hd]. qb a multiple of 16.
+void q2_1_rows_decode(int hd, int qb, const uint8_t* src, float* out, size_t n);
 /// KIVI keys of block [t0, t0 + 16) of a group, transposed (kv/kivi.cpp, group_keys_t).
 void kivi_group_keys_t(const uint8_t* grp, int hd, int bits, size_t cs, int t0, float* kt);
 /// KIVI values of nb consecutive records (kv/kivi.cpp, group_values); gv a multiple of 16.

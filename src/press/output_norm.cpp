@@ -23,7 +23,7 @@ std::vector<double> projected_value_l1(const LayerView& view, int h, const std::
   if (!tt || hd % tt->block_size != 0) {
     wf.resize(static_cast<size_t>(n_embd) * cols);
     for (int64_t r = 0; r < n_embd; ++r) dequantize_row(wo.type, wo.row(r), wf.data() + r * cols, cols);
-    base = WeightView{GGMLType::F32, wf.data(), cols, n_embd, static_cast<size_t>(cols) * sizeof(float)};
+    base = WeightView{GGMLType::F32, wf.data(), cols, n_embd, static_cast<size_t>(cols) * sizeof(float), {}};
   }
   auto head_slice = [&](int q) {
     WeightView v = base;
