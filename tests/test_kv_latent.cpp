@@ -287,7 +287,12 @@ std::vector<double> attend64(const std::vector<std::vector<double>>& K, const st
 
 TEST(KVLatent, AttentionOverCodesMatchesFloat64OverDecodedEntries) {
   const int hd = 32, n = 150, rows = 3;
-  for (int bits : {32, 0, 4}) {
+  // Token and per-channel scales; 8-bit per-channel codes take the vectorized dequantization
+  // (ranks 12 and 20: full 8-lane blocks and a tail).
+  const std::pair<int, LatentScales> cases[] = {{32, LatentScales::Token}, {0, LatentScales::Token},
+                                                {4, LatentScales::Token},  {8, LatentScales::Channel},
+                                                {4, LatentScales::Channel}, {2, LatentScales::Channel}};
+  for (const auto& [bits, scales] : cases) {
     Segment s(hd, KVCodec::F32, KVCodec::F32);
     Rows r = fill(s, n, 9);
     std::vector<float> ks, vs;
@@ -295,7 +300,7 @@ TEST(KVLatent, AttentionOverCodesMatchesFloat64OverDecodedEntries) {
       ks.insert(ks.end(), r.k[j].begin(), r.k[j].end());
       vs.insert(vs.end(), r.v[j].begin(), r.v[j].end());
     }
-    s.to_latent(pca_basis(ks.data(), n, hd, 12), bits, pca_basis(vs.data(), n, hd, 20), bits);
+    s.to_latent(pca_basis(ks.data(), n, hd, 12), bits, pca_basis(vs.data(), n, hd, 20), bits, scales);
     // The reference reads the segment's own decoded entries (the codes' rounding included), so
     // the kernel's absorption of the query and deferred value expansion are what is checked.
     std::vector<std::vector<double>> K, V;

@@ -37,9 +37,10 @@ $K eval niah $NIAH --lengths 2048 --ratios 0.9,0.95,0.98 --no-baseline \
 $K eval niah $NIAH --lengths 2048 --ratios 0 --no-baseline \
   --press "latent:k_rank=32,v_rank=32,k_bits=8,v_bits=8" "latent:k_rank=32,v_rank=32,k_bits=8,v_bits=8,share=0.05" \
   -o "$OUT/niah2k_share_alone"
-# 8,192 tokens: full cache, eviction alone, eviction + shared calibrated bases.
-$K eval niah $NIAH --lengths 8192 --ratios 0.98,0.99 \
-  --press kvzip "kvzip+latent:file=$OUT/retrieval_r64b8.gguf" -o "$OUT/niah8k"
+# 8,192 tokens: eviction + calibrated bases; full cache and eviction alone.
+$K eval niah $NIAH --lengths 8192 --ratios 0.98,0.99 --no-baseline \
+  --press "kvzip+latent:file=$OUT/retrieval_r64b8.gguf" -o "$OUT/niah8k"
+$K eval niah $NIAH --lengths 8192 --ratios 0.99 --press kvzip -o "$OUT/niah8k_kvzip"
 # Story model: eviction alone, latent alone (per-request and calibrated), sharing alone, compositions.
 $K latent-calibrate -m models/stories260K.gguf --text models/story.txt --k-rank 8 --v-rank 8 --k-bits 8 \
   --v-bits 8 -o "$OUT/story_r8b8.gguf" -t $T

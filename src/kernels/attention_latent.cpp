@@ -2,6 +2,9 @@
 // basis and expanded once per row.
 #include "kernels/attention_latent.h"
 
+#include "kernels/attention.h"
+#include "kernels/clones.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -21,6 +24,40 @@ struct LatentScratch {
 thread_local LatentScratch tls;
 
 }  // namespace
+
+namespace detail {
+
+// S[j] = qp . codes[j] for the n rows of `rank` codes (eight partial sums, as dot_f32, so the
+// compiler vectorizes it; one copy per SIMD level and one call per block).
+KVSLIM_TARGET_CLONES void latent_block_scores(const float* __restrict qp, const float* __restrict codes, size_t n,
+                                              int rank, float* __restrict S) {
+  for (size_t j = 0; j < n; ++j) {
+    const float* c = codes + j * rank;
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= rank; i += 8)
+      for (int k = 0; k < 8; ++k) s[k] += qp[i + k] * c[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < rank; ++i) r += qp[i] * c[i];
+    S[j] = r;
+  }
+}
+
+// acc += sum_j P[j] codes[j] over the n rows of `rank` codes (entries with P[j] = 0 skipped).
+KVSLIM_TARGET_CLONES void latent_block_accumulate(const float* __restrict P, const float* __restrict codes, size_t n,
+                                                  int rank, float* __restrict acc) {
+  for (size_t j = 0; j < n; ++j) {
+    const float p = P[j];
+    if (p == 0.0f) continue;
+    const float* c = codes + j * rank;
+    int i = 0;
+    for (; i + 8 <= rank; i += 8)
+      for (int k = 0; k < 8; ++k) acc[i + k] += p * c[i + k];
+    for (; i < rank; ++i) acc[i] += p * c[i];
+  }
+}
+
+}  // namespace detail
 
 void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const float* q, int rows,
                    const int32_t* visible, float scale, float* out, int64_t out_stride, float* mass, float* probs) {
@@ -72,12 +109,9 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
     for (int r = 0; r < rows; ++r) {
       const float* qp = sc.qp.data() + static_cast<size_t>(r) * rk;
       float* S = sc.S.data() + static_cast<size_t>(r) * m;
-      for (size_t j = b; j < e; ++j) {
-        const float* c = sc.codes.data() + (j - b) * rk;
-        float s = 0.0f;
-        for (int i = 0; i < rk; ++i) s += qp[i] * c[i];
-        S[j] = idx[j] < visible[r] ? s : -INFINITY;
-      }
+      detail::latent_block_scores(qp, sc.codes.data(), e - b, rk, S + b);
+      for (size_t j = b; j < e; ++j)
+        if (idx[j] >= visible[r]) S[j] = -INFINITY;
     }
   }
   // Softmax per row.
@@ -91,7 +125,9 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
     }
     double sum = 0.0;
     for (size_t j = 0; j < m; ++j) {
-      S[j] = S[j] == -INFINITY ? 0.0f : std::exp(S[j] - mx);
+      // exp of anything below -88 is 0 in f32; skipping it avoids libm's slow underflow path.
+      const float d = S[j] - mx;
+      S[j] = d < -88.0f ? 0.0f : std::exp(d);
       sum += S[j];
     }
     const float inv = static_cast<float>(1.0 / sum);
@@ -102,16 +138,9 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
   for (size_t b = 0; b < m; b += kBlock) {
     const size_t e = std::min(m, b + kBlock);
     decode(V, b, e, rv);
-    for (int r = 0; r < rows; ++r) {
-      const float* P = sc.S.data() + static_cast<size_t>(r) * m;
-      float* a = sc.acc.data() + static_cast<size_t>(r) * rv;
-      for (size_t j = b; j < e; ++j) {
-        const float p = P[j];
-        if (p == 0.0f) continue;
-        const float* c = sc.codes.data() + (j - b) * rv;
-        for (int i = 0; i < rv; ++i) a[i] += p * c[i];
-      }
-    }
+    for (int r = 0; r < rows; ++r)
+      detail::latent_block_accumulate(sc.S.data() + static_cast<size_t>(r) * m + b, sc.codes.data(), e - b, rv,
+                                      sc.acc.data() + static_cast<size_t>(r) * rv);
   }
   for (int r = 0; r < rows; ++r) {
     const float* P = sc.S.data() + static_cast<size_t>(r) * m;
