@@ -224,6 +224,8 @@ TEST(CliErrors, NumericOptionsOutOfRange) {
   expect_clean_failure("eval fidelity -m " + quote(kModel) + " --lmba-tau nan -o " + quote(out), {"--lmba-tau", "nan"});
   expect_clean_failure("kvzap-train -m " + quote(kModel) + " --lr 1e30 --corpus " + quote(kModel), {"--lr", "1e30"});
   expect_clean_failure("kvzap-train -m " + quote(kModel) + " --alpha inf --corpus " + quote(kModel), {"--alpha", "inf"});
+  expect_clean_failure("fastkvzip-train -m " + quote(kModel) + " --lr inf -o x.gguf -f " + quote(kModel), {"--lr", "inf"});
+  expect_clean_failure("fastkvzip-train -m " + quote(kModel) + " --steps 0 -o x.gguf -f " + quote(kModel), {"--steps", "0"});
   expect_clean_failure("attention-stats -m " + quote(kModel) + " -p hi --mass nan", {"--mass", "nan"});
   expect_clean_failure("serve -m " + quote(kModel) + " --temp nan", {"--temp", "nan"});
   expect_clean_failure("serve -m " + quote(kModel) + " --kv-budget nan", {"--kv-budget", "nan"});

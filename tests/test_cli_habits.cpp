@@ -171,7 +171,7 @@ TEST(CliHabits, OneDefaultPerFlagAcrossSubcommands) {
   // -m has no default anywhere (a relative default path silently ran the story model); -t means
   // all cores by default everywhere.
   for (const std::string sub :
-       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "latent-calibrate", "eval fidelity",
+       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "fastkvzip-train", "latent-calibrate", "eval fidelity",
         "eval niah"}) {
     SCOPED_TRACE(sub);
     Result help = run_cli(sub + " --help");
@@ -264,13 +264,15 @@ TEST(Progress, NothingWithoutATerminalOrWhenDisabled) {
 
 TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
   const std::string m = quote(kModel);
-  const std::string duo = temp_path("duo.gguf"), synth = temp_path("synth.gguf");
+  const std::string duo = temp_path("duo.gguf"), synth = temp_path("synth.gguf"), fkz = temp_path("fkz.gguf");
   const std::pair<std::string, std::string> runs[] = {
       {"presses", "presses --json -"},
       {"attention-stats", "attention-stats -m " + m + " -p 'Once upon a time there was a girl' --window 4 --json -"},
       {"duo-calibrate",
        "duo-calibrate -m " + m + " -o " + quote(duo) + " --samples 1 --length 64 --sink 4 --recent 8 --window 8 --json -"},
       {"kvzap-train", "kvzap-train -m " + m + " --bench-only --bench-tokens 16 --json -"},
+      {"fastkvzip-train", "fastkvzip-train -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
+                              " -o " + quote(fkz) + " --steps 3 --batch 16 --doc-tokens 64 --max-docs 2 --no-progress --json -"},
       {"synth", "synth --shape qwen2.5-0.5b --type q4_0 --vocab-from " + m + " --layers 1 -o " + quote(synth) +
                     " --json -"},
   };

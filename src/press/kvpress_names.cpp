@@ -39,6 +39,7 @@ const std::vector<Entry>& table() {
       {"DMSPress", "threshold", {{"threshold", "tau"}, {"sliding_window_size", "window"}, {"decoding", "decode"}}},
       {"KVzipPress", "kvzip", {{"kvzip_plus_normalization", "plus"}}},
       {"KVzapPress", "kvzap", {}},
+      {"FastKVzipPress", "fastkvzip", {}},
       {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
       {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},
       {"LagKVPress", "lagkv", {{"lag_size", "lag"}}},
