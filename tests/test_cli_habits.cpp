@@ -273,6 +273,8 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
       {"kvzap-train", "kvzap-train -m " + m + " --bench-only --bench-tokens 16 --json -"},
       {"fastkvzip-train", "fastkvzip-train -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
                               " -o " + quote(fkz) + " --steps 3 --batch 16 --doc-tokens 64 --max-docs 2 --no-progress --json -"},
+      {"lukv-curve", "lukv-curve -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
+                         " -o " + quote(fkz + ".lukv") + " --scorer knorm --doc-tokens 64 --max-docs 2 --no-progress --json -"},
       {"synth", "synth --shape qwen2.5-0.5b --type q4_0 --vocab-from " + m + " --layers 1 -o " + quote(synth) +
                     " --json -"},
   };

@@ -40,6 +40,7 @@ const std::vector<Entry>& table() {
       {"KVzipPress", "kvzip", {{"kvzip_plus_normalization", "plus"}}},
       {"KVzapPress", "kvzap", {}},
       {"FastKVzipPress", "fastkvzip", {}},
+      {"LUKVPress", "lukv", {}},
       {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
       {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},
       {"LagKVPress", "lagkv", {{"lag_size", "lag"}}},

@@ -1,0 +1,90 @@
+// `kvslim lukv-curve`: computes a LU-KV budget curve (arXiv 2602.08585) on the user's model and
+// text for a scorer, for `--press lukv(SCORER):curve=FILE` (kvpress downloads one curve, made by
+// the LU-KV repository's scripts for Llama-3.1-8B). The work is the library's (src/press/lukv.h).
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "util/text_file.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "cli/progress.h"
+#include "kernels/threads.h"
+#include "press/kvzap_train.h"
+#include "press/lukv.h"
+
+namespace kvslim::cli {
+
+namespace {
+
+struct LUKVArgs {
+  std::string model, out, json, scorer = "expected_attention:epsilon=0.02";
+  std::vector<std::string> text;
+  int doc_tokens = 512;
+  int max_docs = 32;
+  double context_fraction = 0.75;
+  int threads = 0;
+  bool no_progress = false;
+};
+
+int run(const LUKVArgs& a) {
+  check_json_output(a.json);
+  apply_threads(a.threads);
+  auto model = Model::load(a.model);
+  std::vector<std::string> texts;
+  for (const std::string& p : a.text) texts.push_back(read_text_file(p, "-f"));
+  const auto docs = kvzap_documents(model->tokenizer(), texts, a.doc_tokens, a.max_docs);
+  if (docs.empty()) throw Error("lukv-curve: no document of at least 16 tokens in the text");
+  Progress progress(!a.no_progress);
+  const LUKVCurve c = lukv_profile(*model, docs, a.scorer, a.context_fraction,
+                                   [&](size_t i, size_t n) { progress.update(i, n, "lukv: documents"); });
+  progress.clear();
+  c.save(a.out, fmt::format("{} + {}", a.model, a.scorer));
+  const HParams& hp = model->hparams();
+  std::FILE* o = a.json == "-" ? stderr : stdout;
+  fmt::print(o, "model       {} ({} layers x {} KV heads), scorer {}\n", a.model, hp.n_layer, hp.n_head_kv, a.scorer);
+  fmt::print(o, "text        {} documents (context: first {} of each)\n", docs.size(), a.context_fraction);
+  std::vector<std::vector<double>> at50(hp.n_layer, std::vector<double>(hp.n_head_kv));
+  fmt::print(o, "prune ratio per KV head at ratio 0.5\n");
+  for (int l = 0; l < hp.n_layer; ++l) {
+    fmt::print(o, "layer {:>3}:", l);
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      at50[l][h] = c.at(49, l, h);
+      fmt::print(o, " {:.2f}", at50[l][h]);
+    }
+    fmt::print(o, "\n");
+  }
+  fmt::print(o, "curve       {}\n", a.out);
+  if (!a.json.empty())
+    write_json(a.json, nlohmann::ordered_json{{"command", "lukv-curve"},
+                                              {"model", a.model},
+                                              {"scorer", a.scorer},
+                                              {"curve", a.out},
+                                              {"documents", docs.size()},
+                                              {"prune_at_0.5", at50}});
+  return 0;
+}
+
+}  // namespace
+
+void add_lukv_curve(CLI::App& app, Action& action) {
+  auto a = std::make_shared<LUKVArgs>();
+  auto* sub = app.add_subcommand("lukv-curve", "compute a LU-KV budget curve (per-head prune ratios) from text files");
+  add_model_option(sub, a->model);
+  sub->add_option("-f,--file", a->text, "text files to profile on")->required()->expected(1, -1);
+  sub->add_option("-o,--out", a->out, "curve file to write (GGUF)")->required();
+  sub->add_option("--scorer", a->scorer, "scorer press whose ranking is profiled")->capture_default_str();
+  sub->add_option("--doc-tokens", a->doc_tokens, "tokens per document")->capture_default_str()
+      ->check(CLI::Range(16, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--context-fraction", a->context_fraction,
+                  "share of each document used as the context; the rest's attention is the utility")
+      ->capture_default_str()->check(finite_range(0.01, 0.99));
+  add_threads_option(sub, a->threads);
+  add_json_option(sub, a->json);
+  add_no_progress_flag(sub, a->no_progress);
+  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+}
+
+}  // namespace kvslim::cli

@@ -1,0 +1,254 @@
+// LU-KV (arXiv 2602.08585): the budget-curve file, kvpress's per-head budget rule
+// (kvpress/presses/lukv_press.py) as a budget policy over any scorer, and kvslim's offline
+// profiling that computes a curve (see lukv.h).
+#include "press/lukv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "kvslim/gguf.h"
+#include "kvslim/session.h"
+#include "press/authoring.h"
+#include "press/recorders.h"
+
+namespace kvslim {
+
+void LUKVCurve::save(const std::string& path, const std::string& desc) const {
+  GGUFWriter w;
+  w.set("general.architecture", GGUFValue::str("lukv"));
+  w.set("lukv.description", GGUFValue::str(desc));
+  w.set("lukv.n_layer", GGUFValue::u32(n_layer));
+  w.set("lukv.n_head_kv", GGUFValue::u32(n_head_kv));
+  w.add_tensor_f32("lukv.curve", GGMLType::F32, {n_head_kv, n_layer, 99}, prune);
+  w.write(path);
+}
+
+LUKVCurve LUKVCurve::load(const std::string& path) {
+  auto f = GGUFFile::open(path);
+  std::string arch;
+  try {
+    arch = f->get_string("general.architecture");
+  } catch (const Error&) {
+  }
+  if (arch != "lukv")
+    throw Error(fmt::format("{}: not a LU-KV curve file (general.architecture is not 'lukv'; make one with `kvslim "
+                            "lukv-curve`)",
+                            path));
+  LUKVCurve c;
+  c.n_layer = static_cast<int>(f->get_int("lukv.n_layer"));
+  c.n_head_kv = static_cast<int>(f->get_int("lukv.n_head_kv"));
+  if (c.n_layer < 1 || c.n_head_kv < 1) throw Error(fmt::format("{}: bad LU-KV curve shape", path));
+  const TensorInfo& t = f->tensor("lukv.curve");
+  if (t.nelements() != int64_t(99) * c.n_layer * c.n_head_kv)
+    throw Error(fmt::format("{}: lukv.curve has {} values, expected 99 x {} x {}", path, t.nelements(), c.n_layer,
+                            c.n_head_kv));
+  c.prune = f->tensor_f32(t);
+  return c;
+}
+
+int lukv_row(double ratio) {
+  const int r = static_cast<int>(std::nearbyint(ratio * 100)) - 1;  // Python round: half to even
+  return std::clamp(r, 0, 98);
+}
+
+std::vector<int> lukv_layer_keep(const std::vector<float>& prune, int n) {
+  const int H = static_cast<int>(prune.size());
+  std::vector<double> ideal(H);
+  double sum = 0;
+  for (int h = 0; h < H; ++h) {
+    // kvpress computes in float32: (1 - prune).clamp(0, 1) * seq_len.
+    ideal[h] = static_cast<double>(std::clamp(1.0f - prune[h], 0.0f, 1.0f) * static_cast<float>(n));
+    sum += ideal[h];
+  }
+  int64_t total = static_cast<int64_t>(std::nearbyint(sum));
+  total = std::max<int64_t>(H, std::min<int64_t>(static_cast<int64_t>(H) * n, total));
+  std::vector<int> keep(H);
+  int64_t base = 0;
+  for (int h = 0; h < H; ++h) {
+    keep[h] = static_cast<int>(std::floor(ideal[h]));
+    base += keep[h];
+  }
+  const int64_t rem = total - base;
+  if (rem > 0) {
+    std::vector<int> order(H);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return ideal[a] - std::floor(ideal[a]) > ideal[b] - std::floor(ideal[b]); });
+    for (int64_t i = 0; i < std::min<int64_t>(rem, H); ++i) keep[order[i]] += 1;
+  }
+  for (int& k : keep) k = std::clamp(k, 1, std::max(1, n));
+  return keep;
+}
+
+std::vector<double> lukv_allocate(const std::vector<std::vector<double>>& u, int steps, double budget) {
+  struct Seg {
+    double slope;
+    int head, len;
+  };
+  std::vector<Seg> segs;
+  for (int h = 0; h < static_cast<int>(u.size()); ++h) {
+    if (static_cast<int>(u[h].size()) != steps + 1)
+      throw Error(fmt::format("lukv allocation: head {} has {} utility points, expected {}", h, u[h].size(), steps + 1));
+    // Upper concave envelope of (s, u[s]) (monotone chain).
+    std::vector<int> hull;
+    for (int s = 0; s <= steps; ++s) {
+      while (hull.size() >= 2) {
+        const int a = hull[hull.size() - 2], b = hull.back();
+        // b lies on or under the chord a -> s: drop it.
+        if ((u[h][b] - u[h][a]) * (s - a) <= (u[h][s] - u[h][a]) * (b - a)) hull.pop_back();
+        else break;
+      }
+      hull.push_back(s);
+    }
+    for (size_t i = 1; i < hull.size(); ++i)
+      segs.push_back({(u[h][hull[i]] - u[h][hull[i - 1]]) / (hull[i] - hull[i - 1]), h, hull[i] - hull[i - 1]});
+  }
+  std::stable_sort(segs.begin(), segs.end(), [](const Seg& a, const Seg& b) { return a.slope > b.slope; });
+  std::vector<double> parts(u.size(), 0.0);
+  double left = std::max(0.0, budget);
+  for (const Seg& s : segs) {
+    if (left <= 0) break;
+    const double take = std::min<double>(s.len, left);
+    parts[s.head] += take;
+    left -= take;
+  }
+  for (double& p : parts) p /= steps;
+  return parts;
+}
+
+LUKVCurve lukv_profile(const Model& model, const std::vector<std::vector<Token>>& docs, const std::string& scorer_spec,
+                       double context_fraction, const std::function<void(size_t, size_t)>& progress) {
+  const HParams& hp = model.hparams();
+  const int L = hp.n_layer, H = hp.n_head_kv, G = std::max(1, hp.n_head / std::max(1, hp.n_head_kv));
+  constexpr int kSteps = 100;
+  if (!(context_fraction > 0 && context_fraction < 1))
+    throw Error(fmt::format("lukv profile: context fraction {} must be in (0, 1)", context_fraction));
+  std::unique_ptr<Press> p = make_press(scorer_spec, 0.0);
+  auto* scorer = dynamic_cast<ScorerPress*>(p.get());
+  if (!scorer) throw Error(fmt::format("lukv profile: '{}' is not a scorer press", scorer_spec));
+  std::vector<std::vector<std::vector<double>>> u(L, std::vector<std::vector<double>>(H, std::vector<double>(kSteps + 1)));
+  int used = 0;
+  for (size_t di = 0; di < docs.size(); ++di) {
+    const std::vector<Token>& doc = docs[di];
+    const int n = static_cast<int>(doc.size() * context_fraction);
+    const int nf = static_cast<int>(doc.size()) - n;
+    if (n < 2 || nf < 1) continue;
+    SessionOptions so;
+    so.n_ctx = static_cast<int>(doc.size()) + 16;
+    Session s(model, so);
+    scorer->reset();
+    Observation obs;
+    run_observed(s, std::vector<Token>(doc.begin(), doc.begin() + n), scorer->needs(), obs);
+    Target t;
+    t.n_context = static_cast<size_t>(n);
+    const Scores sc = scorer->score_all(s.cache(), model, obs, t);
+    ObservationNeeds fut;
+    fut.attention_mass = true;
+    Observation fobs;
+    run_observed(s, std::vector<Token>(doc.begin() + n, doc.end()), fut, fobs);
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const std::vector<float>& mass = fobs.attention_mass.at(l).at(h);
+        std::vector<int> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        // The scorer's ranking: best first; NaN last; ties to the later entry (as select_top).
+        auto key = [&](int i) { return std::isnan(sc[l][h][i]) ? -INFINITY : sc[l][h][i]; };
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          return key(a) > key(b) || (key(a) == key(b) && a > b);
+        });
+        std::vector<double> cum(n + 1, 0.0);
+        for (int i = 0; i < n; ++i) cum[i + 1] = cum[i] + mass[order[i]] / (double(nf) * G);
+        for (int st = 0; st <= kSteps; ++st) u[l][h][st] += cum[static_cast<size_t>(std::floor(double(st) * n / kSteps))];
+      }
+    ++used;
+    if (progress) progress(di + 1, docs.size());
+  }
+  if (!used) throw Error("lukv profile: no document long enough (a context of >= 2 tokens and a future)");
+  std::vector<std::vector<double>> flat;
+  for (auto& layer : u)
+    for (auto& head : layer) {
+      for (double& v : head) v /= used;
+      flat.push_back(head);
+    }
+  LUKVCurve c;
+  c.n_layer = L;
+  c.n_head_kv = H;
+  c.prune.resize(static_cast<size_t>(99) * L * H);
+  for (int i = 0; i < 99; ++i) {
+    const double r = (i + 1) / 100.0;
+    const std::vector<double> keep = lukv_allocate(flat, kSteps, (1 - r) * kSteps * L * H);
+    for (size_t j = 0; j < keep.size(); ++j) c.prune[static_cast<size_t>(i) * L * H + j] = static_cast<float>(1 - keep[j]);
+  }
+  return c;
+}
+
+namespace {
+
+/// kvpress's LUKVPress budget: per layer, keep-counts from the curve row of the ratio
+/// (lukv_layer_keep over n = the context's entries); the first `sink` and last `window` entries
+/// of each head chosen first (kvpress: the largest score + 1).
+class LUKVBudget : public BudgetPolicy {
+ public:
+  LUKVBudget(std::shared_ptr<const LUKVCurve> c, std::string path, int sink, int window)
+      : curve_(std::move(c)), path_(std::move(path)), sink_(sink), window_(window) {}
+  std::string describe() const override { return fmt::format("lukv:curve={},sink={},window={}", path_, sink_, window_); }
+  void prepare(Scores& scores, const KVCache& cache, const Target& target) const override {
+    for (auto& layer : scores)
+      for (auto& seg : layer) {
+        const int n = static_cast<int>(seg.size());
+        for (int i = 0; i < n; ++i)
+          if ((i < sink_ || i >= n - window_) && seg[i] != kProtected) seg[i] = kPreferred;
+      }
+  }
+  KeepCounts keep_counts(const BudgetInput& in) const override {
+    const KVCache& cache = in.cache;
+    if (curve_->n_layer != cache.n_layer() || curve_->n_head_kv != cache.n_head_kv())
+      throw Error(fmt::format("{}: LU-KV curve for {} layers x {} KV heads does not fit the model ({} x {})", path_,
+                              curve_->n_layer, curve_->n_head_kv, cache.n_layer(), cache.n_head_kv()));
+    KeepCounts keep(cache.n_layer(), std::vector<int>(cache.n_head_kv()));
+    const int row = lukv_row(in.target.ratio);
+    for (int l = 0; l < cache.n_layer(); ++l) {
+      std::vector<float> prune(cache.n_head_kv());
+      for (int h = 0; h < cache.n_head_kv(); ++h) prune[h] = curve_->at(row, l, h);
+      const int n = static_cast<int>(in.target.n_for(cache.seg(l, 0)));
+      const std::vector<int> k = lukv_layer_keep(prune, n);
+      for (int h = 0; h < cache.n_head_kv(); ++h) {
+        const int size = static_cast<int>(cache.seg(l, h).size());
+        keep[l][h] = std::min(size, std::max(k[h], count_protected(in.scores[l][h])));
+      }
+    }
+    return keep;
+  }
+
+ private:
+  std::shared_ptr<const LUKVCurve> curve_;
+  std::string path_;
+  int sink_, window_;
+};
+
+PressRegistrar reg([] {
+  PressInfo i;
+  i.name = "lukv";
+  i.summary = "budget policy: per-(layer, KV head) keep rates from a LU-KV budget curve (`kvslim lukv-curve`), "
+              "first `sink` and last `window` entries chosen first";
+  i.source = "Tang et al. 2026, Predicting Future Utility: Global Combinatorial Optimization for Task-Agnostic KV "
+             "Cache Eviction, arXiv 2602.08585; kvpress lukv_press.py";
+  i.params = {{"curve", ""}, {"sink", "4"}, {"window", "1"}};
+  i.kind = PressKind::Policy;
+  i.default_inner = "expected_attention:epsilon=0.02";
+  i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {
+    const std::string path = param_str(p, "lukv", "curve");
+    if (path.empty()) throw Error("press lukv: give curve=FILE (compute one with `kvslim lukv-curve`)");
+    const int sink = param_int(p, "lukv", "sink"), window = param_int(p, "lukv", "window");
+    if (sink < 0 || window < 0) throw Error("press lukv: sink and window must be >= 0");
+    return std::make_unique<LUKVBudget>(std::make_shared<const LUKVCurve>(LUKVCurve::load(path)), path, sink, window);
+  };
+  return i;
+}());
+
+}  // namespace
+}  // namespace kvslim
