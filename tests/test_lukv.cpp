@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -169,4 +171,41 @@ TEST(LUKV, ProfileMeetsEveryRowsBudget) {
   }
   EXPECT_THROW(lukv_profile(bundled_model(), {d1}, "clusterkv", 0.75), Error);
   EXPECT_THROW(lukv_profile(bundled_model(), {d1}, "knorm", 1.5), Error);
+}
+
+// A NumPy .npy curve written here byte by byte (format 1.0: magic, version, header length, a
+// Python dict header padded with spaces to a multiple of 64 bytes and ending in a newline, then
+// float64 little-endian data in C order) loads with the same values; a wrong shape is refused.
+TEST(LUKV, NpyCurveLoadsAsKvpressReadsIt) {
+  auto write = [](const std::string& path, const std::string& shape, int n_values) {
+    std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': " + shape + ", }";
+    while ((10 + header.size() + 1) % 64) header += ' ';
+    header += '\n';
+    std::ofstream f(path, std::ios::binary);
+    f.write("\x93NUMPY\x01\x00", 8);
+    const uint16_t len = static_cast<uint16_t>(header.size());
+    f.put(static_cast<char>(len & 0xFF));
+    f.put(static_cast<char>(len >> 8));
+    f << header;
+    for (int i = 0; i < n_values; ++i) {
+      const double v = (i % 97) / 100.0;
+      char b[8];
+      std::memcpy(b, &v, 8);
+      f.write(b, 8);
+    }
+  };
+  const std::string path = temp_path("lukv_curve.npy"), bad = temp_path("lukv_bad.npy");
+  write(path, "(99, 3, 2)", 99 * 6);
+  const LUKVCurve c = LUKVCurve::load(path);
+  EXPECT_EQ(c.n_layer, 3);
+  EXPECT_EQ(c.n_head_kv, 2);
+  ASSERT_EQ(c.prune.size(), 99u * 6);
+  for (int i = 0; i < 99 * 6; ++i) EXPECT_EQ(c.prune[i], static_cast<float>((i % 97) / 100.0)) << i;
+  EXPECT_EQ(c.at(2, 1, 1), static_cast<float>((2 * 6 + 1 * 2 + 1) / 100.0));
+  write(bad, "(98, 3, 2)", 98 * 6);
+  EXPECT_THROW(LUKVCurve::load(bad), Error);
+  write(bad, "(99, 3, 2)", 10);  // data shorter than the shape
+  EXPECT_THROW(LUKVCurve::load(bad), Error);
+  std::remove(path.c_str());
+  std::remove(bad.c_str());
 }

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -27,7 +31,59 @@ void LUKVCurve::save(const std::string& path, const std::string& desc) const {
   w.write(path);
 }
 
+namespace {
+
+/// A NumPy .npy file of shape (99, layers, heads), little-endian float32 or float64, C order: the
+/// format of the curves kvpress downloads (np.load) and LU-KV's scripts write.
+LUKVCurve load_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open the LU-KV curve", path));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
+    throw Error(fmt::format("{}: not a NumPy .npy file", path));
+  const int major = static_cast<unsigned char>(bytes[6]);
+  size_t hlen = 0, off = 0;
+  if (major == 1) {
+    hlen = static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+    off = 10;
+  } else if (bytes.size() >= 12) {
+    for (int i = 0; i < 4; ++i) hlen |= static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    off = 12;
+  }
+  if (!off || off + hlen > bytes.size()) throw Error(fmt::format("{}: truncated .npy header", path));
+  const std::string header = bytes.substr(off, hlen);
+  std::smatch m;
+  if (!std::regex_search(header, m, std::regex("'descr'\\s*:\\s*'([<|]f[48])'")))
+    throw Error(fmt::format("{}: .npy dtype must be little-endian float32 or float64 (header {})", path, header));
+  const size_t width = m[1].str().back() == '8' ? 8 : 4;
+  if (std::regex_search(header, std::regex("'fortran_order'\\s*:\\s*True")))
+    throw Error(fmt::format("{}: .npy in Fortran order is not supported", path));
+  if (!std::regex_search(header, m, std::regex("'shape'\\s*:\\s*\\(\\s*(\\d+)\\s*,\\s*(\\d+)\\s*,\\s*(\\d+)\\s*\\)")) ||
+      m[1].str() != "99")
+    throw Error(fmt::format("{}: .npy curve must have shape (99, layers, KV heads) (header {})", path, header));
+  LUKVCurve c;
+  c.n_layer = std::stoi(m[2].str());
+  c.n_head_kv = std::stoi(m[3].str());
+  const size_t n = static_cast<size_t>(99) * c.n_layer * c.n_head_kv, data = off + hlen;
+  if (c.n_layer < 1 || c.n_head_kv < 1 || bytes.size() < data + n * width)
+    throw Error(fmt::format("{}: .npy data shorter than its shape", path));
+  c.prune.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (width == 4) {
+      std::memcpy(&c.prune[i], bytes.data() + data + 4 * i, 4);
+    } else {
+      double v;
+      std::memcpy(&v, bytes.data() + data + 8 * i, 8);
+      c.prune[i] = static_cast<float>(v);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 LUKVCurve LUKVCurve::load(const std::string& path) {
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0) return load_npy(path);
   auto f = GGUFFile::open(path);
   std::string arch;
   try {

@@ -23,7 +23,9 @@ struct LUKVCurve {
   float at(int i, int l, int h) const { return prune[(static_cast<size_t>(i) * n_layer + l) * n_head_kv + h]; }
   /// Writes a GGUF file (lukv.* metadata, tensor lukv.curve); `desc` names the model and scorer.
   void save(const std::string& path, const std::string& desc) const;
-  /// Reads a file written by save(). Throws kvslim::Error naming the file.
+  /// Reads a file written by save(), or (path ending in .npy) a NumPy array of shape (99, layers,
+  /// KV heads), float32 or float64, as kvpress loads LU-KV's published curves. Throws
+  /// kvslim::Error naming the file.
   static LUKVCurve load(const std::string& path);
 };
 
