@@ -51,3 +51,10 @@ $K eval fidelity $FID --ratios 0 --no-baseline --press "latent:file=$OUT/story_r
   "latent:k_rank=7,v_rank=8,k_bits=8,v_bits=8" -o "$OUT/story_latent"
 $K eval fidelity $FID --ratios 0.25,0.5,0.75,0.9 --press kvzip "kvzip+latent:file=$OUT/story_r8b8_share.gguf" \
   -o "$OUT/story_curve"
+$K eval fidelity $FID --ratios 0.95,0.97,0.98 --no-baseline --press kvzip \
+  "kvzip+latent:file=$OUT/story_r8b8_share.gguf" -o "$OUT/story_curve_hi"
+# Decode speed over latent codes against the f16 cache of the same context (tokens per process CPU
+# second, one thread).
+$K bench -m models/retrieval.gguf -p 0 --depth 2048,8192 -n 32 -r 3 -t 1 --no-progress --press none \
+  --press "latent:file=$OUT/retrieval_r64b8.gguf" --press "latent:k_rank=64,v_rank=64,k_bits=8,v_bits=8" \
+  --compression-ratio 0 > "$OUT/bench_decode.txt" 2>&1

@@ -4,6 +4,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/clones.h"
+#include "kernels/window_attention.h"
 
 #include <algorithm>
 #include <climits>
@@ -110,28 +111,14 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
       const float* qp = sc.qp.data() + static_cast<size_t>(r) * rk;
       float* S = sc.S.data() + static_cast<size_t>(r) * m;
       detail::latent_block_scores(qp, sc.codes.data(), e - b, rk, S + b);
-      for (size_t j = b; j < e; ++j)
-        if (idx[j] >= visible[r]) S[j] = -INFINITY;
     }
   }
-  // Softmax per row.
+  // Softmax per row over its visible entries: a prefix of idx (idx increases), the rest get 0.
   for (int r = 0; r < rows; ++r) {
     float* S = sc.S.data() + static_cast<size_t>(r) * m;
-    float mx = -INFINITY;
-    for (size_t j = 0; j < m; ++j) mx = std::max(mx, S[j]);
-    if (mx == -INFINITY) {
-      std::fill(S, S + m, 0.0f);
-      continue;
-    }
-    double sum = 0.0;
-    for (size_t j = 0; j < m; ++j) {
-      // exp of anything below -88 is 0 in f32; skipping it avoids libm's slow underflow path.
-      const float d = S[j] - mx;
-      S[j] = d < -88.0f ? 0.0f : std::exp(d);
-      sum += S[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (size_t j = 0; j < m; ++j) S[j] *= inv;
+    const size_t nvis = static_cast<size_t>(std::lower_bound(idx.begin(), idx.end(), visible[r]) - idx.begin());
+    softmax_inplace(S, nvis);
+    std::fill(S + nvis, S + m, 0.0f);
   }
   // Probability-weighted value codes, then one expansion per row.
   sc.acc.assign(static_cast<size_t>(rows) * rv, 0.0f);

@@ -102,6 +102,8 @@ __attribute__((always_inline)) inline void exp2_nonpos(vf16& y) {
   y = p * two_k;
 }
 
+}  // namespace
+
 /// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time).
 KVSLIM_TARGET_CLONES void softmax_inplace(float* __restrict x, size_t n) {
   if (n == 0) return;
@@ -137,7 +139,6 @@ KVSLIM_TARGET_CLONES void softmax_inplace(float* __restrict x, size_t n) {
   for (size_t j = nb; j < n; ++j) x[j] = et[j - nb] * inv;
 }
 
-}  // namespace
 
 void window_probabilities(const float* q, int rows, float scale, const float* keys_t, size_t n, int hd,
                           const size_t* visible, float* out) {

@@ -24,4 +24,8 @@ std::vector<float> keys_blocked(const Segment& seg);
 void window_probabilities(const float* q, int rows, float scale, const float* keys_t, size_t n, int head_dim,
                           const size_t* visible, float* out);
 
+/// x[0, n) <- softmax(x[0, n)) in place, 16 values at a time (SIMD chosen at run time). The values
+/// must be finite (mask by passing a shorter n). exp has a relative error below 2e-6.
+void softmax_inplace(float* __restrict x, size_t n);
+
 }  // namespace kvslim
