@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
+#include "kernels/window_attention.h"
 
 namespace kvslim {
 
@@ -75,16 +76,8 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
       const int g = (b0 + i) / n_q, r = (b0 + i) % n_q;
       float* lg = logit.data() + static_cast<size_t>(i) * m;
       const size_t mr = n_sink + nc + static_cast<size_t>(replay_visible[r]);
-      float mx = -INFINITY;
-      for (size_t j = 0; j < mr; ++j) mx = std::max(mx, lg[j]);
-      // exp underflows to 0 below -87 anyway; skipping it avoids libm's slow underflow path.
-      double sum = 0;
-      for (size_t j = 0; j < mr; ++j) {
-        const float z = lg[j] - mx;
-        lg[j] = z < -87.0f ? 0.0f : std::exp(z);
-        sum += lg[j];
-      }
-      const float inv = static_cast<float>((inv_hnorm ? inv_hnorm[r] : 1.0) / sum);
+      softmax_inplace(lg, mr);  // the window kernels' softmax (kernels/window_attention.h)
+      const float inv = inv_hnorm ? inv_hnorm[r] : 1.0f;
       const float* w = wov ? wov + static_cast<size_t>(g) * nc : nullptr;
       for (size_t j = 0; j < nc; ++j) {
         float p = lg[n_sink + j] * inv;
