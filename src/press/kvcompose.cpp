@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
+#include "press/position_scores.h"
 #include "press/recorders.h"
 
 namespace kvslim {
@@ -190,7 +191,7 @@ class KVComposePress : public Press {
     }
     run.rewind(P);
     // Group aggregation, then the value norm, stored by position; the mean over heads is added in apply.
-    if (stored_.size() != static_cast<size_t>(L)) stored_.assign(L, std::vector<Stored>(H));
+    stored_.shape(L, H);
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
         const size_t w = static_cast<size_t>(l) * H + h;
@@ -209,7 +210,7 @@ class KVComposePress : public Press {
             for (float x : v) ss += double(x) * x;
             agg *= std::sqrt(ss);
           }
-          stored_[l][h][s.positions()[j]] = agg;
+          stored_.set(l, h, s.positions()[j], agg);
         }
       }
   }
@@ -226,9 +227,9 @@ class KVComposePress : public Press {
         const Segment& s = cache.seg(l, h);
         full[l][h].resize(s.size());
         for (size_t j = 0; j < s.size(); ++j) {
-          auto it = stored_[l][h].find(s.positions()[j]);
+          const double* v = stored_.find(l, h, s.positions()[j]);
           // Entries no replay scored (e.g. a question) are kept: they rank above every score.
-          full[l][h][j] = it == stored_[l][h].end() ? INFINITY : it->second;
+          full[l][h][j] = v ? *v : INFINITY;
           if (std::isfinite(full[l][h][j])) {
             auto& m = mean[s.positions()[j]];
             m.first += full[l][h][j];
@@ -258,34 +259,17 @@ class KVComposePress : public Press {
         s.retain(select_top(sc[l][h], keep[l][h]));
       }
     });
-    // Forget the scores of evicted entries.
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h) {
-        Stored kept;
-        for (int32_t p : cache.seg(l, h).positions()) {
-          auto it = stored_[l][h].find(p);
-          if (it != stored_[l][h].end()) kept.emplace_hint(kept.end(), *it);
-        }
-        stored_[l][h].swap(kept);
-      }
+    stored_.prune(cache);  // forget the scores of evicted entries
   }
   void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
                        const std::vector<int32_t>& new_pos) override {
-    if (layer >= static_cast<int>(stored_.size())) return;
-    Stored& st = stored_[layer][kv_head];
-    Stored moved;
-    for (size_t i = 0; i < old_pos.size() && i < new_pos.size(); ++i) {
-      auto it = st.find(old_pos[i]);
-      if (it != st.end()) moved[new_pos[i]] = it->second;
-    }
-    st.swap(moved);
+    stored_.remap(layer, kv_head, old_pos, new_pos);
   }
 
  private:
-  using Stored = std::map<int32_t, double>;  // position -> score
   double ratio_;
   KVComposeOptions opt_;
-  std::vector<std::vector<Stored>> stored_;
+  PositionScores stored_;  // replay scores of the entries still in the cache
 };
 
 ComposeAgg parse_agg(const PressParams& p, const std::string& key) {

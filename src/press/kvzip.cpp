@@ -1,12 +1,12 @@
 // KVzip: scores from context reconstruction (replay), one global top-k over all layers and heads.
 // Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", arXiv 2505.23416.
 #include "press/kvzip.h"
+#include "press/position_scores.h"
 #include "press/recorders.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -269,13 +269,12 @@ class KVzipPress : public ScorerPress {
       throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
     const int L = cache.n_layer(), H = cache.n_head_kv();
     Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, obs.token_positions.front(), opt_);
-    if (stored_.size() != static_cast<size_t>(L)) stored_.assign(L, std::vector<Stored>(H));
+    stored_.shape(L, H);
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
         const Segment& s = cache.seg(l, h);
-        Stored& st = stored_[l][h];
         for (size_t i = 0; i < s.size(); ++i)
-          if (!std::isnan(fresh[l][h][i])) st[s.positions()[i]] = fresh[l][h][i];
+          if (!std::isnan(fresh[l][h][i])) stored_.set(l, h, s.positions()[i], fresh[l][h][i]);
       }
   }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
@@ -285,45 +284,23 @@ class KVzipPress : public ScorerPress {
       out[h].resize(s.size());
       for (size_t i = 0; i < s.size(); ++i) {
         // Sinks are kept; entries no replay scored (e.g. a question) are never evicted.
-        float v = kProtected;
-        if (i >= static_cast<size_t>(opt_.n_sink) && l < static_cast<int>(stored_.size())) {
-          auto it = stored_[l][h].find(s.positions()[i]);
-          if (it != stored_[l][h].end()) v = it->second;
-        }
-        out[h][i] = v;
+        const double* v = i >= static_cast<size_t>(opt_.n_sink) ? stored_.find(l, h, s.positions()[i]) : nullptr;
+        out[h][i] = v ? static_cast<float>(*v) : kProtected;
       }
     }
   }
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
     ScorerPress::apply(cache, model, obs, target);
-    // Forget the scores of evicted entries; later chunks compete with the kept ones.
-    for (size_t l = 0; l < stored_.size(); ++l)
-      for (size_t h = 0; h < stored_[l].size(); ++h) {
-        const auto& pos = cache.seg(static_cast<int>(l), static_cast<int>(h)).positions();
-        Stored kept;
-        for (int32_t p : pos) {
-          auto it = stored_[l][h].find(p);
-          if (it != stored_[l][h].end()) kept.emplace_hint(kept.end(), *it);
-        }
-        stored_[l][h].swap(kept);
-      }
+    stored_.prune(cache);  // later chunks compete with the kept entries
   }
   void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
                        const std::vector<int32_t>& new_pos) override {
-    if (layer >= static_cast<int>(stored_.size())) return;
-    Stored& st = stored_[layer][kv_head];
-    Stored moved;
-    for (size_t i = 0; i < old_pos.size() && i < new_pos.size(); ++i) {
-      auto it = st.find(old_pos[i]);
-      if (it != st.end()) moved[new_pos[i]] = it->second;
-    }
-    st.swap(moved);
+    stored_.remap(layer, kv_head, old_pos, new_pos);
   }
 
  private:
-  using Stored = std::map<int32_t, float>;  // position -> score
   KVzipOptions opt_;
-  std::vector<std::vector<Stored>> stored_;
+  PositionScores stored_;  // replay scores of the entries still in the cache
 };
 
 PressRegistrar reg([] {
