@@ -1,7 +1,6 @@
 // Running samples through a press: task answers, fidelity against the full cache, attention
 // statistics, and the sweeps over presses x ratios x samples.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -13,13 +12,11 @@
 #include "kvslim/request.h"
 #include "press/recording_press.h"
 #include "kvslim/sampling.h"
+#include "util/clock.h"
 
 namespace kvslim {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 uint64_t sample_seed(uint64_t seed, const std::string& what) {
   uint64_t h = 1469598103934665603ull;
@@ -204,7 +201,7 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
 
 FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityReference& ref, const RunOptions& opt) {
   FidelityOutcome out;
-  auto t0 = Clock::now();
+  const double t0 = steady_seconds();
   Request req(model, press, request_options(opt, opt.session));
   check_fits(req.session(), ref.prefix.size() + ref.continuation.size(), "fidelity sample (context + continuation)");
   req.set_prompt_tokens(ref.prefix);
@@ -216,7 +213,7 @@ FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityRef
   const size_t V = static_cast<size_t>(ref.n_vocab);
   for (size_t i = 0; i + 1 < ref.continuation.size(); ++i)
     out.metrics.add(ref.logits.data() + i * V, logits.data() + i * V, V, ref.continuation[i + 1]);
-  out.seconds = since(t0);
+  out.seconds = steady_seconds() - t0;
   return out;
 }
 

@@ -3,7 +3,6 @@
 #include "press/kvzap_train.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -11,13 +10,11 @@
 
 #include "kvslim/generate.h"
 #include "kvslim/session.h"
+#include "util/clock.h"
 
 namespace kvslim {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 /// Rows `rows` of a [n][width] matrix, in that order.
 std::vector<float> gather_rows(const std::vector<float>& src, const std::vector<size_t>& rows, int width) {
@@ -81,9 +78,9 @@ KVzapTrainResult train_kvzap(const Model& model, const std::vector<std::vector<T
   res.train_documents = docs.size() - res.test_documents;
   const int first_test = static_cast<int>(res.train_documents);
 
-  auto t0 = Clock::now();
+  double t0 = steady_seconds();
   const KVzapData data = collect_kvzap_data(model, docs, opt.per_doc, opt.seed, opt.kvzip, progress);
-  res.collect_seconds = since(t0);
+  res.collect_seconds = steady_seconds() - t0;
   std::vector<size_t> train, test;
   for (size_t r = 0; r < data.rows(); ++r) (data.doc[r] < first_test ? train : test).push_back(r);
   if (train.empty() || test.empty()) throw Error("kvzap training: not enough rows for both a training and a test split");
@@ -94,7 +91,7 @@ KVzapTrainResult train_kvzap(const Model& model, const std::vector<std::vector<T
   res.mlp = shaped(hp, KVzapSurrogate::Kind::MLP, opt.mlp.hidden);
   res.pearson_linear.assign(L, 0.0);
   res.pearson_mlp.assign(L, 0.0);
-  t0 = Clock::now();
+  t0 = steady_seconds();
   for (int l = 0; l < L; ++l) {
     const std::vector<float> Xtr = gather_rows(data.X[l], train, d), Ytr = gather_rows(data.Y[l], train, H);
     const std::vector<float> Xte = gather_rows(data.X[l], test, d), Yte = gather_rows(data.Y[l], test, H);
@@ -117,7 +114,7 @@ KVzapTrainResult train_kvzap(const Model& model, const std::vector<std::vector<T
     res.pearson_mlp[l] = pearson(p.data(), Yte.data(), p.size());
     if (on_layer) on_layer(res, l);
   }
-  res.fit_seconds = since(t0);
+  res.fit_seconds = steady_seconds() - t0;
   return res;
 }
 
@@ -146,12 +143,12 @@ SurrogateCost time_kvzap_surrogate(const Model& model, const KVzapSurrogate& sur
     SessionOptions so;
     so.n_ctx = n;
     Session s(model, so);
-    auto t = Clock::now();
+    double t = steady_seconds();
     s.forward(toks);
-    c.forward_seconds = std::min(c.forward_seconds, since(t));
-    t = Clock::now();
+    c.forward_seconds = std::min(c.forward_seconds, steady_seconds() - t);
+    t = steady_seconds();
     for (int l = 0; l < hp.n_layer; ++l) sur.predict(l, x.data(), n, y.data());
-    c.surrogate_seconds = std::min(c.surrogate_seconds, since(t));
+    c.surrogate_seconds = std::min(c.surrogate_seconds, steady_seconds() - t);
   }
   return c;
 }

@@ -1,7 +1,6 @@
 #include "run/auto_budget.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -10,14 +9,11 @@
 #include "kvslim/error.h"
 #include "kvslim/eval_metrics.h"
 #include "press/recorders.h"
+#include "util/clock.h"
 
 namespace kvslim::run {
 
 namespace {
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void check_options(const AutoBudget& o) {
   if (!std::isfinite(o.target_kl) || o.target_kl < 0)
@@ -86,9 +82,9 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   auto run_trial = [&](double r, bool keep) {
     press.reset();
     press.set_ratio(r);
-    const double t0 = seconds_now();
+    const double t0 = steady_seconds();
     press.compress(session.cache(), session.model(), obs);
-    if (press_seconds) *press_seconds += seconds_now() - t0;
+    if (press_seconds) *press_seconds += steady_seconds() - t0;
     Trial t;
     t.bytes = session.cache().bytes();
     if (fidelity) {

@@ -1,21 +1,15 @@
 #include "kvslim/request.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include <fmt/format.h>
 
 #include "press/recorders.h"
 #include "run/auto_budget.h"
 #include "run/steps.h"
+#include "util/clock.h"
 
 namespace kvslim {
-
-namespace {
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 namespace run {
 
@@ -24,9 +18,9 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
   Observation obs;
   std::vector<float> logits = run_observed(session, std::vector<Token>(tokens, tokens + n), press.needs(), obs);
   if (peak_bytes) *peak_bytes = std::max(*peak_bytes, session.cache().bytes());
-  const double t0 = now_seconds();
+  const double t0 = steady_seconds();
   press.compress(session.cache(), session.model(), obs);
-  if (press_seconds) *press_seconds += now_seconds() - t0;
+  if (press_seconds) *press_seconds += steady_seconds() - t0;
   return logits;
 }
 
@@ -103,7 +97,7 @@ bool Request::prefill_step() {
     finish(FinishReason::Cancelled);
     return true;
   }
-  const double t0 = now_seconds();
+  const double t0 = steady_seconds();
   if (context_done_ < context_.size()) {
     // A press object may serve several requests in turn: nothing of the previous one may leak.
     if (context_done_ == 0) press_->reset();
@@ -132,11 +126,11 @@ bool Request::prefill_step() {
       stats_.full_f16_bytes = cache.full_f16_bytes(context_.size());
       stats_.shared_bytes = cache.shared_bytes();
     }
-    stats_.prefill_seconds += now_seconds() - t0;
+    stats_.prefill_seconds += steady_seconds() - t0;
     if (context_done_ < context_.size() || !question_.empty()) return false;
   } else {
     logits_ = session_->forward(question_);
-    stats_.prefill_seconds += now_seconds() - t0;
+    stats_.prefill_seconds += steady_seconds() - t0;
   }
   prefilled_ = true;
   return true;
@@ -160,7 +154,7 @@ const std::vector<float>& Request::advance(Token token) {
 void Request::finish(FinishReason r) {
   if (finish_ != FinishReason::None) return;
   finish_ = r;
-  if (decode_started_) stats_.decode_seconds = now_seconds() - decode_t0_;
+  if (decode_started_) stats_.decode_seconds = steady_seconds() - decode_t0_;
 }
 
 bool Request::step() {
@@ -187,7 +181,7 @@ bool Request::sample_step(Token* next) {
   const Token t = sample();
   if (!decode_started_) {  // decode speed excludes the first token: it comes from the prefill
     decode_started_ = true;
-    decode_t0_ = now_seconds();
+    decode_t0_ = steady_seconds();
   }
   generated_.push_back(t);
   stats_.generated_tokens = static_cast<int>(generated_.size());
@@ -251,7 +245,7 @@ void Request::rewind(int32_t position) {
 
 const RequestStats& Request::stats() const {
   stats_.final_kv_bytes = session_->cache().bytes();
-  if (decode_started_ && finish_ == FinishReason::None) stats_.decode_seconds = now_seconds() - decode_t0_;
+  if (decode_started_ && finish_ == FinishReason::None) stats_.decode_seconds = steady_seconds() - decode_t0_;
   return stats_;
 }
 
