@@ -65,29 +65,21 @@ std::vector<int32_t> cam_merge_layer(const std::vector<float>& mean_score, const
 
 namespace {
 
-class CAMPress : public Press {
+class CAMPress : public DecodeTimeWrapper<ScorerPress> {
  public:
   CAMPress(std::unique_ptr<ScorerPress> inner, int interval, int size, int merge_budget, uint64_t seed)
-      : inner_(std::move(inner)), interval_(interval), size_(size), budget_(merge_budget), seed_(seed), rng_(seed) {}
+      : DecodeTimeWrapper(std::move(inner)), interval_(interval), size_(size), budget_(merge_budget), seed_(seed), rng_(seed) {}
   std::string describe() const override {
     return fmt::format("cam({}):interval={},size={},merge_budget={},seed={}", inner_->describe(), interval_, size_,
                        budget_, seed_);
   }
-  ObservationNeeds needs() const override { return inner_->needs(); }
   ObservationNeeds decode_needs() const override {
-    ObservationNeeds r = merge_needs(inner_->needs(), inner_->decode_needs());
+    ObservationNeeds r = DecodeTimeWrapper::decode_needs();
     r.attention_mass = true;
     return r;
   }
-  void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
-  void apply(KVCache&, const Model&, const Observation& obs, const Target&) override {
-    // Prefill: nothing is evicted; the window seeds the decode-time observation.
-    buf_.queries = obs.queries;
-    buf_.window_positions = obs.window_positions;
-  }
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
-    inner_->observe(cache, model, obs);
-    append_decode_window(buf_, obs, model, inner_->needs().window);
+    observe_step(cache, model, obs);
     acc_.observe(cache, obs, model.hparams().n_group());
     if (++since_ < interval_) return;
     const int L = cache.n_layer(), H = cache.n_head_kv(), G = model.hparams().n_group(), hd = cache.head_dim();
@@ -95,7 +87,7 @@ class CAMPress : public Press {
     for (int l = 0; l < L; ++l) any = any || cache.seg(l, 0).size() > static_cast<size_t>(size_);
     if (!any) return;
     const size_t n_all = static_cast<size_t>(cache_next_position(cache));
-    Scores sc = inner_->score_all(cache, model, buf_, Target{1.0 - double(size_) / double(n_all), n_all});
+    Scores sc = inner_->score_all(cache, model, window_, Target{1.0 - double(size_) / double(n_all), n_all});
     for (int l = 0; l < L; ++l) {
       const size_t n = cache.seg(l, 0).size();
       for (int h = 1; h < H; ++h)
@@ -133,27 +125,20 @@ class CAMPress : public Press {
     since_ = 0;
   }
   void reset() override {
-    inner_->reset();
-    buf_.clear();
+    DecodeTimeWrapper::reset();
     acc_.reset();
     since_ = 0;
     rng_.seed(seed_);
   }
-  double ratio() const override { return inner_->ratio(); }
-  void set_ratio(double r) override { inner_->set_ratio(r); }
-  size_t kept_after(const Target& t) const override { return t.n_context; }
-  bool evicts_in_decode() const override { return true; }
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
-    inner_->remap_positions(l, h, o, n);
+    DecodeTimeWrapper::remap_positions(l, h, o, n);
     acc_.remap(l, h, o, n);
   }
 
  private:
-  std::unique_ptr<ScorerPress> inner_;
   int interval_, size_, budget_;
   uint64_t seed_;
   std::mt19937_64 rng_;
-  Observation buf_;
   AttentionAccumulator acc_;
   int since_ = 0;  // decode steps since the last compression (kvpress's layer_step_counts)
 };

@@ -14,26 +14,15 @@
 namespace kvslim {
 namespace {
 
-class DecodingPress : public Press {
+class DecodingPress : public DecodeTimeWrapper<Press> {
  public:
   DecodingPress(std::unique_ptr<Press> inner, int interval, int size)
-      : inner_(std::move(inner)), interval_(interval), size_(size) {}
+      : DecodeTimeWrapper(std::move(inner)), interval_(interval), size_(size) {}
   std::string describe() const override {
     return fmt::format("decoding({}):interval={},size={}", inner_->describe(), interval_, size_);
   }
-  ObservationNeeds needs() const override { return inner_->needs(); }
-  ObservationNeeds decode_needs() const override {
-    return merge_needs(inner_->needs(), inner_->decode_needs());
-  }
-  void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
-  void apply(KVCache&, const Model& model, const Observation& obs, const Target&) override {
-    // Prefill: nothing is evicted; the window seeds the decode-time observation.
-    buf_.queries = obs.queries;
-    buf_.window_positions = obs.window_positions;
-  }
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
-    inner_->observe(cache, model, obs);
-    append_decode_window(buf_, obs, model, inner_->needs().window);
+    observe_step(cache, model, obs);
     if (++steps_ % interval_ != 0) return;
     const size_t n = static_cast<size_t>(cache_next_position(cache));
     Target t{inner_->ratio(), n};
@@ -42,25 +31,15 @@ class DecodingPress : public Press {
       t.ratio = 1.0 - static_cast<double>(size_) / static_cast<double>(n);
     }
     if (t.ratio <= 0) return;
-    inner_->apply(cache, model, buf_, t);
+    inner_->apply(cache, model, window_, t);
   }
   void reset() override {
-    inner_->reset();
-    buf_.clear();
+    DecodeTimeWrapper::reset();
     steps_ = 0;
-  }
-  double ratio() const override { return inner_->ratio(); }
-  void set_ratio(double r) override { inner_->set_ratio(r); }
-  size_t kept_after(const Target& t) const override { return t.n_context; }
-  bool evicts_in_decode() const override { return true; }
-  void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
-    inner_->remap_positions(l, h, o, n);
   }
 
  private:
-  std::unique_ptr<Press> inner_;
   int interval_, size_;
-  Observation buf_;
   int steps_ = 0;
 };
 
