@@ -215,6 +215,65 @@ TEST(EvalResults, PlotsUseTheAchievedRatioWithBaselineAndIntervals) {
   std::filesystem::remove_all(temp_dir("plots"));
 }
 
+// The configuration a sweep records (and that shards must share), written out by hand.
+TEST(EvalResults, SweepConfigRecordsEverySetting) {
+  const std::vector<PressRun> runs = {{"none", 0.0}, {"snapkv", 0.5}};
+  FidelitySweep f;
+  f.context_tokens = 64;
+  f.continuation_tokens = 16;
+  f.samples = 3;
+  f.seed = 7;
+  f.lmba_window = 8;
+  f.lmba_tau = 0.8;
+  f.run.session.n_ctx = 512;
+  f.run.session.key_codec = KVCodec::Q8_0;
+  f.run.session.value_codec = KVCodec::F16;
+  f.run.session.kv_quant.kivi_bits = 0;
+  f.run.chunk_size = 32;
+  const std::string text = temp_dir("sweep_text") + ".txt";
+  std::ofstream(text, std::ios::binary) << "abc";
+  const nlohmann::json want_f = {
+      {"runs", nlohmann::json::array({nlohmann::json::array({"none", 0.0}), nlohmann::json::array({"snapkv", 0.5})})},
+      {"samples", 3}, {"seed", 7}, {"ctx_size", 512},
+      {"chunk_size", 32}, {"cache_type_k", "q8_0"}, {"cache_type_v", "f16"}, {"kivi_bits", 0},
+      {"kivi_group", 32}, {"kivi_residual", 128},
+      {"kv_hadamard", false}, {"context_tokens", 64}, {"continuation_tokens", 16}, {"lmba_window", 8},
+      {"lmba_tau", 0.8}, {"text", text},
+      // FIPS 180-2, appendix B.1: SHA-256("abc").
+      {"text_sha256", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}};
+  EXPECT_EQ(sweep_config(runs, f, text), want_f) << sweep_config(runs, f, text).dump();
+  nlohmann::json no_text = want_f;
+  no_text["text"] = "";
+  no_text.erase("text_sha256");
+  EXPECT_EQ(sweep_config(runs, f, ""), no_text);
+  TaskSweep t;
+  t.tasks = {"niah"};
+  t.lengths = {100, 200};
+  t.depths = {0.5};
+  t.samples = 2;
+  t.seed = 9;
+  t.run.n_predict = 12;
+  t.ruler.multi_keys = 6;
+  const nlohmann::json c = sweep_config(runs, t, "");
+  EXPECT_EQ(c["tasks"], nlohmann::json({"niah"}));
+  EXPECT_EQ(c["lengths"], nlohmann::json({100, 200}));
+  EXPECT_EQ(c["depths"], nlohmann::json({0.5}));
+  EXPECT_EQ(c["n_predict"], 12);
+  EXPECT_EQ(c["samples"], 2);
+  EXPECT_EQ(c["seed"], 9);
+  EXPECT_EQ(c["text_config"], "");
+  EXPECT_FALSE(c.contains("text_config_sha256"));
+  EXPECT_EQ(c["ruler"]["multi_keys"], 6);
+  EXPECT_EQ(c["ruler"]["vt_hops"], t.ruler.vt_hops);
+  EXPECT_EQ(c["cache_type_k"], "f16");
+  EXPECT_EQ(sweep_config(runs, t, text)["text_config_sha256"], want_f["text_sha256"]);
+  // Settings that differ make different sweeps.
+  t.ruler.fwe_vocab += 1;
+  EXPECT_NE(sweep_config(runs, t, ""), c);
+  std::filesystem::remove(text);
+  EXPECT_THROW(sweep_config(runs, t, "/nonexistent/tasks.json"), Error);
+}
+
 // Regression: a model that cannot do the task scored 0 everywhere, silently.
 TEST(EvalResults, ZeroBaselineIsALoudWarning) {
   SweepResults res;

@@ -58,6 +58,15 @@ SweepResults parse_results(const std::string& text, const std::string& name);
 /// the file and line on anything malformed.
 SweepResults read_results(const std::string& path);
 
+/// RunInfo::config of a sweep: the settings that make it this sweep, so shards merge only when they
+/// are equal. The runs (spec, ratio), samples, seed, context size, chunk size, the cache's codecs
+/// and KIVI / Hadamard settings (from sweep.run), the sweep's own settings, and the file its text
+/// came from ("" = none: sampled from the model, or the default task text) with the file's SHA-256.
+/// The CLI and the Python binding both record this. Throws kvslim::Error when the file cannot be
+/// read.
+nlohmann::json sweep_config(const std::vector<PressRun>& runs, const FidelitySweep& sweep, const std::string& text_file);
+nlohmann::json sweep_config(const std::vector<PressRun>& runs, const TaskSweep& sweep, const std::string& text_config);
+
 /// Merges the shards of one sweep. Throws kvslim::Error naming the files when they come from
 /// different sweeps (eval kind, configuration, model hash, version), when a shard is missing or
 /// given twice, or when a unit appears twice.

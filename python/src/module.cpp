@@ -121,11 +121,6 @@ std::string sweep(const PyModel& m, const std::string& kind, const std::vector<s
   const auto runs = expand_runs(press_specs, ratios, baseline);
   SweepResults res;
   res.info = make_run_info(kind, m.path);
-  nlohmann::json r = nlohmann::json::array();
-  for (const auto& run : runs) r.push_back({run.spec, run.ratio});
-  res.info.config = {{"runs", r},         {"samples", samples},         {"seed", seed},
-                     {"ctx_size", n_ctx}, {"chunk_size", chunk_size},   {"cache_type_k", cache_type_k},
-                     {"cache_type_v", cache_type_v}, {"from", "python"}};
   RunOptions ro;
   ro.session = session_options(n_ctx, cache_type_k, cache_type_v);
   ro.chunk_size = chunk_size;
@@ -137,7 +132,7 @@ std::string sweep(const PyModel& m, const std::string& kind, const std::vector<s
     sw.samples = samples;
     sw.seed = seed;
     sw.run = ro;
-    res.info.config.update({{"context_tokens", context_tokens}, {"continuation_tokens", continuation_tokens}});
+    res.info.config = sweep_config(runs, sw, "");
     res.info.units = run_fidelity_sweep(*m.model, runs, sw, [&](const FidelityRecord& f) { res.fidelity.push_back(f); });
   } else if (kind == "niah" || kind == "ruler") {
     TaskSweep sw;
@@ -149,8 +144,7 @@ std::string sweep(const PyModel& m, const std::string& kind, const std::vector<s
     if (!text_config.empty()) sw.text = TaskText::from_json_file(text_config);
     sw.run = ro;
     sw.run.n_predict = n_predict;
-    res.info.config.update({{"tasks", sw.tasks}, {"lengths", lengths}, {"depths", depths},
-                            {"text_config", text_config}, {"n_predict", n_predict}});
+    res.info.config = sweep_config(runs, sw, text_config);
     res.info.units = run_task_sweep(*m.model, runs, sw, [&](const TaskRecord& t) { res.tasks.push_back(t); });
   } else {
     throw Error(fmt::format("eval kind '{}' is not one of fidelity, niah, ruler", kind));

@@ -90,23 +90,6 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
                   "`kvslim eval merge`");
 }
 
-/// The settings that make a sweep what it is: shards merge only when these match.
-nlohmann::json common_config(const CommonArgs& a, const std::vector<PressRun>& runs) {
-  nlohmann::json r = nlohmann::json::array();
-  for (const auto& run : runs) r.push_back({run.spec, run.ratio});
-  return {{"runs", r},
-          {"samples", a.samples},
-          {"seed", a.seed},
-          {"ctx_size", a.ctx},
-          {"chunk_size", a.chunk_size},
-          {"cache_type_k", a.cache_type_k},
-          {"cache_type_v", a.cache_type_v},
-          {"kivi_bits", a.kv_quant.kivi_bits},
-          {"kivi_group", a.kv_quant.kivi_group},
-          {"kivi_residual", a.kv_quant.kivi_residual},
-          {"kv_hadamard", a.kv_quant.hadamard}};
-}
-
 RunOptions run_options(const CommonArgs& a) {
   RunOptions r;
   r.session.n_ctx = a.ctx;
@@ -285,7 +268,7 @@ int on_all_ranks(const MpiWorld& mpi, const std::function<int()>& body) {
 }
 
 /// What every sweep command sets up before it runs: the checks, this process's part, the runs, the
-/// model, and the results' provenance (kind, shard, the common configuration).
+/// model, and the results' provenance (kind, shard; each command adds the sweep's configuration).
 struct Sweep {
   Part part;
   std::vector<PressRun> runs;
@@ -305,7 +288,6 @@ Sweep start_sweep(const CommonArgs& a, const MpiWorld& mpi, const std::string& k
   s.res.info = make_run_info(kind, a.model);
   s.res.info.shard_index = s.part.shard.index;
   s.res.info.shard_count = s.part.shard.count;
-  s.res.info.config = common_config(a, s.runs);
   return s;
 }
 
@@ -330,15 +312,9 @@ int run_fidelity_cmd(const FidelityArgs& a) {
     sw.lmba_tau = a.lmba_tau;
     sw.run = run_options(a);
     sw.shard = part.shard;
-    res.info.config.update({{"context_tokens", a.context_tokens},
-                            {"continuation_tokens", a.continuation_tokens},
-                            {"lmba_window", a.lmba_window},
-                            {"lmba_tau", a.lmba_tau},
-                            {"text", a.text_file}});
-    if (!a.text_file.empty()) {
+    if (!a.text_file.empty())
       sw.text = s.model->tokenizer().encode(read_text_file(a.text_file, "--text"), false, false);
-      res.info.config["text_sha256"] = sha256_file(a.text_file);
-    }
+    res.info.config = sweep_config(s.runs, sw, a.text_file);
     LiveSamples live(a.out, res.info, !part.mpi);
     Progress bar(!a.no_progress && mpi.rank() == 0);
     res.info.units = run_fidelity_sweep(
@@ -375,15 +351,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
     sw.run = run_options(a);
     sw.run.n_predict = a.n_predict;
     sw.shard = part.shard;
-    res.info.config.update({{"tasks", sw.tasks},
-                            {"lengths", a.lengths},
-                            {"depths", a.depths},
-                            {"n_predict", a.n_predict},
-                            {"text_config", a.text_config},
-                            {"ruler",
-                             {a.ruler.multi_keys, a.ruler.multi_values, a.ruler.multi_queries, a.ruler.vt_hops,
-                              a.ruler.vt_chains}}});
-    if (!a.text_config.empty()) res.info.config["text_config_sha256"] = sha256_file(a.text_config);
+    res.info.config = sweep_config(s.runs, sw, a.text_config);
     LiveSamples live(a.out, res.info, !part.mpi);
     Progress bar(!a.no_progress && mpi.rank() == 0);
     // A full cache that fails the first samples is said at once, not after hours of sweep.
