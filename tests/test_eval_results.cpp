@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -198,6 +199,10 @@ TEST(EvalResults, PlotsUseTheAchievedRatioWithBaselineAndIntervals) {
   const std::string mem = read(o.dir + "/score_vs_memory.svg.gp");
   EXPECT_NE(mem.find(fmt::format("\n{} 0.5 ", 35.0 / 110.0)), std::string::npos) << mem;
   EXPECT_TRUE(std::filesystem::exists(o.dir + "/niah_snapkv_0.90.svg"));
+  // Every plot written is listed (the heat maps were written but left out of the list).
+  for (const char* f : {"score_vs_ratio.svg", "score_vs_memory.svg", "niah_snapkv_0.90.svg",
+                        "needle_kept_snapkv_0.90.svg", "niah_none_0.00.svg"})
+    EXPECT_NE(std::find(rep.files.begin(), rep.files.end(), o.dir + "/" + f), rep.files.end()) << f;
   // Fidelity: KL on a log axis.
   SweepResults fr;
   fr.info.kind = "fidelity";

@@ -48,12 +48,82 @@ std::string join_ints(const std::set<int>& v) {
   return s;
 }
 
-std::string n_text(int lo, int hi) { return lo == hi ? fmt::format("n={}", lo) : fmt::format("n={}-{}", lo, hi); }
+/// "n=4" or "n=2-4": the samples per point of `rows` (anything with a sample count).
+template <typename Rows, typename Count>
+std::string n_text(const Rows& rows, Count count) {
+  int lo = 1 << 30, hi = 0;
+  for (const auto& r : rows) lo = std::min(lo, count(r)), hi = std::max(hi, count(r));
+  return lo == hi ? fmt::format("n={}", lo) : fmt::format("n={}-{}", lo, hi);
+}
+
+/// The x axis of a plot against the achieved compression ratio, or against the memory ratio.
+void ratio_axis(LinePlot& p, bool memory) {
+  p.xlabel = memory ? "memory ratio (cache bytes / full f16 cache bytes, at the end of each run)"
+                    : "achieved compression ratio (fraction of the context's entries removed, measured)";
+  p.x_unit_range = !memory;
+}
+
+/// Adds a point to the line of `spec` (created in first-seen order); `index` maps specs to lines.
+void add_point(LinePlot& p, std::map<std::string, size_t>& index, const std::string& spec, const PlotPoint& point) {
+  auto it = index.find(spec);
+  if (it == index.end()) {
+    it = index.emplace(spec, p.series.size()).first;
+    p.series.push_back({spec, {}});
+  }
+  p.series[it->second].points.push_back(point);
+}
+
+/// Draws the plots of a results directory, named without the format's extension, until one fails:
+/// the first failure becomes the report's plot_problem and later plots are skipped; each plot
+/// drawn is listed in the report's files.
+struct Drawer {
+  const ResultsOptions& opt;
+  Dir& dir;
+  ResultsReport& rep;
+  /// draw(path, format, &why) -> drawn.
+  template <typename Draw>
+  void operator()(const std::string& name, Draw draw) const {
+    if (!rep.plot_problem.empty()) return;
+    const std::string path = dir.path(name + "." + opt.plot_format);
+    std::string why;
+    if (draw(path, opt.plot_format, &why))
+      rep.files.push_back(path);
+    else
+      rep.plot_problem = why;
+  }
+  /// A line plot, each line's points in x order.
+  void operator()(const std::string& name, LinePlot p) const {
+    for (auto& s : p.series) std::sort(s.points.begin(), s.points.end());
+    (*this)(name, [&](const std::string& path, const std::string& format, std::string* why) {
+      return plot_lines(p, path, format, why);
+    });
+  }
+};
+
+/// The warning for runs whose measured ratio missed the requested one (`bad` of `total`).
+void ratio_warning(int bad, size_t total, ResultsReport& rep) {
+  if (bad > 0)
+    rep.warnings.push_back(fmt::format(
+        "{} of {} runs kept a share of entries that differs from the requested ratio by more than the rounding "
+        "tolerance (protected windows or chunked compression); plots use the measured ratio, see compression_ratio "
+        "and as_configured in samples.jsonl",
+        bad, total));
+}
 
 nlohmann::json interval_json(const Interval& i) { return {i.low, i.high}; }
 
+/// The measured ratios every summary row carries (end of run and after prefill).
+template <typename Summary>
+nlohmann::json ratios_json(const Summary& s) {
+  return {{"compression_ratio", s.compression_ratio},
+          {"memory_ratio", s.memory_ratio},
+          {"prefill_compression_ratio", s.prefill_compression_ratio},
+          {"prefill_memory_ratio", s.prefill_memory_ratio},
+          {"not_as_configured", s.not_as_configured}};
+}
+
 nlohmann::json summary_json(const TaskSummary& s) {
-  return {{"task", s.task},
+  nlohmann::json j = {{"task", s.task},
           {"press_spec", s.press_spec},
           {"ratio", s.ratio},
           {"length", s.all_lengths ? nlohmann::json("all") : nlohmann::json(s.length)},
@@ -61,17 +131,14 @@ nlohmann::json summary_json(const TaskSummary& s) {
           {"samples", s.n},
           {"score", s.score},
           {"score_ci95", interval_json(s.score_ci)},
-          {"compression_ratio", s.compression_ratio},
-          {"memory_ratio", s.memory_ratio},
-          {"prefill_compression_ratio", s.prefill_compression_ratio},
-          {"prefill_memory_ratio", s.prefill_memory_ratio},
-          {"needle_kept", s.needle_kept},
-          {"not_as_configured", s.not_as_configured}};
+          {"needle_kept", s.needle_kept}};
+  j.update(ratios_json(s));
+  return j;
 }
 
 nlohmann::json summary_json(const FidelitySummary& s) {
   const FidelityAccumulator& m = s.metrics;
-  return {{"press_spec", s.press_spec},
+  nlohmann::json j = {{"press_spec", s.press_spec},
           {"ratio", s.ratio},
           {"samples", s.samples},
           {"tokens", m.tokens()},
@@ -82,12 +149,9 @@ nlohmann::json summary_json(const FidelitySummary& s) {
           {"top1_ci95", interval_json(s.top1_ci)},
           {"ppl_full", m.perplexity_full()},
           {"ppl_compressed", m.perplexity_compressed()},
-          {"ppl_ci95", interval_json(s.ppl_ci)},
-          {"compression_ratio", s.compression_ratio},
-          {"memory_ratio", s.memory_ratio},
-          {"prefill_compression_ratio", s.prefill_compression_ratio},
-          {"prefill_memory_ratio", s.prefill_memory_ratio},
-          {"not_as_configured", s.not_as_configured}};
+          {"ppl_ci95", interval_json(s.ppl_ci)}};
+  j.update(ratios_json(s));
+  return j;
 }
 
 /// Pools summary rows of one (press, ratio) over tasks: sample-weighted means, Wilson interval
@@ -129,11 +193,9 @@ std::vector<Pooled> pool(const std::vector<TaskSummary>& rows, const std::string
 LinePlot score_plot(const std::vector<Pooled>& rows, const std::string& title, bool memory) {
   LinePlot p;
   p.title = title;
-  p.xlabel = memory ? "memory ratio (cache bytes / full f16 cache bytes, at the end of each run)"
-                    : "achieved compression ratio (fraction of the context's entries removed, measured)";
+  ratio_axis(p, memory);
   p.ylabel = "score (mean, 95% Wilson interval)";
   p.y_unit_range = true;
-  p.x_unit_range = !memory;
   std::map<std::string, size_t> idx;
   for (const auto& r : rows) {
     const Interval ci = wilson_interval(r.score, r.n);
@@ -143,15 +205,8 @@ LinePlot score_plot(const std::vector<Pooled>& rows, const std::string& title, b
       p.baseline_label = fmt::format("full cache: {:.2f} [{:.2f}, {:.2f}], n={}", r.score, ci.low, ci.high, r.n);
       continue;
     }
-    auto it = idx.find(r.spec);
-    if (it == idx.end()) {
-      it = idx.emplace(r.spec, p.series.size()).first;
-      p.series.push_back({r.spec, {}});
-    }
-    p.series[it->second].points.push_back(
-        {memory ? r.memory_ratio : r.compression_ratio, r.score, ci.low, ci.high});
+    add_point(p, idx, r.spec, {memory ? r.memory_ratio : r.compression_ratio, r.score, ci.low, ci.high});
   }
-  for (auto& s : p.series) std::sort(s.points.begin(), s.points.end());
   return p;
 }
 
@@ -178,16 +233,10 @@ void task_warnings(const SweepResults& res, ResultsReport& rep) {
                            "cannot do the task");
   int bad = 0;
   for (const auto& s : rep.task_coarse) bad += s.not_as_configured;
-  if (bad > 0)
-    rep.warnings.push_back(fmt::format(
-        "{} of {} runs kept a share of entries that differs from the requested ratio by more than the rounding "
-        "tolerance (protected windows or chunked compression); plots use the measured ratio, see compression_ratio "
-        "and as_configured in samples.jsonl",
-        bad, res.tasks.size()));
+  ratio_warning(bad, res.tasks.size(), rep);
 }
 
 void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, ResultsReport& rep) {
-  const std::string ext = "." + opt.plot_format;
   const bool niah = res.info.kind == "niah";
   std::set<int> lengths_set;
   std::vector<int> lengths;
@@ -200,29 +249,20 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
   }
   std::sort(lengths.begin(), lengths.end());
   std::sort(depths.begin(), depths.end());
-  int nlo = 1 << 30, nhi = 0;
-  for (const auto& s : rep.task_coarse) nlo = std::min(nlo, s.n), nhi = std::max(nhi, s.n);
   const std::string what = niah ? "needle in a haystack" : tasks.size() > 1 ? "RULER-style tasks (pooled)" : tasks[0];
   const std::string where = fmt::format("{}, {} tokens, {} per point", model_name(res.info), join_ints(lengths_set),
-                                        n_text(nlo, nhi));
+                                        n_text(rep.task_coarse, [](const TaskSummary& s) { return s.n; }));
   const bool failed = std::any_of(rep.task_coarse.begin(), rep.task_coarse.end(),
                                   [](const TaskSummary& s) { return is_baseline(s.press_spec) && s.score == 0; });
   const std::string flag = failed ? " [FULL CACHE SCORED 0: scores meaningless]" : "";
-  std::string why;
-  auto draw = [&](const LinePlot& p, const std::string& name) {
-    if (!rep.plot_problem.empty()) return;
-    if (plot_lines(p, dir.path(name + ext), opt.plot_format, &why))
-      rep.files.push_back(dir.path(name + ext));
-    else
-      rep.plot_problem = why;
-  };
+  const Drawer draw{opt, dir, rep};
   const auto pooled = pool(rep.task_coarse, "");
-  draw(score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), false), "score_vs_ratio");
-  draw(score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), true), "score_vs_memory");
+  draw("score_vs_ratio", score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), false));
+  draw("score_vs_memory", score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), true));
   if (!niah && tasks.size() > 1)
     for (const auto& task : tasks)
-      draw(score_plot(pool(rep.task_coarse, task), fmt::format("{}: {}{}", task, where, flag), false),
-           "score_vs_ratio_" + task);
+      draw("score_vs_ratio_" + task,
+           score_plot(pool(rep.task_coarse, task), fmt::format("{}: {}{}", task, where, flag), false));
   if (!niah) return;
   std::vector<std::string> rows, cols;
   for (int l : lengths) rows.push_back(std::to_string(l));
@@ -245,49 +285,40 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
       if (s.press_spec == spec && s.ratio == ratio) achieved = s.compression_ratio;
     const std::string tail =
         fmt::format("{:.2f} (achieved {:.2f}), {}, n={} per cell", ratio, achieved, model_name(res.info), n);
-    const std::string label = fmt::format("{:.2f}", ratio);
-    if (!rep.plot_problem.empty()) return;
-    if (!plot_heatmap(score, rows, cols, fmt::format("NIAH: {} at ratio {}{}", spec, tail, flag), "needle depth",
-                      "context tokens", dir.path(fmt::format("niah_{}_{}{}", file_safe(spec), label, ext)),
-                      opt.plot_format, &why)) {
-      rep.plot_problem = why;
-      return;
-    }
+    const std::string name = fmt::format("{}_{:.2f}", file_safe(spec), ratio);
+    auto heat_map = [&](const std::vector<std::vector<double>>& z, const std::string& title, const std::string& key) {
+      draw(key + "_" + name, [&](const std::string& path, const std::string& format, std::string* why) {
+        return plot_heatmap(z, rows, cols, title, "needle depth", "context tokens", path, format, why,
+                            key == "niah" ? "score" : "kept");
+      });
+    };
+    heat_map(score, fmt::format("NIAH: {} at ratio {}{}", spec, tail, flag), "niah");
     // What the press left of the needle: explains the score map, and is meaningful even for a
     // model that cannot retrieve.
-    if (!plot_heatmap(kept, rows, cols, fmt::format("needle entries kept: {} at ratio {}", spec, tail),
-                      "needle depth", "context tokens",
-                      dir.path(fmt::format("needle_kept_{}_{}{}", file_safe(spec), label, ext)), opt.plot_format,
-                      &why, "kept")) {
-      rep.plot_problem = why;
-      return;
-    }
+    heat_map(kept, fmt::format("needle entries kept: {} at ratio {}", spec, tail), "needle_kept");
   }
 }
 
 void fidelity_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, ResultsReport& rep) {
-  const std::string ext = "." + opt.plot_format;
-  int nlo = 1 << 30, nhi = 0, ctx = 0, cont = 0;
-  for (const auto& s : rep.fidelity) nlo = std::min(nlo, s.samples), nhi = std::max(nhi, s.samples);
+  int ctx = 0, cont = 0;
   if (!res.fidelity.empty()) {
     ctx = res.fidelity[0].outcome.cache.context_tokens;
     cont = static_cast<int>(res.fidelity[0].outcome.metrics.tokens()) + 1;
   }
   const std::string where = fmt::format("{}, {} context + {} continuation tokens, {} samples per point",
-                                        model_name(res.info), ctx, cont, n_text(nlo, nhi));
+                                        model_name(res.info), ctx, cont,
+                                        n_text(rep.fidelity, [](const FidelitySummary& s) { return s.samples; }));
   enum Metric { KL, TOP1, PPL };
   auto make = [&](Metric m, bool memory) {
     LinePlot p;
     p.title = (m == KL ? "KL(full || compressed) per token: " : m == TOP1 ? "top-1 agreement with the full cache: "
                                                                             : "perplexity of the continuation: ") +
               where;
-    p.xlabel = memory ? "memory ratio (cache bytes / full f16 cache bytes, at the end of each run)"
-                      : "achieved compression ratio (fraction of the context's entries removed, measured)";
+    ratio_axis(p, memory);
     p.ylabel = m == KL ? "KL (nats, log scale; mean, 95% t interval)" : m == TOP1 ? "top-1 agreement (mean, 95% t interval)"
                                                                                    : "perplexity (mean, 95% t interval)";
     p.log_y = m == KL;
     p.y_unit_range = m == TOP1;
-    p.x_unit_range = !memory;
     std::map<std::string, size_t> idx;
     for (const auto& s : rep.fidelity) {
       const FidelityAccumulator& a = s.metrics;
@@ -301,35 +332,23 @@ void fidelity_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir
         p.baseline_label = fmt::format("full cache: {:.4g}, n={}", p.baseline, s.samples);
         continue;
       }
-      auto it = idx.find(s.press_spec);
-      if (it == idx.end()) {
-        it = idx.emplace(s.press_spec, p.series.size()).first;
-        p.series.push_back({s.press_spec, {}});
-      }
-      p.series[it->second].points.push_back({memory ? s.memory_ratio : s.compression_ratio, y, ci.low, ci.high});
+      add_point(p, idx, s.press_spec, {memory ? s.memory_ratio : s.compression_ratio, y, ci.low, ci.high});
     }
-    for (auto& s : p.series) std::sort(s.points.begin(), s.points.end());
     return p;
   };
-  std::string why;
-  auto draw = [&](const LinePlot& p, const std::string& name) {
-    if (!rep.plot_problem.empty()) return;
-    if (plot_lines(p, dir.path(name + ext), opt.plot_format, &why))
-      rep.files.push_back(dir.path(name + ext));
-    else
-      rep.plot_problem = why;
-  };
-  draw(make(KL, false), "kl_vs_ratio");
-  draw(make(KL, true), "kl_vs_memory");
-  draw(make(TOP1, false), "top1_vs_ratio");
-  draw(make(PPL, false), "ppl_vs_ratio");
-  if (!rep.lmba.empty() && rep.plot_problem.empty()) {
+  const Drawer draw{opt, dir, rep};
+  draw("kl_vs_ratio", make(KL, false));
+  draw("kl_vs_memory", make(KL, true));
+  draw("top1_vs_ratio", make(TOP1, false));
+  draw("ppl_vs_ratio", make(PPL, false));
+  if (!rep.lmba.empty()) {
     const AttentionStats& s0 = res.stats.front().second;
-    if (!plot_bars(rep.lmba,
-                   fmt::format("LMBA per layer (tau {}, last {} queries): {}, mean of {} samples", s0.tau, s0.window,
-                               model_name(res.info), res.stats.size()),
-                   "layer", "entries", dir.path("lmba" + ext), opt.plot_format, &why))
-      rep.plot_problem = why;
+    draw("lmba", [&](const std::string& path, const std::string& format, std::string* why) {
+      return plot_bars(rep.lmba,
+                       fmt::format("LMBA per layer (tau {}, last {} queries): {}, mean of {} samples", s0.tau,
+                                   s0.window, model_name(res.info), res.stats.size()),
+                       "layer", "entries", path, format, why);
+    });
   }
 }
 
@@ -390,12 +409,7 @@ ResultsReport write_results(const SweepResults& res, const ResultsOptions& opt) 
     }
     int bad = 0;
     for (const auto& s : rep.fidelity) bad += s.not_as_configured;
-    if (bad > 0)
-      rep.warnings.push_back(fmt::format(
-          "{} of {} runs kept a share of entries that differs from the requested ratio by more than the rounding "
-          "tolerance (protected windows or chunked compression); plots use the measured ratio, see "
-          "compression_ratio and as_configured in samples.jsonl",
-          bad, res.fidelity.size()));
+    ratio_warning(bad, res.fidelity.size(), rep);
   } else {
     rep.task_coarse = summarize(res.tasks, false);
     rep.task_fine = summarize(res.tasks, true);
