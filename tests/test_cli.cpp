@@ -267,6 +267,33 @@ TEST(CliErrors, SynthBadOptions) {
   expect_clean_failure("synth --shape qwen2.5-0.5b --type q8_0 -o " + quote(out), {"--vocab-from"});
 }
 
+// Library errors name parameters (n_ctx, SynthOptions::layers, ...); the CLI shows the flag typed.
+TEST(CliErrors, LibraryErrorsNameTheFlag) {
+  const std::string story = std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt";
+  const std::string out = temp_path("flags.gguf");
+  expect_clean_failure("synth --shape qwen2.5-0.5b --type q8_0 --layers 99 --vocab-from " + quote(kModel) + " -o " +
+                           quote(out),
+                       {"error:", "--layers 99", "out of range"});
+  expect_clean_failure(gen(kModel, "-p hi --chat"),  // stories260K has no template
+                       {"error:", "no tokenizer.chat_template", "with --chat-template: "});
+  expect_clean_failure(gen(kModel, "-p hi --chat-template-file /nonexistent/t.jinja"),
+                       {"error:", "--chat-template-file /nonexistent/t.jinja", "cannot open"});
+  expect_clean_failure("eval niah -m " + quote(kModel) + " --lengths 64 --text-config /nonexistent/t.json -o " +
+                           quote(temp_path("flags_eval")),
+                       {"error:", "--text-config /nonexistent/t.json"});
+  expect_clean_failure(gen(kModel, "-p 'Once upon a time there was a girl' -c 24 --press kvzip --compression-ratio 0.5"),
+                       {"error:", "kvzip", "raise -c"});
+  expect_clean_failure("latent-calibrate -m " + quote(kModel) + " --text " + quote(story) + " -o " + quote(out) +
+                           " --k-bits 3",
+                       {"error:", "--k-bits 3", "must be 0"});
+  expect_clean_failure("duo-calibrate -m " + quote(kModel) + " -o " + quote(out) + " --length 20",
+                       {"error:", "raise --length"});
+  Result r = run_cli(gen(kModel, "-c 8 -p 'Once upon a time there was a little girl named Lily'"));
+  EXPECT_NE(r.err.find("context size -c 8"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("n_ctx"), std::string::npos) << r.err;
+  std::remove(out.c_str());
+}
+
 // Regression: a context size above the model's training context was accepted silently. It still
 // runs (RoPE positions past training are valid), with a warning naming both sizes; a context
 // within the training length gives none.

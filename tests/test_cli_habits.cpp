@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/flag_names.h"
 #include "cli/progress.h"
 #include "support/files.h"
 
@@ -55,6 +56,25 @@ std::string gen(const std::string& rest) { return "generate -m " + quote(kModel)
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
+
+// Library errors name parameters; the CLI shows the flag instead, only where the name stands alone.
+TEST(CliHabits, LibraryParametersBecomeFlags) {
+  using kvslim::cli::flags_in;
+  EXPECT_EQ(flags_in("prompt of 9 tokens exceeds the context size n_ctx 8"),
+            "prompt of 9 tokens exceeds the context size -c 8");
+  EXPECT_EQ(flags_in("kivi_group 32 needs kivi_bits 2 or 4"), "--kivi-group 32 needs --kivi-bits 2 or 4");
+  EXPECT_EQ(flags_in("unknown shape 'x' (SynthOptions::shape; known: a)"), "unknown shape 'x' (--shape; known: a)");
+  EXPECT_EQ(flags_in("a wider cache type: cache_type_k f32"), "a wider cache type: --cache-type-k f32");
+  EXPECT_EQ(flags_in("chat_template_file t.jinja: cannot open file"), "--chat-template-file t.jinja: cannot open file");
+  // Not inside longer names, dotted keys or quoted JSON keys.
+  EXPECT_EQ(flags_in("n_ctx_train 2048"), "n_ctx_train 2048");
+  EXPECT_EQ(flags_in("no tokenizer.chat_template; choose one with chat_template: chatml"),
+            "no tokenizer.chat_template; choose one with --chat-template: chatml");
+  EXPECT_EQ(flags_in("settings differ: {\"kivi_bits\":0}"), "settings differ: {\"kivi_bits\":0}");
+  EXPECT_EQ(flags_in("RunOptions::n_ctx"), "RunOptions::n_ctx");
+  EXPECT_EQ(flags_in("n_ctx::x"), "n_ctx::x");
+  EXPECT_EQ(flags_in("no parameter here"), "no parameter here");
+}
 
 TEST(CliHabits, StdoutHoldsTheTextAndStderrTheStatistics) {
   Result r = run_cli(gen("-p " + quote(kPrompt) + " -n 8"));

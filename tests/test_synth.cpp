@@ -114,8 +114,8 @@ TEST(SynthTypes, FileTypeNumbersAreLlamaCpps) {
   EXPECT_EQ(synth_file_type("Q4_K_M").llama_ftype, 15u);
   EXPECT_EQ(synth_file_type("q6_k").llama_ftype, 18u);
   EXPECT_EQ(synth_file_type("bf16").llama_ftype, 32u);
-  expect_error([] { synth_file_type("q3_k_xl"); }, {"--type", "q3_k_xl", "q4_k_m"});
-  expect_error([] { synth_shape("llama-70b"); }, {"--shape", "llama-70b", "tinyllama-1.1b"});
+  expect_error([] { synth_file_type("q3_k_xl"); }, {"SynthOptions::type", "q3_k_xl", "q4_k_m"});
+  expect_error([] { synth_shape("llama-70b"); }, {"SynthOptions::shape", "llama-70b", "tinyllama-1.1b"});
 }
 
 // ---- Llama 3 RoPE factors -----------------------------------------------------------------
@@ -352,7 +352,7 @@ TEST(SynthErrors, BadOptionsNameTheField) {
   std::remove(opt.output.c_str());
   SynthOptions o = opt;
   o.layers = 25;
-  expect_error([&] { synth_model(o); }, {"--layers 25", "qwen2.5-0.5b", "24"});
+  expect_error([&] { synth_model(o); }, {"SynthOptions::layers 25", "qwen2.5-0.5b", "24"});
   o = opt;
   o.vocab_from = "/nonexistent/vocab.gguf";
   expect_error([&] { synth_model(o); }, {"/nonexistent/vocab.gguf"});

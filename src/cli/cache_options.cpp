@@ -2,19 +2,9 @@
 
 #include <fmt/format.h>
 
-namespace kvslim::cli {
+#include "cli/flag_names.h"
 
-std::string cache_flags_in(std::string message) {
-  static const std::pair<const char*, const char*> kFlags[] = {{"kivi_bits", "--kivi-bits"},
-                                                               {"kivi_group", "--kivi-group"},
-                                                               {"kivi_residual", "--kivi-residual"},
-                                                               {"cache_type_k", "--cache-type-k"},
-                                                               {"cache_type_v", "--cache-type-v"}};
-  for (const auto& [param, flag] : kFlags)
-    for (size_t at = message.find(param); at != std::string::npos; at = message.find(param, at + 1))
-      message.replace(at, std::string(param).size(), flag);
-  return message;
-}
+namespace kvslim::cli {
 
 void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& cache_type_v, KVQuantOptions& q) {
   sub->add_option("--cache-type-k", cache_type_k,
@@ -44,7 +34,7 @@ void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& ca
         throw Error(fmt::format("{} needs --kivi-bits 2 or 4", group->count() ? "--kivi-group" : "--kivi-residual"));
       validate_cache_config(k, v, q);
     } catch (const Error& e) {
-      throw CLI::ValidationError(cache_flags_in(e.what()));
+      throw CLI::ValidationError(flags_in(e.what()));
     }
   });
 }

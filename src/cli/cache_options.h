@@ -14,8 +14,4 @@ namespace kvslim::cli {
 /// CLI::ValidationError whose message names the flags.
 void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& cache_type_v, KVQuantOptions& q);
 
-/// `message` (a library error about the cache, which names parameters such as kivi_bits or
-/// cache_type_k) with each parameter replaced by its flag (--kivi-bits, --cache-type-k).
-std::string cache_flags_in(std::string message);
-
 }  // namespace kvslim::cli

@@ -15,6 +15,7 @@
 
 #include "util/text_file.h"
 #include "cli/cache_options.h"
+#include "cli/flag_names.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
@@ -261,7 +262,7 @@ int on_all_ranks(const MpiWorld& mpi, const std::function<int()>& body) {
   try {
     return body();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: MPI rank {}: {}\n", mpi.rank(), e.what());
+    fmt::print(stderr, "error: MPI rank {}: {}\n", mpi.rank(), flags_in(e.what()));
     std::fflush(stderr);
     mpi.abort(1);
   }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/flag_names.h"
 #include "cli/options.h"
 #include "kvslim/error.h"
 
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
   try {
     return action ? action() : 0;
   } catch (const kvslim::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    // Library errors name parameters (n_ctx, kivi_bits); the user typed flags (-c, --kivi-bits).
+    fmt::print(stderr, "error: {}\n", kvslim::cli::flags_in(e.what()));
     return 1;
   } catch (const std::bad_alloc&) {
     fmt::print(stderr, "error: out of memory\n");

@@ -29,7 +29,7 @@ uint64_t sample_seed(uint64_t seed, const std::string& what) {
 
 void check_fits(const Session& s, size_t n, const std::string& what) {
   if (n > static_cast<size_t>(s.n_ctx()))
-    throw Error(fmt::format("{} of {} tokens exceeds the context size -c {}", what, n, s.n_ctx()));
+    throw Error(fmt::format("{} of {} tokens exceeds the context size n_ctx {}", what, n, s.n_ctx()));
 }
 
 /// Answer text up to the stop string, when the stop string follows some non-space text.

@@ -183,7 +183,7 @@ TaskText TaskText::from_json_text(const std::string& text, const std::string& la
 }
 
 TaskText TaskText::from_json_file(const std::string& path) {
-  return from_json_text(read_text_file(path, "--text-config"), path);
+  return from_json_text(read_text_file(path, "text_config"), path);
 }
 
 }  // namespace kvslim

@@ -52,7 +52,7 @@ void check_layer_finite(const float* x, size_t n, int layer, const float* k, con
         const float big = max_abs(key_bad ? k : v, nkvals);
         throw Error(fmt::format("numeric overflow in layer {}: a {} (largest |{}| in the batch {:g}) does not fit "
                                 "the {} cache; use a wider cache type: {} f32 or bf16",
-                                layer, what, what, big, codec_name(c), key_bad ? "--cache-type-k" : "--cache-type-v"));
+                                layer, what, what, big, codec_name(c), key_bad ? "cache_type_k" : "cache_type_v"));
       }
     }
   }

@@ -21,7 +21,7 @@ Session::Session(const Model& model, SessionOptions opt)
       n_ctx_(opt.n_ctx > 0 ? opt.n_ctx : model.hparams().n_ctx_train),
       cache_(model.hparams().n_layer, model.hparams().n_head_kv, model.hparams().head_dim, opt.key_codec,
              opt.value_codec, opt.kv_quant) {
-  if (opt.n_ctx < 0) throw Error(fmt::format("context size -c {} must be positive", opt.n_ctx));
+  if (opt.n_ctx < 0) throw Error(fmt::format("context size n_ctx {} must not be negative (0 = the model's)", opt.n_ctx));
   if (opt_.batch <= 0) opt_.batch = 256;
 }
 
@@ -62,7 +62,7 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
   const HParams& hp = model_.hparams();
   if (tokens.empty()) throw Error("forward: no tokens to process");
   if (next_pos_ + static_cast<int64_t>(tokens.size()) > n_ctx_)
-    throw Error(fmt::format("prompt of {} tokens at position {} exceeds the context size -c {}", tokens.size(),
+    throw Error(fmt::format("prompt of {} tokens at position {} exceeds the context size n_ctx {}", tokens.size(),
                             next_pos_, n_ctx_));
   for (Token t : tokens)
     if (t < 0 || t >= hp.n_vocab) throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1));
@@ -297,7 +297,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
     Session& s = *sessions[i];
     if (&s.model_ != &model || s.opt_.exact != ex) throw Error("decode_batch: sessions differ in model or options");
     if (s.next_pos_ + 1 > s.n_ctx_)
-      throw Error(fmt::format("token at position {} exceeds the context size -c {}", s.next_pos_, s.n_ctx_));
+      throw Error(fmt::format("token at position {} exceeds the context size n_ctx {}", s.next_pos_, s.n_ctx_));
     if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
       throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", tokens[i], hp.n_vocab - 1));
   }

@@ -57,7 +57,7 @@ const SynthShape& synth_shape(const std::string& name) {
     if (s.name == name) return s;
     known += (known.empty() ? "" : ", ") + s.name;
   }
-  throw Error(fmt::format("unknown shape --shape '{}' (known: {})", name, known));
+  throw Error(fmt::format("unknown shape '{}' (SynthOptions::shape; known: {})", name, known));
 }
 
 const std::vector<SynthFileType>& synth_file_types() {
@@ -78,7 +78,7 @@ const SynthFileType& synth_file_type(const std::string& name) {
     if (t.name == lower) return t;
     known += (known.empty() ? "" : ", ") + t.name;
   }
-  throw Error(fmt::format("unknown weight type --type '{}' (known: {})", name, known));
+  throw Error(fmt::format("unknown weight type '{}' (SynthOptions::type; known: {})", name, known));
 }
 
 namespace {
@@ -189,16 +189,16 @@ SynthResult synth_model(const SynthOptions& opt, const SynthProgress& progress) 
   const SynthShape& sh = synth_shape(opt.shape);
   const SynthFileType& ft = synth_file_type(opt.type);
   if (opt.layers < 0 || opt.layers > sh.n_layer)
-    throw Error(fmt::format("--layers {} is out of range for {} (1 to {}, or 0 for all)", opt.layers, sh.name,
+    throw Error(fmt::format("SynthOptions::layers {} is out of range for {} (1 to {}, or 0 for all)", opt.layers, sh.name,
                             sh.n_layer));
-  if (opt.output.empty()) throw Error("no output file: give -o OUT.gguf");
+  if (opt.output.empty()) throw Error("no output file (SynthOptions::output)");
   const int n_layer = opt.layers > 0 ? opt.layers : sh.n_layer;
 
   auto vocab = GGUFFile::open(opt.vocab_from);
   const GGUFValue* tokens = vocab->find("tokenizer.ggml.tokens");
   if (!tokens || tokens->type != GGUFValueType::ARRAY || tokens->elem_type != GGUFValueType::STRING ||
       tokens->strings.empty())
-    throw Error(fmt::format("{}: --vocab-from file has no tokenizer.ggml.tokens string array", opt.vocab_from));
+    throw Error(fmt::format("{}: the vocabulary file (SynthOptions::vocab_from) has no tokenizer.ggml.tokens string array", opt.vocab_from));
   const int64_t n_vocab = static_cast<int64_t>(tokens->strings.size());
 
   const std::string a = sh.arch + ".";
@@ -207,7 +207,7 @@ SynthResult synth_model(const SynthOptions& opt, const SynthProgress& progress) 
   w.set("general.type", GGUFValue::str("model"));
   w.set("general.name", GGUFValue::str(sh.display_name));
   w.set("general.description",
-        GGUFValue::str(fmt::format("random weights with the shape of {} (kvslim synth --seed {}); not a trained "
+        GGUFValue::str(fmt::format("random weights with the shape of {} (kvslim synth, seed {}); not a trained "
                                    "model",
                                    sh.name, opt.seed)));
   w.set(a + "context_length", GGUFValue::u32(sh.n_ctx_train));

@@ -115,7 +115,7 @@ DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std
     const int n = static_cast<int>(toks.size());
     if (n <= cal.sink + cal.recent + cal.window)
       throw Error(fmt::format("duo calibration: prompts of {} tokens are not longer than sink {} + recent {} + window "
-                              "{}; raise --length",
+                              "{}; raise DuoCalibration::length",
                               n, cal.sink, cal.recent, cal.window));
     SessionOptions so;
     so.n_ctx = n;

@@ -141,7 +141,7 @@ class KVComposePress : public Press {
     const int32_t P = run.next_position();
     if (P + R > run.n_ctx())
       throw Error(fmt::format("press kvcompose: the replay of {} tokens after position {} needs a context size of at "
-                              "least {} (-c is {}); raise -c",
+                              "least {} (n_ctx is {}); raise n_ctx",
                               R, P, P + R, run.n_ctx()));
     std::vector<size_t> n0(static_cast<size_t>(L) * H);
     for (int l = 0; l < L; ++l)

@@ -136,7 +136,7 @@ Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& token
   const int chunk = std::min(opt.chunk, room);
   if (chunk < 16)
     throw Error(fmt::format("kvzip: the replay needs at least {} positions after the {} already used, but the context "
-                            "size -c is {}; raise -c",
+                            "size n_ctx is {}; raise n_ctx",
                             overhead + 16, P, session.n_ctx()));
 
   std::vector<std::vector<float>> gram;

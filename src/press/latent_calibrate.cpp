@@ -77,9 +77,9 @@ void allocate_auto_bits(const std::vector<const Pca*>& sides, double budget, std
   bits = bk;
 }
 
-void check_bits(int b, const char* flag) {
+void check_bits(int b, const char* param) {
   if (b != 0 && b != 2 && b != 4 && b != 8 && b != 32)
-    throw Error(fmt::format("{} {} must be 0 (f16 codes), 2, 4, 8 or 32 (f32 codes)", flag, b));
+    throw Error(fmt::format("{} {} must be 0 (f16 codes), 2, 4, 8 or 32 (f32 codes)", param, b));
 }
 
 // Bytes one more coordinate costs (sub-byte codes counted fractionally while allocating).
@@ -89,8 +89,8 @@ double dim_cost(int bits) { return bits == 0 ? 2.0 : bits == 32 ? 4.0 : bits / 8
 
 LatentBases calibrate_latent(const Model& model, const std::vector<std::vector<Token>>& docs,
                              const LatentCalibration& opt, std::vector<std::string>* report) {
-  check_bits(opt.k_bits, "--k-bits");
-  check_bits(opt.v_bits, "--v-bits");
+  check_bits(opt.k_bits, "LatentCalibration::k_bits");
+  check_bits(opt.v_bits, "LatentCalibration::v_bits");
   const HParams& hp = model.hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, hd = hp.head_dim, S = L * H;
   std::vector<std::vector<float>> keys(S), vals(S);
@@ -131,7 +131,7 @@ LatentBases calibrate_latent(const Model& model, const std::vector<std::vector<T
     const double base = 4.0 + latent_row_bytes(1, opt.k_bits) + latent_row_bytes(1, opt.v_bits);
     double left = S * (opt.memory_ratio * entry_f16 - base);
     if (left < -1e-9)
-      throw Error(fmt::format("--memory-ratio {} leaves less than rank 1 for keys and values ({:.1f} bytes per entry "
+      throw Error(fmt::format("LatentCalibration::memory_ratio {} leaves less than rank 1 for keys and values ({:.1f} bytes per entry "
                               "needed of {:.1f})",
                               opt.memory_ratio, base, entry_f16));
     struct Item {

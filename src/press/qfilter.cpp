@@ -49,8 +49,8 @@ PressRegistrar reg({"qfilter", "keeps the keys that project most on the queries'
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       const std::string path = param_str(p, "qfilter", "filters");
                       if (path.empty())
-                        throw Error("press qfilter needs filters=FILE.gguf (compute them on your model with kvslim "
-                                    "qfilter-calibrate -m MODEL -f TEXT -o FILE.gguf)");
+                        throw Error("press qfilter needs filters=FILE.gguf (compute them on your model with `kvslim "
+                                    "qfilter-calibrate`)");
                       return std::make_unique<QFilterPress>(param_double(p, "qfilter", "ratio"), path);
                     }});
 

@@ -296,7 +296,8 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
 }  // namespace
 
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
-  check_ratio(ratio, "--compression-ratio");
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    throw Error(fmt::format("press spec '{}': compression ratio {} is outside [0, 1)", printable(spec, 200), ratio));
   // Bounds before parsing: the parser recurses once per nesting level and copies the remaining
   // text at each, so an unbounded spec costs stack and quadratic memory.
   if (spec.size() > kMaxPressSpecLength)

@@ -43,7 +43,7 @@ std::vector<int> hidden_rows(const LayerView& view, int kv_head, const char* pre
     auto it = row.find(p);
     if (!have || it == row.end())
       throw Error(fmt::format("press {}: no hidden state recorded for the entry at position {} (it needs the whole "
-                              "context in one prefill step, as kvpress: run without --chunk-size)",
+                              "context in one prefill step, as kvpress: RequestOptions::chunk_size 0)",
                               press, p));
     out.push_back(it->second);
   }

@@ -80,7 +80,7 @@ void Request::set_prompt_tokens(std::vector<Token> context, std::vector<Token> q
   if (context_done_ > 0 || prefilled_) throw Error("request: the prompt is set once, before prefill");
   if (context.empty()) throw Error("empty prompt: the context has no tokens");
   if (context.size() + question.size() > static_cast<size_t>(session_->n_ctx()))
-    throw Error(fmt::format("prompt of {} tokens ({} context + {} question) exceeds the context size -c {}",
+    throw Error(fmt::format("prompt of {} tokens ({} context + {} question) exceeds the context size n_ctx {}",
                             context.size() + question.size(), context.size(), question.size(), session_->n_ctx()));
   context_ = std::move(context);
   question_ = std::move(question);

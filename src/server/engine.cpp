@@ -15,8 +15,8 @@ struct Engine::Active {
 };
 
 Engine::Engine(const Model& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
-  if (opt_.parallel < 1) throw Error(fmt::format("--parallel {} must be at least 1", opt_.parallel));
-  if (opt_.max_queue < 0) throw Error(fmt::format("--queue {} must not be negative", opt_.max_queue));
+  if (opt_.parallel < 1) throw Error(fmt::format("EngineOptions::parallel {} must be at least 1", opt_.parallel));
+  if (opt_.max_queue < 0) throw Error(fmt::format("EngineOptions::max_queue {} must not be negative", opt_.max_queue));
   if (opt_.chunk_size < 1) opt_.chunk_size = 256;
   m_.kv_budget = opt_.kv_budget;
   m_.parallel = opt_.parallel;
@@ -278,7 +278,7 @@ void Engine::loop() {
       if (a->job->cancelled) {
         finish(*a, "cancelled");
       } else if (Clock::now() > a->job->deadline) {
-        finish(*a, "", ApiError(503, "the request exceeded the server's time limit (--timeout)", "", "server_error",
+        finish(*a, "", ApiError(503, "the request exceeded the server's time limit (ServerOptions::timeout_s)", "", "server_error",
                                 "timeout"));
       }
     }

@@ -29,12 +29,12 @@ std::string prometheus_text(const EngineMetrics& m) {
   put("requests_processing", "gauge", "Requests holding a slot.", m.active);
   put("requests_prefilling", "gauge", "Requests still reading their prompt.", m.prefilling);
   put("requests_queued", "gauge", "Requests waiting for a slot or for KV budget.", m.queued);
-  put("slots", "gauge", "Slots (--parallel).", m.parallel);
+  put("slots", "gauge", "Slots (EngineOptions::parallel).", m.parallel);
   put("kv_bytes_in_use", "gauge", "Measured KV cache bytes of the running requests.", double(m.kv_bytes_in_use));
   put("kv_bytes_saved", "gauge", "Full f16 cache bytes of the running requests' tokens minus kv_bytes_in_use.",
       m.kv_bytes_full_f16 > m.kv_bytes_in_use ? double(m.kv_bytes_full_f16 - m.kv_bytes_in_use) : 0.0);
   put("kv_bytes_reserved", "gauge", "KV bytes reserved by the running requests (admission).", double(m.kv_bytes_reserved));
-  put("kv_budget_bytes", "gauge", "KV budget over all requests (--kv-budget; 0 = none).", double(m.kv_budget));
+  put("kv_budget_bytes", "gauge", "KV budget over all requests (EngineOptions::kv_budget; 0 = none).", double(m.kv_budget));
   return out;
 }
 

@@ -109,7 +109,7 @@ void Server::routes() {
     if (res.status == 404)
       msg = fmt::format("no such endpoint: {} {}", req.method, req.path);
     else if (res.status == 413)
-      msg = fmt::format("the request body is larger than the server's limit of {} bytes (--max-body)", opt_.max_body);
+      msg = fmt::format("the request body is larger than the server's limit of {} bytes (ServerOptions::max_body)", opt_.max_body);
     else
       msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
     res.set_content(dump(error_json(ApiError(res.status, msg))), "application/json");

@@ -89,8 +89,8 @@ ChatTemplate ChatTemplate::from_source(const std::string& src, const std::string
 
 ChatTemplate ChatTemplate::from_gguf(const GGUFFile& file, bool jinja) {
   if (!file.has("tokenizer.chat_template"))
-    throw Error(fmt::format("{}: the model has no tokenizer.chat_template; choose one with --chat-template NAME "
-                            "(llama2, llama3, chatml, qwen2, mistral)",
+    throw Error(fmt::format("{}: the model has no tokenizer.chat_template; choose one by name with "
+                            "chat_template: llama2, llama3, chatml, qwen2 or mistral",
                             file.path()));
   return from_source(file.get_string("tokenizer.chat_template"),
                      fmt::format("{}: tokenizer.chat_template", file.path()), jinja);
@@ -100,7 +100,7 @@ ChatTemplate ChatTemplate::choose(const GGUFFile& model, const std::string& name
                                   bool jinja) {
   if (!name.empty()) return from_name(name);
   if (template_file.empty()) return from_gguf(model, jinja);
-  return from_source(read_text_file(template_file, "--chat-template-file"), template_file, jinja);
+  return from_source(read_text_file(template_file, "chat_template_file"), template_file, jinja);
 }
 
 std::string ChatTemplate::name() const {

@@ -14,9 +14,9 @@
 
 namespace kvslim {
 
-std::string read_text_file(const std::string& path, const std::string& flag, size_t max_bytes) {
+std::string read_text_file(const std::string& path, const std::string& source, size_t max_bytes) {
   const bool is_stdin = path == "-";
-  const std::string what = is_stdin ? fmt::format("{} -: standard input", flag) : fmt::format("{} {}", flag, path);
+  const std::string what = is_stdin ? fmt::format("{} -: standard input", source) : fmt::format("{} {}", source, path);
   if (!is_stdin) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{}: cannot open file: {}", what, std::strerror(errno)));

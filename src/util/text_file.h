@@ -10,11 +10,12 @@ namespace kvslim {
 /// runs: 2^24 tokens of text are about 64 MiB).
 constexpr size_t kMaxTextFileBytes = size_t{256} << 20;
 
-/// Whole contents of the file `path`, given on the command line with `flag` (e.g. "-f", "--text").
+/// Whole contents of the file `path`; `what` names where the path came from in messages: the
+/// parameter (text_config, chat_template_file), or in the CLI the flag the user typed ("-f").
 /// "-" reads standard input. Before reading: a missing or unreadable path, a directory, or a file
-/// larger than `max_bytes` -> kvslim::Error naming the flag, the path and the size; a pipe or
+/// larger than `max_bytes` -> kvslim::Error naming `what`, the path and the size; a pipe or
 /// standard input is read up to `max_bytes` and fails the same way past it. An empty file (or
 /// empty standard input) -> kvslim::Error as well, since every caller needs text.
-std::string read_text_file(const std::string& path, const std::string& flag, size_t max_bytes = kMaxTextFileBytes);
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes = kMaxTextFileBytes);
 
 }  // namespace kvslim
