@@ -229,6 +229,9 @@ TEST(CliErrors, NumericOptionsOutOfRange) {
   expect_clean_failure("attention-stats -m " + quote(kModel) + " -p hi --mass nan", {"--mass", "nan"});
   expect_clean_failure("serve -m " + quote(kModel) + " --temp nan", {"--temp", "nan"});
   expect_clean_failure("serve -m " + quote(kModel) + " --kv-budget nan", {"--kv-budget", "nan"});
+  // serve's --kv-budget reads a SIZE as generate's does (a MiB count before).
+  expect_clean_failure("serve -m " + quote(kModel) + " --kv-budget 12parsecs", {"--kv-budget", "12parsecs", "KiB"});
+  expect_clean_failure("serve -m " + quote(kModel) + " --kv-budget -5MiB", {"--kv-budget", "-5MiB"});
   std::filesystem::remove_all(out);
 }
 

@@ -31,7 +31,7 @@ struct ServeArgs {
   std::string model;
   std::string alias;
   server::ServerOptions opt;
-  double kv_budget_mib = 0;
+  std::string kv_budget = "0";  // --kv-budget SIZE (as generate's), "0" = no limit
   int threads = 0;
   int ctx = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
@@ -45,12 +45,12 @@ struct ServeArgs {
 
 int run(ServeArgs& a) {
   check_ratio(a.opt.compression_ratio, "--compression-ratio");
-  if (a.kv_budget_mib < 0) throw Error(fmt::format("--kv-budget {} must not be negative", a.kv_budget_mib));
+  const size_t kv_budget = a.kv_budget == "0" ? 0 : parse_byte_size(a.kv_budget, "--kv-budget");
   apply_threads(a.threads);
   auto model = Model::load(a.model);
   warn_context_size(*model, a.ctx);
   server::ServerOptions& o = a.opt;
-  o.engine.kv_budget = static_cast<size_t>(a.kv_budget_mib * 1024.0 * 1024.0);
+  o.engine.kv_budget = kv_budget;
   o.engine.batch_decode = !a.no_batch;
   o.engine.session.n_ctx = a.ctx;
   o.engine.session.key_codec = parse_codec(a.cache_type_k);
@@ -82,7 +82,8 @@ int run(ServeArgs& a) {
   });
   fmt::print(stderr, "kvslim serve: {} on http://{}:{} ({} slots, KV budget {}, press {})\n", o.model_name, o.host,
              port, o.engine.parallel,
-             o.engine.kv_budget ? fmt::format("{:.1f} MiB", a.kv_budget_mib) : std::string("unlimited"), o.press);
+             o.engine.kv_budget ? fmt::format("{} bytes ({:.2f} MiB)", o.engine.kv_budget, o.engine.kv_budget / 1048576.0)
+                                 : std::string("unlimited"), o.press);
   std::fflush(stderr);
   srv.run();
   // run() returned: either a signal arrived (the waiter is done) or listening failed.
@@ -107,9 +108,11 @@ void add_serve(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--queue", o.engine.max_queue, "requests that may wait for a slot; more get 503")
       ->capture_default_str()->check(CLI::Range(0, 100000));
-  sub->add_option("--kv-budget", a->kv_budget_mib,
-                  "KV cache MiB over all running requests (0 = no limit); admission by measured bytes after compression")
-      ->capture_default_str()->check(finite_range(0.0, 1e9));
+  sub->add_option("--kv-budget", a->kv_budget,
+                  "KV cache bytes over all running requests, a SIZE as generate's --kv-budget (e.g. 512MiB, 2GiB; "
+                  "a bare number is bytes; 0 = no limit); admission by measured bytes after compression")
+      ->type_name("SIZE")
+      ->capture_default_str();
   sub->add_option("--press", o.press, "default press spec (a request may name its own with \"press\")")
       ->capture_default_str();
   sub->add_option("--compression-ratio", o.compression_ratio, "default compression ratio, in [0, 1)")

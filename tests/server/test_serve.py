@@ -361,7 +361,8 @@ class Limits(unittest.TestCase):
     def test_kv_budget(self):
         # stories260K: 20 segments x 36 B per f16 entry = 720 B per token; 0.05 MiB holds ~72 tokens.
         # A request reserves its peak: what the press kept so far plus one uncompressed chunk.
-        srv = ServerProc("--kv-budget", 0.05, "--temp", 0, "-c", 512, "--chunk-size", 16)
+        # --kv-budget is a SIZE, read as generate's (a unit; a bare number is bytes).
+        srv = ServerProc("--kv-budget", "0.05MiB", "--temp", 0, "-c", 512, "--chunk-size", 16)
         try:
             status, j = post(srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 300})
             self.assertEqual(status, 503, j)
@@ -376,7 +377,7 @@ class Limits(unittest.TestCase):
             status, j = post(srv.port, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4,
                                                            "press": "knorm", "compression_ratio": 0.75})
             self.assertEqual(status, 200, j)
-            self.assertEqual(srv.metrics()["kvslim_kv_budget_bytes"], int(0.05 * 1024 * 1024))
+            self.assertEqual(srv.metrics()["kvslim_kv_budget_bytes"], 52428)  # floor(0.05 x 2^20)
         finally:
             srv.close()
 
