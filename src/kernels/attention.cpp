@@ -14,6 +14,12 @@
 #include "kv/simd.h"
 #include "kv/store.h"
 
+// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -241,6 +247,212 @@ struct BlockRef {
   alignas(64) int32_t lg[16];
 };
 
+// ---- AVX2: groups of up to 8 query rows, scores transposed ----
+//
+// On AVX2 (16 registers of 8 floats) the kernel above spends a third of its time outside the
+// score and value loops: the online softmax of each row on its own (horizontal max and sums,
+// scalar bookkeeping). Here the rows go 8 at a time (a decode GQA group; 8 rows of a prefill
+// tile): the scores of a key register (8 entries) for the 8 rows are 8 accumulators, transposed
+// at the end into one register per entry holding the 8 rows, so the softmax runs on all rows at
+// once with lane-wise operations. f16 keys and values are converted in the loops that use them
+// when there are at most 8 rows (each block is then read once). Every sum is formed in the order
+// of the kernel above (scores: one fma per channel in channel order; probabilities: vexp_v; row
+// sums: hsum16's tree, lane-wise; a new running max: std::exp and the same rescaling; values: one
+// fma per entry in entry order), so the AVX2 level gives the same bits as before.
+#define KV_AVX2_INLINE inline __attribute__((always_inline, target("arch=x86-64-v3")))
+
+// Key register h (entries 8h .. 8h+7) of channel d of a transposed tile, f32 or f16.
+template <class KT>
+KV_AVX2_INLINE __m256 key8(const KT* kt, int d, int h) {
+  if constexpr (sizeof(KT) == 2)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + d * 16 + h * 8)));
+  else
+    return _mm256_loadu_ps(kt + d * 16 + h * 8);
+}
+
+// Value register: columns [c, c + 8) of row j, f32 or f16.
+template <class VT>
+KV_AVX2_INLINE __m256 value8(const VT* v, size_t j, int hd, int c) {
+  if constexpr (sizeof(VT) == 2)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + j * hd + c)));
+  else
+    return _mm256_loadu_ps(v + j * hd + c);
+}
+
+// x[e] <- (x[0][e], ..., x[7][e]): an 8 x 8 transpose.
+KV_AVX2_INLINE void transpose8(__m256* x) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    x[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// ST[j * 8 + i] = sum_d Q[i][d] * kt[d][j] for R rows (lanes i >= R: 0) and the 16 entries of a tile.
+template <int R, class KT>
+KV_AVX2_INLINE void scores_t8(const float* Q, int hd, const KT* kt, float* ST) {
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m256 k = key8(kt, d, h);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[i] = _mm256_fmadd_ps(k, _mm256_broadcast_ss(Q + i * hd + d), acc[i]);
+    }
+    __m256 x[8];  // a copy, so that acc stays in registers in the loop above
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) x[i] = acc[i];
+    transpose8(x);
+#pragma GCC unroll 8
+    for (int e = 0; e < 8; ++e) _mm256_storeu_ps(ST + (h * 8 + e) * 8, x[e]);
+  }
+}
+
+// O[i][c] += sum_{j < nb} PT[j * 8 + i] * V[j][c] for R rows, all hd columns (hd % 8 == 0).
+template <int R, class VT>
+KV_AVX2_INLINE void pv_t8(const float* PT, const VT* V, int nb, int hd, float* O) {
+  for (int c = 0; c < hd; c += 8) {
+    __m256 acc[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) acc[i] = _mm256_loadu_ps(O + i * hd + c);
+    for (int j = 0; j < nb; ++j) {
+      const __m256 v = value8(V, j, hd, c);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) acc[i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(PT + j * 8 + i), acc[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) _mm256_storeu_ps(O + i * hd + c, acc[i]);
+  }
+}
+
+// Keys and values of the (one or two) blocks of a pair as the group kernels read them: f16
+// straight from the cache, or decoded f32.
+struct PairData {
+  int nt;
+  int nb[2];
+  const uint16_t* k16[2];
+  const float* kt[2];
+  const uint16_t* v16[2];
+  const float* v[2];
+};
+
+// The online softmax of a group (rows lanes of 8) over the scores ST[j * 8 + i] of the pair's
+// 16 * nt entries, in place: ST becomes the probabilities (0 where not visible). m, l: the rows'
+// running max and sum (8 lanes each); O: their outputs ([8][hd], rescaled on a new max). Returns
+// whether any row saw an entry.
+// Lanes (rows) that see entry with logical index lg: all bits set where lg < vis.
+KV_AVX2_INLINE __m256 lanes_seeing(__m256i visv, int32_t lg) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(visv, _mm256_set1_epi32(lg)));
+}
+
+KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32_t* vis, int rows, float* m, float* l,
+                               float* O, int hd) {
+  const int ne = 16 * nt;
+  alignas(32) int32_t visb[8];
+  for (int i = 0; i < 8; ++i) visb[i] = i < rows ? vis[i] : INT_MIN;
+  const __m256i visv = _mm256_load_si256(reinterpret_cast<const __m256i*>(visb));
+  int32_t minvis = INT_MAX, maxlg = INT_MIN;
+  for (int i = 0; i < rows; ++i) minvis = std::min(minvis, vis[i]);
+  for (int j = 0; j < ne; ++j) maxlg = std::max(maxlg, lg[j]);
+  const bool full = rows == 8 && maxlg < minvis;  // every lane of every entry visible
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mx = ninf;
+  for (int j = 0; j < ne; ++j) {
+    __m256 s = _mm256_loadu_ps(ST + j * 8);
+    if (!full) s = _mm256_blendv_ps(ninf, s, lanes_seeing(visv, lg[j]));
+    mx = _mm256_max_ps(mx, s);
+  }
+  const int seen = _mm256_movemask_ps(_mm256_cmp_ps(mx, ninf, _CMP_GT_OQ));
+  if (!seen) {
+    for (int j = 0; j < ne; ++j) _mm256_storeu_ps(ST + j * 8, _mm256_setzero_ps());
+    return false;
+  }
+  // Rows with a new maximum: the kernel above's rescaling, row by row.
+  alignas(32) float mxb[8];
+  _mm256_store_ps(mxb, mx);
+  for (int up = _mm256_movemask_ps(_mm256_cmp_ps(mx, _mm256_loadu_ps(m), _CMP_GT_OQ)); up; up &= up - 1) {
+    const int i = __builtin_ctz(up);
+    const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mxb[i]);
+    l[i] *= alpha;
+    float* Oi = O + static_cast<size_t>(i) * hd;
+    for (int d = 0; d < hd; ++d) Oi[d] *= alpha;
+    m[i] = mxb[i];
+  }
+  const v8 mr = loadv<v8>(m);
+  v8 lv = loadv<v8>(l);
+  for (int t = 0; t < nt; ++t) {
+    v8 p[16];
+    for (int j = 0; j < 16; ++j) {
+      float* Sj = ST + (16 * t + j) * 8;
+      const v8 e = vexp_v(loadv<v8>(Sj) - mr);
+      p[j] = full ? e : reinterpret_cast<v8>(_mm256_and_ps(reinterpret_cast<__m256>(e), lanes_seeing(visv, lg[16 * t + j])));
+      storev<v8>(Sj, p[j]);
+    }
+    // hsum16's tree over the 16 entries, for the 8 rows at once.
+    v8 s8[8], s4[4];
+    for (int j = 0; j < 8; ++j) s8[j] = p[j] + p[j + 8];
+    for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
+    lv += (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  }
+  storev<v8>(l, lv);
+  return true;
+}
+
+// One pair of blocks for a group of R rows: scores, softmax, values. raw (when non-null): the
+// group's rows of the raw-score matrix, [R][n].
+template <int R>
+__attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairData& pd, const BlockRef* blk,
+                                                                    const float* Q, int hd, const int32_t* vis,
+                                                                    float* m, float* l, float* O, float* raw, size_t n) {
+  alignas(32) float ST[32 * 8];
+  for (int t = 0; t < pd.nt; ++t) {
+    if (pd.k16[t]) scores_t8<R>(Q, hd, pd.k16[t], ST + t * 128);
+    else scores_t8<R>(Q, hd, pd.kt[t], ST + t * 128);
+  }
+  if (raw)
+    for (int t = 0; t < pd.nt; ++t)
+      for (int j = 0; j < pd.nb[t]; ++j)
+        for (int i = 0; i < R; ++i)
+          if (blk[t].lg[j] < vis[i]) raw[static_cast<size_t>(i) * n + blk[t].lg[j]] = ST[(16 * t + j) * 8 + i];
+  alignas(32) int32_t lg[32];
+  std::memcpy(lg, blk[0].lg, sizeof blk[0].lg);
+  if (pd.nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
+  if (!softmax_t8(ST, pd.nt, lg, vis, R, m, l, O, hd)) return;
+  for (int t = 0; t < pd.nt; ++t) {
+    if (pd.v16[t]) pv_t8<R>(ST + t * 128, pd.v16[t], pd.nb[t], hd, O);
+    else pv_t8<R>(ST + t * 128, pd.v[t], pd.nb[t], hd, O);
+  }
+}
+
+// All rows of the call in groups of 8 against one pair (the caller's m and l have room for the
+// rows rounded up to 8).
+__attribute__((target("arch=x86-64-v3"))) void pair_groups(const PairData& pd, const BlockRef* blk, const float* Q,
+                                                          int rows, int hd, const int32_t* vis, float* m, float* l,
+                                                          float* O, float* raw, size_t n) {
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    const float* Qg = Q + static_cast<size_t>(r0) * hd;
+    float* Og = O + static_cast<size_t>(r0) * hd;
+    float* rg = raw ? raw + static_cast<size_t>(r0) * n : nullptr;
+    switch (std::min(8, rows - r0)) {
+#define KV_CASE(R) \
+  case R: pair_group<R>(pd, blk, Qg, hd, vis + r0, m + r0, l + r0, Og, rg, n); break;
+      KV_CASE(8) KV_CASE(7) KV_CASE(6) KV_CASE(5) KV_CASE(4) KV_CASE(3) KV_CASE(2) KV_CASE(1)
+#undef KV_CASE
+    }
+  }
+}
+
 // Register tiling per SIMD level. Each accumulator is an independent chain of fmas, and an fma's
 // latency is about four times its issue interval, so at least 8 chains are needed to keep two
 // fma ports busy. AVX-512 (32 registers): scores of 8 rows x 2 key tiles, values of 8 rows x 2
@@ -248,7 +460,8 @@ struct BlockRef {
 // 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of accumulators, no spills).
 // NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile of
 // a lone key tile); CH: 16-column value chunks per probability broadcast.
-template <int NRS, int NRP, int CH, class VT>
+// kGroups8: the AVX2 group kernels above (pair_groups) when head_dim % 16 == 0.
+template <int NRS, int NRP, int CH, class VT, bool kGroups8 = false>
 KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows,
                            const int32_t* vis, float* out, int64_t out_stride, float* raw, Scratch& sc) {
   const int hd = seg.head_dim();
@@ -262,12 +475,32 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   float* S = sc.S.data();  // [rows][32]: the probabilities of up to two tiles
   float* kt = sc.kt.data();
   std::fill(O, O + static_cast<size_t>(rows) * hd, 0.0f);
-  std::fill(m, m + rows, -INFINITY);
-  std::fill(l, l + rows, 0.0f);
+  std::fill(sc.m.begin(), sc.m.end(), -INFINITY);
+  std::fill(sc.l.begin(), sc.l.end(), 0.0f);
+  // Decode (at most 8 rows) reads each block once: f16 keys and values are converted in the
+  // group kernels' loops rather than into buffers first.
+  const bool direct16 = kGroups8 && rows <= 8;
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
   auto process = [&](const BlockRef* blk, int nt) __attribute__((always_inline)) {
+    if constexpr (kGroups8) {
+      if (vec_hd) {
+        PairData pd;
+        pd.nt = nt;
+        for (int t = 0; t < nt; ++t) {
+          const KVStore& st = *blk[t].st;
+          pd.nb[t] = static_cast<int>(blk[t].e - blk[t].b);
+          pd.k16[t] = direct16 ? st.f16_key_tile(blk[t].b) : nullptr;
+          pd.kt[t] = kt + static_cast<size_t>(t) * hd * 16;
+          if (!pd.k16[t]) st.block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
+          pd.v16[t] = direct16 ? st.f16_value_rows(blk[t].b) : nullptr;
+          pd.v[t] = pd.v16[t] ? nullptr : st.block_values(blk[t].b, blk[t].e, sc.v.data() + static_cast<size_t>(t) * hd * 16);
+        }
+        pair_groups(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);
+        return;
+      }
+    }
     for (int t = 0; t < nt; ++t) blk[t].st->block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
     int r = 0;
     if (nt == 2) {
@@ -417,7 +650,7 @@ __attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
   attend_body<8, 8, 2, v16>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
 __attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
-  attend_body<2, 4, 1, v8>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<2, 4, 1, v8, true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
 void attend_default(KV_ATTEND_ARGS) { attend_body<2, 4, 1, v8>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
 
@@ -438,11 +671,11 @@ void prepare(const Segment& seg, const float* q, int rows, float scale, Scratch&
   const int hd = seg.head_dim();
   sc.Q.resize(static_cast<size_t>(rows) * hd);
   sc.O.resize(sc.Q.size());
-  sc.m.resize(rows);
-  sc.l.resize(rows);
+  sc.m.resize((rows + 7) / 8 * 8);  // the AVX2 group kernels read m and l 8 rows at a time
+  sc.l.resize(sc.m.size());
   sc.S.resize(static_cast<size_t>(rows) * 32);
   sc.kt.resize(static_cast<size_t>(hd) * 32);
-  sc.v.resize(static_cast<size_t>(hd) * 16);
+  sc.v.resize(static_cast<size_t>(hd) * 32);
   for (int r = 0; r < rows; ++r) {
     float* d = sc.Q.data() + static_cast<size_t>(r) * hd;
     std::memcpy(d, q + static_cast<size_t>(r) * hd, hd * sizeof(float));

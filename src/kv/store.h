@@ -61,6 +61,19 @@ class KVStore {
   /// Values of block [b, e) as rows, (e-b) x head_dim. Returns a pointer into storage when the
   /// value codec is f32 (no copy), else decodes into `buf` and returns it.
   const float* block_values(size_t b, size_t e, float* buf) const;
+  /// The f16 keys of the row-part block that starts at store index b, as block_keys_t lays them
+  /// out (kt[d * kKVTile + j], all kKVTile lanes readable) but not decoded; nullptr unless the
+  /// key codec is f16 and b starts a row-part tile.
+  const uint16_t* f16_key_tile(size_t b) const {
+    if (kc_ != KVCodec::F16 || b < n_group_ || (b - n_group_) % kKVTile != 0 || b - n_group_ >= n_row_) return nullptr;
+    return reinterpret_cast<const uint16_t*>(tile(b - n_group_));
+  }
+  /// The f16 value rows of the row-part entries from store index b on ([entry][head_dim]);
+  /// nullptr unless the value codec is f16 and b is in the row part.
+  const uint16_t* f16_value_rows(size_t b) const {
+    if (vc_ != KVCodec::F16 || b < n_group_ || b - n_group_ >= n_row_) return nullptr;
+    return reinterpret_cast<const uint16_t*>(v_.data() + (b - n_group_) * vrow_);
+  }
 
  private:
   // Row part.
