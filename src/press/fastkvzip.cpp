@@ -49,7 +49,7 @@ void FastKVzipGates::predict(int layer, const float* x, int n, float* out) const
   const Layer& L = layers[layer];
   const int D = dim, G = n_group, S = n_sink;
   const double sd = std::sqrt(static_cast<double>(D));
-  std::vector<double> k(D), q(static_cast<size_t>(G) * D), raw(D);
+  std::vector<double> k(D), q(static_cast<size_t>(G) * D), raw(D), s(S);
   auto norm = [&](const double* u, const float* w, double* dst) {
     double ms = 0;
     for (int e = 0; e < D; ++e) ms += u[e] * u[e];
@@ -80,24 +80,7 @@ void FastKVzipGates::predict(int layer, const float* x, int n, float* out) const
         double l = 0;
         for (int e = 0; e < D; ++e) l += k[e] * qg[e];
         l = l / sd + L.b[static_cast<size_t>(h) * G + g];
-        if (S == 0) {
-          sum += 1.0 / (1.0 + std::exp(-l));
-          continue;
-        }
-        // 1 / (1 + sum_j exp(s_j - l)), computed as exp(l - m) / (exp(l - m) + sum_j exp(s_j - m)).
-        std::vector<double> s(S);
-        double m = l;
-        for (int j = 0; j < S; ++j) {
-          const float* kb = L.k_base.data() + (static_cast<size_t>(h) * S + j) * D;
-          double a = 0;
-          for (int e = 0; e < D; ++e) a += kb[e] * qg[e];
-          s[j] = a / sd;
-          m = std::max(m, s[j]);
-        }
-        double den = std::exp(l - m);
-        const double num = den;
-        for (int j = 0; j < S; ++j) den += std::exp(s[j] - m);
-        sum += num / den;
+        sum += fastkvzip_gate_probability(L, h, S, D, qg, sd, l, s.data());
       }
       out[static_cast<size_t>(t) * n_head_kv + h] = static_cast<float>(sum / G);
     }
@@ -169,6 +152,28 @@ void FastKVzipGates::check(const HParams& hp, const std::string& what) const {
     throw Error(fmt::format("{}: gates for {} layers, n_embd {}, {} KV heads do not fit the model ({} layers, n_embd "
                             "{}, {} KV heads)",
                             what, n_layer, input_dim, n_head_kv, hp.n_layer, hp.n_embd, hp.n_head_kv));
+}
+
+double fastkvzip_gate_probability(const FastKVzipGates::Layer& L, int h, int n_sink, int dim, const double* q,
+                                  double sd, double l, double* sink_probs) {
+  if (n_sink == 0) return 1.0 / (1.0 + std::exp(-l));
+  // exp(l) / (exp(l) + sum_j exp(s_j)), computed from the maximum m of l and the s_j.
+  double m = l;
+  for (int j = 0; j < n_sink; ++j) {
+    const float* kb = L.k_base.data() + (static_cast<size_t>(h) * n_sink + j) * dim;
+    double a = 0;
+    for (int e = 0; e < dim; ++e) a += kb[e] * q[e];
+    sink_probs[j] = a / sd;
+    m = std::max(m, sink_probs[j]);
+  }
+  double den = std::exp(l - m);
+  const double num = den;
+  for (int j = 0; j < n_sink; ++j) {
+    sink_probs[j] = std::exp(sink_probs[j] - m);
+    den += sink_probs[j];
+  }
+  for (int j = 0; j < n_sink; ++j) sink_probs[j] /= den;
+  return num / den;
 }
 
 namespace {

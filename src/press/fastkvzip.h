@@ -51,6 +51,12 @@ struct FastKVzipGates {
   void check(const HParams& hp, const std::string& what) const;
 };
 
+/// p_g of the formula above for one query of KV head h: l = l_g, q = q_g (dim values), s_j scaled by
+/// 1/sd. sink_probs ([n_sink] values) receives exp(s_{g,j}) over the same denominator, which the
+/// training's gradient needs. Sums in j order from the maximum, in float64.
+double fastkvzip_gate_probability(const FastKVzipGates::Layer& L, int h, int n_sink, int dim, const double* q,
+                                  double sd, double l, double* sink_probs);
+
 /// Training options: the reference's recipe (optim.py, utils.py) by default.
 struct FastKVzipTrainOptions {
   int dim = 16;                ///< gate width D

@@ -75,27 +75,7 @@ double fastkvzip_layer_loss(const FastKVzipGates& gt, int layer, const float* x,
         double l = 0;
         for (int e = 0; e < D; ++e) l += k[e] * qg[e];
         l = l / sd + L.b[static_cast<size_t>(h) * G + g];
-        if (S == 0) {
-          p[g] = 1.0 / (1.0 + std::exp(-l));
-        } else {
-          double mx = l;
-          double* pg = pi.data() + static_cast<size_t>(g) * S;
-          for (int j = 0; j < S; ++j) {
-            const float* kb = L.k_base.data() + (static_cast<size_t>(h) * S + j) * D;
-            double a = 0;
-            for (int e = 0; e < D; ++e) a += kb[e] * qg[e];
-            pg[j] = a / sd;
-            mx = std::max(mx, pg[j]);
-          }
-          double den = std::exp(l - mx);
-          const double num = den;
-          for (int j = 0; j < S; ++j) {
-            pg[j] = std::exp(pg[j] - mx);
-            den += pg[j];
-          }
-          for (int j = 0; j < S; ++j) pg[j] /= den;
-          p[g] = num / den;
-        }
+        p[g] = fastkvzip_gate_probability(L, h, S, D, qg, sd, l, pi.data() + static_cast<size_t>(g) * S);
         pred += p[g];
       }
       pred /= G;
