@@ -41,10 +41,8 @@ int run(FastKVzipArgs a) {
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  std::vector<std::string> texts;
-  for (const std::string& p : a.text) texts.push_back(read_text_file(p, "-f"));
   // Documents of --doc-tokens tokens (BOS first when the vocabulary wants it), as kvzap-train cuts them.
-  const auto docs = kvzap_documents(model->tokenizer(), texts, a.doc_tokens, a.max_docs);
+  const auto docs = kvzap_documents_from_files(model->tokenizer(), a.text, "-f", a.doc_tokens, a.max_docs);
   if (docs.empty()) throw Error("fastkvzip-train: no document of at least 16 tokens in the text");
   a.opt.kvzip.chunk = a.kvzip_chunk;
   a.opt.kvzip.plus = a.plus;

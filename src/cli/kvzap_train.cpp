@@ -69,9 +69,8 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   auto model = Model::load(a.model);
   const HParams& hp = model->hparams();
 
-  std::vector<std::string> texts;
-  for (const std::string& path : a.corpus) texts.push_back(read_text_file(path, "--corpus"));
-  const std::vector<std::vector<Token>> docs = kvzap_documents(model->tokenizer(), texts, a.doc_tokens, a.max_docs);
+  const std::vector<std::vector<Token>> docs =
+      kvzap_documents_from_files(model->tokenizer(), a.corpus, "--corpus", a.doc_tokens, a.max_docs);
   KVzapTrainOptions to;
   to.per_doc = a.per_doc;
   to.test_fraction = a.test_fraction;

@@ -32,9 +32,7 @@ int run(const LUKVArgs& a) {
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  std::vector<std::string> texts;
-  for (const std::string& p : a.text) texts.push_back(read_text_file(p, "-f"));
-  const auto docs = kvzap_documents(model->tokenizer(), texts, a.doc_tokens, a.max_docs);
+  const auto docs = kvzap_documents_from_files(model->tokenizer(), a.text, "-f", a.doc_tokens, a.max_docs);
   if (docs.empty()) throw Error("lukv-curve: no document of at least 16 tokens in the text");
   Progress progress(!a.no_progress);
   const LUKVCurve c = lukv_profile(*model, docs, a.scorer, a.context_fraction,

@@ -11,6 +11,7 @@
 #include "kvslim/generate.h"
 #include "kvslim/session.h"
 #include "util/clock.h"
+#include "util/text_file.h"
 
 namespace kvslim {
 
@@ -59,6 +60,13 @@ std::vector<std::vector<Token>> kvzap_documents(const Tokenizer& tok, const std:
     }
   }
   return docs;
+}
+
+std::vector<std::vector<Token>> kvzap_documents_from_files(const Tokenizer& tok, const std::vector<std::string>& paths,
+                                                           const std::string& what, int doc_tokens, int max_docs) {
+  std::vector<std::string> texts;
+  for (const std::string& p : paths) texts.push_back(read_text_file(p, what));
+  return kvzap_documents(tok, texts, doc_tokens, max_docs);
 }
 
 double KVzapTrainResult::mean_pearson_linear() const { return mean(pearson_linear); }

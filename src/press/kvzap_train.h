@@ -21,6 +21,11 @@ namespace kvslim {
 std::vector<std::vector<Token>> kvzap_documents(const Tokenizer& tok, const std::vector<std::string>& texts,
                                                 int doc_tokens, int max_docs);
 
+/// kvzap_documents() of the text files at `paths`, each read by read_text_file(path, what) (its errors
+/// name `what` and the file).
+std::vector<std::vector<Token>> kvzap_documents_from_files(const Tokenizer& tok, const std::vector<std::string>& paths,
+                                                           const std::string& what, int doc_tokens, int max_docs);
+
 /// How train_kvzap fits.
 struct KVzapTrainOptions {
   int per_doc = 128;           ///< tokens sampled per document (>= 1)
