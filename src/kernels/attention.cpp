@@ -163,6 +163,13 @@ KV_INLINE V vexp_v(const V& x0) {
   return y * p;
 }
 
+// vexp_v with its result through a reference: a function compiled for AVX2 may not take an 8-float
+// vector by value from one compiled without (clang rejects the call as an ABI change, even inlined).
+template <class V>
+KV_INLINE void vexp_into(const V& x, V* out) {
+  *out = vexp_v(x);
+}
+
 // Max of the lanes of an 8- or 16-lane vector.
 KV_INLINE float hmax_n(const v16& v) { return hmax(v); }
 KV_INLINE float hmax_n(const v8& m8) {
@@ -389,15 +396,17 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
     for (int d = 0; d < hd; ++d) Oi[d] *= alpha;
     m[i] = mxb[i];
   }
-  const v8 mr = loadv<v8>(m);
-  v8 lv = loadv<v8>(l);
+  // Loads and stores by intrinsics, not loadv/storev, for the same reason as vexp_into.
+  const v8 mr = reinterpret_cast<v8>(_mm256_loadu_ps(m));
+  v8 lv = reinterpret_cast<v8>(_mm256_loadu_ps(l));
   for (int t = 0; t < nt; ++t) {
     v8 p[16];
     for (int j = 0; j < 16; ++j) {
       float* Sj = ST + (16 * t + j) * 8;
-      const v8 e = vexp_v(loadv<v8>(Sj) - mr);
+      v8 e;
+      vexp_into(reinterpret_cast<v8>(_mm256_loadu_ps(Sj)) - mr, &e);
       p[j] = full ? e : reinterpret_cast<v8>(_mm256_and_ps(reinterpret_cast<__m256>(e), lanes_seeing(visv, lg[16 * t + j])));
-      storev<v8>(Sj, p[j]);
+      _mm256_storeu_ps(Sj, reinterpret_cast<__m256>(p[j]));
     }
     // hsum16's tree over the 16 entries, for the 8 rows at once.
     v8 s8[8], s4[4];
