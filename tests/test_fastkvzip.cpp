@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kvslim/error.h"
 #include "kvslim/generate.h"
@@ -374,5 +375,130 @@ TEST(FastKVzip, PressKeepsWhatTheReferenceRuleKeeps) {
   auto none = make_press("none", 0.0);
   auto zero = make_press(fmt::format("fastkvzip:gates={}", path), 0.0);
   EXPECT_TRUE(press_test::same_cache(press_test::prefill(*none, toks)->cache(), press_test::prefill(*zero, toks)->cache()));
+  std::remove(path.c_str());
+}
+
+namespace {
+
+/// Runs `inner` and records every token's attention input [layer][position][n_embd] as the
+/// forward pass hands it to the gates (with chunks, later chunks read the compressed cache, so
+/// their inputs from layer 1 on differ from an unchunked pass).
+class RecordingPress : public Press {
+ public:
+  RecordingPress(std::unique_ptr<Press> inner, int n_layer, int n_embd, int n)
+      : inner_(std::move(inner)),
+        xs(n_layer, std::vector<float>(static_cast<size_t>(n) * n_embd)),
+        rec_([this, n_embd](const LayerStep& st) {
+          for (int t = 0; t < st.n; ++t)
+            std::copy(st.attn_input + static_cast<size_t>(t) * n_embd, st.attn_input + static_cast<size_t>(t + 1) * n_embd,
+                      xs[st.layer].begin() + static_cast<size_t>(st.positions[t]) * n_embd);
+        }) {}
+  std::string describe() const override { return inner_->describe(); }
+  ObservationNeeds needs() const override {
+    ObservationNeeds r = inner_->needs();
+    r.hooks.push_back(const_cast<AfterQKV*>(&rec_));
+    return r;
+  }
+  void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
+  void apply(KVCache& c, const Model& m, const Observation& o, const Target& t) override { inner_->apply(c, m, o, t); }
+  void reset() override { inner_->reset(); }
+  double ratio() const override { return inner_->ratio(); }
+
+ private:
+  std::unique_ptr<Press> inner_;
+
+ public:
+  std::vector<std::vector<float>> xs;
+
+ private:
+  AfterQKV rec_;
+};
+
+}  // namespace
+
+// Chunked prefill: kvpress compresses once (no chunks); the authors' chunked prefill
+// (github.com/Janghyun1230/FastKVzip prefill/model/wrapper.py `prefill`, kvcache.py `prune_chunk`)
+// prunes after each chunk only the entries scored since the previous chunk, except the trailing
+// local window, which waits for the next chunk, and never revisits a decision. Recomputed here:
+// after a step that has seen n tokens, the entries older than the previous step's window are
+// kept, the rest ranked by their float64 gate score (sinks and the last int(0.02 n) at 1.0), and
+// the lowest go until floor(L x H x n x ratio) have left in all. One chunk = kvpress's rule.
+TEST(FastKVzip, ChunkedPrefillDecidesEachChunkOnce) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  const int L = hp.n_layer, H = hp.n_head_kv, d = hp.n_embd;
+  const FastKVzipGates g = random_gates(L, d, H, hp.n_head / H, 16, 16, 21, 0.4);
+  const std::string path = temp_path("fastkvzip_chunks.gguf");
+  g.save(path, "stories260K");
+  const std::vector<Token> toks = story_tokens(300);
+  const int n = static_cast<int>(toks.size()), chunk = 100;
+  for (double ratio : {0.5, 0.75}) {
+    SCOPED_TRACE(fmt::format("ratio {}", ratio));
+    RecordingPress press(make_press(fmt::format("fastkvzip:gates={}", path), ratio), L, d, n);
+    auto s = press_test::prefill(press, toks, chunk);
+    std::vector<std::vector<std::vector<double>>> gate(L, std::vector<std::vector<double>>(H, std::vector<double>(n)));
+    for (int l = 0; l < L; ++l) {
+      const Ref r = ref_of(g, l);
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < n; ++t) gate[l][h][t] = ref_score(r, &press.xs[l][static_cast<size_t>(t) * d], h);
+    }
+    // The rule, step by step: present[l][h] = positions still in the cache.
+    std::vector<std::vector<std::vector<int>>> present(L, std::vector<std::vector<int>>(H));
+    int64_t evicted = 0, decided = 0;
+    std::vector<int> kept_after_first;  // layer 0 head 0, decided at the first step
+    for (int seen = chunk; seen <= n; seen += chunk) {
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (int t = seen - chunk; t < seen; ++t) present[l][h].push_back(t);
+      const int window = static_cast<int>(seen * 0.02);
+      std::vector<std::tuple<double, int, int, int>> undecided;  // (score, l, h, position)
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (size_t i = 0; i < present[l][h].size(); ++i) {
+            const int t = present[l][h][i];
+            if (t < decided) continue;
+            const double sc = (i < 4 || t >= seen - window) ? 1.0 : gate[l][h][t];
+            undecided.emplace_back(sc, l, h, t);
+          }
+      std::sort(undecided.begin(), undecided.end());
+      const int64_t go = static_cast<int64_t>(double(L) * H * seen * ratio) - evicted;
+      ASSERT_GE(go, 0);
+      ASSERT_LE(go, static_cast<int64_t>(undecided.size()));
+      for (int64_t k = 0; k < go; ++k) {
+        auto [sc, l, h, t] = undecided[k];
+        ASSERT_LT(sc, 1.0) << "the rule would evict a window entry: pick another ratio";
+        auto& v = present[l][h];
+        v.erase(std::find(v.begin(), v.end(), t));
+      }
+      evicted += go;
+      decided = seen - window;
+      if (seen == chunk)
+        for (int t : present[0][0])
+          if (t < decided) kept_after_first.push_back(t);
+    }
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+      {
+        const auto& got = s->cache().seg(l, h).positions();
+        std::vector<int32_t> want(present[l][h].begin(), present[l][h].end()), extra, missing;
+        std::set_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(extra));
+        std::set_difference(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(missing));
+        EXPECT_EQ(got, want) << "layer " << l << " head " << h << ": kept but not by the rule "
+                             << fmt::format("{}", fmt::join(extra, ",")) << "; missing "
+                             << fmt::format("{}", fmt::join(missing, ","));
+      }
+    // What the first chunk decided to keep is still there.
+    const auto& p00 = s->cache().seg(0, 0).positions();
+    for (int t : kept_after_first) EXPECT_TRUE(std::count(p00.begin(), p00.end(), t)) << t;
+    // revisit=1 (kvslim's generic chunked rule) keeps as many entries, but re-ranks old ones: others.
+    auto again = make_press(fmt::format("fastkvzip:gates={},revisit=1", path), ratio);
+    auto s2 = press_test::prefill(*again, toks, chunk);
+    EXPECT_EQ(s2->cache().entries(), s->cache().entries());
+    EXPECT_FALSE(press_test::same_cache(s2->cache(), s->cache()));
+    // One chunk of the whole context is the unchunked (kvpress) press.
+    auto once = make_press(fmt::format("fastkvzip:gates={}", path), ratio);
+    EXPECT_TRUE(press_test::same_cache(press_test::prefill(*once, toks, n)->cache(),
+                                       press_test::prefill(*once, toks)->cache()));
+  }
   std::remove(path.c_str());
 }

@@ -5,6 +5,16 @@
 // first (kvpress sets their score to 1.0, above every gate score), and evicts
 // floor(entries x ratio) with one bottom-k over all layers and KV heads (layerwise=1: over the KV
 // heads of each layer, floor(n_head_kv x n x ratio) per layer). Training: fastkvzip_train.cpp.
+//
+// Chunked prefill (--chunk-size, and `serve`, which always prefills in chunks): kvpress has none
+// (one forward over the context, one compression); the authors' repository prefills in chunks
+// (prefill/model/wrapper.py `prefill`, prefill/attention/kvcache.py `prune_chunk`) and, after each
+// chunk, prunes only the entries scored since the previous chunk, except the trailing local
+// window, which waits for the next chunk; earlier decisions are final. kvslim follows that by
+// default: entries older than the previous step's window rank above every undecided entry (never
+// evicted again), and each step evicts what brings the total to floor(entries seen x ratio), so
+// one chunk is exactly kvpress's rule. `revisit=1`: every step re-ranks all present entries
+// (kvslim's generic chunked rule).
 #include "press/fastkvzip.h"
 
 #include <algorithm>
@@ -214,7 +224,7 @@ class FastKVzipBudget : public BudgetPolicy {
 class FastKVzipPress : public ScorerPress, private LayerHook {
  public:
   FastKVzipPress(double ratio, std::shared_ptr<const FastKVzipGates> g, std::string path, bool layerwise, int n_sink,
-                 int window_size, double window_ratio, bool protect)
+                 int window_size, double window_ratio, bool protect, bool revisit)
       : ScorerPress(ratio, std::make_unique<FastKVzipBudget>(layerwise)),
         gates_(std::move(g)),
         path_(std::move(path)),
@@ -223,7 +233,8 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
         n_sink_(n_sink),
         window_size_(window_size),
         window_ratio_(window_ratio),
-        protect_(protect) {}
+        protect_(protect),
+        revisit_(revisit) {}
 
   std::string describe_scorer() const override { return params(); }
   // The budget is FastKVzip's own: the spec stays "fastkvzip:..." so that it parses back.
@@ -239,20 +250,24 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
   void reset() override {
     ScorerPress::reset();
     scores_.clear();
+    decided_ = 0;
   }
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
     if (checked_ != &model) {
       gates_->check(model.hparams(), path_);
       checked_ = &model;
     }
+    const int64_t next = cache_next_position(cache);
     ScorerPress::apply(cache, model, obs, target);
+    // Entries before this step's window are decided; the window waits for the next chunk.
+    decided_ = std::max<int64_t>(decided_, next - window_of(target.n_context));
   }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     const int l = view.layer();
     const size_t n = view.target().n_context;
     // kvpress: int(ctx_len * window_ratio) below 32,000 tokens, window_size from there on. A
     // window of 0 keeps no window (kvpress's slice [-0:] would mark the whole context instead).
-    const int64_t window = n < 32000 ? static_cast<int64_t>(static_cast<double>(n) * window_ratio_) : window_size_;
+    const int64_t window = window_of(n);
     const int32_t next = cache_next_position(view.cache());
     const float first = keep_first_score(protect_);
     for (int h = 0; h < view.hp().n_head_kv; ++h) {
@@ -260,6 +275,11 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
       out[h].resize(s.size());
       for (size_t i = 0; i < s.size(); ++i) {
         const int32_t p = s.positions()[i];
+        // Kept by an earlier chunk's decision (authors' chunked prefill): never revisited.
+        if (!revisit_ && p >= 0 && p < decided_) {
+          out[h][i] = kProtected;
+          continue;
+        }
         if (static_cast<int64_t>(i) < n_sink_ || (window > 0 && p >= next - window)) {
           out[h][i] = first;
           continue;
@@ -276,8 +296,13 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
 
  private:
   std::string params() const {
-    return fmt::format("fastkvzip:ratio={},gates={},layerwise={},n_sink={},window_size={},window_ratio={},protect={}",
-                       ratio_, path_, layerwise_ ? 1 : 0, n_sink_, window_size_, window_ratio_, protect_ ? 1 : 0);
+    return fmt::format(
+        "fastkvzip:ratio={},gates={},layerwise={},n_sink={},window_size={},window_ratio={},protect={},revisit={}", ratio_,
+        path_, layerwise_ ? 1 : 0, n_sink_, window_size_, window_ratio_, protect_ ? 1 : 0, revisit_ ? 1 : 0);
+  }
+  /// kvpress: int(ctx_len x window_ratio) below 32,000 tokens, window_size from there on.
+  int64_t window_of(size_t n) const {
+    return n < 32000 ? static_cast<int64_t>(static_cast<double>(n) * window_ratio_) : window_size_;
   }
   void after_qkv(const LayerStep& s) override {
     if (s.hp->n_embd != gates_->input_dim)
@@ -305,7 +330,8 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
   bool layerwise_;
   int n_sink_, window_size_;
   double window_ratio_;
-  bool protect_;
+  bool protect_, revisit_;
+  int64_t decided_ = 0;  // positions below it were decided by an earlier chunk (kept ones stay)
   const Model* checked_ = nullptr;
   std::vector<std::vector<std::vector<float>>> scores_;  // [layer][kv head][position]: gate score (NaN: none)
 };
@@ -314,11 +340,13 @@ PressRegistrar reg([] {
   PressInfo i;
   i.name = "fastkvzip";
   i.summary = "gate-predicted KVzip scores from each token's attention input (gates from `kvslim fastkvzip-train`); "
-              "sinks and the last window_ratio of the context chosen first; one bottom-k over all layers and heads";
+              "sinks and the last window_ratio of the context chosen first; one bottom-k over all layers and heads; "
+              "with chunked prefill each chunk's entries are decided once, as the authors' chunked prefill "
+              "(revisit=1: re-rank all each chunk)";
   i.source = "Kim, Han, Yun 2026, Fast KVzip, arXiv 2601.17668; kvpress fastkvzip_press.py, "
              "github.com/Janghyun1230/FastKVzip";
   i.params = {{"ratio", "0"},      {"gates", ""},           {"layerwise", "0"}, {"n_sink", "4"},
-              {"window_size", "4096"}, {"window_ratio", "0.02"}, {"protect", "0"}};
+              {"window_size", "4096"}, {"window_ratio", "0.02"}, {"protect", "0"}, {"revisit", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const std::string path = param_str(p, "fastkvzip", "gates");
     if (path.empty()) throw Error("press fastkvzip: give gates=FILE (train them with `kvslim fastkvzip-train`)");
@@ -329,7 +357,8 @@ PressRegistrar reg([] {
     auto g = std::make_shared<const FastKVzipGates>(FastKVzipGates::load(path));
     return std::make_unique<FastKVzipPress>(param_double(p, "fastkvzip", "ratio"), g, path,
                                             param_bool(p, "fastkvzip", "layerwise"), n_sink, window, wr,
-                                            param_bool(p, "fastkvzip", "protect"));
+                                            param_bool(p, "fastkvzip", "protect"),
+                                            param_bool(p, "fastkvzip", "revisit"));
   };
   return i;
 }());
