@@ -1,5 +1,7 @@
-// `kvslim duo-calibrate`: scores every (layer, KV head) for DuoAttention on synthetic passkey
-// prompts and saves the labels used by `--press duo_attention:labels=FILE`.
+// `kvslim duo-calibrate`: fits DuoAttention's gates (one per layer and KV head; the paper's
+// objective, linearised: press/duo_attention.h) on synthetic passkey prompts, or scores the heads
+// by the earlier deviation heuristic (--method deviation), and saves the labels used by
+// `--press duo_attention:labels=FILE`.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -42,10 +44,17 @@ int run(const DuoArgs& a) {
   // The table is the result (stdout); with --json - stdout holds only the JSON.
   std::FILE* o = a.json == "-" ? stderr : stdout;
   fmt::print(o, "model       {} ({} layers x {} KV heads)\n", a.model, hp.n_layer, hp.n_head_kv);
-  fmt::print(o, "prompts     {} passkey prompts of about {} tokens; {} last queries compared\n", a.cal.samples,
-             a.cal.length, a.cal.window);
-  fmt::print(o, "streaming   sinks {} + recent {}; score = relative change of the head's output (higher = retrieval)\n",
-             labels.sink, labels.recent);
+  if (labels.method == "gates") {
+    fmt::print(o, "prompts     {} passkey prompts of about {} tokens; question and answer tokens labelled\n",
+               a.cal.samples, a.cal.length);
+    fmt::print(o, "streaming   sinks {} + recent {}; score = gate fitted with reg {} (1 = full attention)\n",
+               labels.sink, labels.recent, labels.reg);
+  } else {
+    fmt::print(o, "prompts     {} passkey prompts of about {} tokens; {} last queries compared\n", a.cal.samples,
+               a.cal.length, a.cal.window);
+    fmt::print(o, "streaming   sinks {} + recent {}; score = relative change of the head's output (higher = retrieval)\n",
+               labels.sink, labels.recent);
+  }
   fmt::print(o, "head ratio  {} -> S = streaming head, R = retrieval head\n\n", a.head_ratio);
   for (int l = 0; l < hp.n_layer; ++l) {
     fmt::print(o, "layer {:>3}:", l);
@@ -56,6 +65,7 @@ int run(const DuoArgs& a) {
   fmt::print(o, "\nlabels      {}\n", a.out);
   if (!a.json.empty()) {
     nlohmann::ordered_json j = {{"command", "duo-calibrate"}, {"model", a.model},   {"labels", a.out},
+                                {"method", labels.method},    {"reg", labels.reg},
                                 {"samples", a.cal.samples},   {"length", a.cal.length}, {"sink", labels.sink},
                                 {"recent", labels.recent},    {"head_ratio", a.head_ratio}, {"score", labels.score},
                                 {"streaming", streaming}};
@@ -69,7 +79,7 @@ int run(const DuoArgs& a) {
 void add_duo_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<DuoArgs>();
   auto* sub = app.add_subcommand("duo-calibrate",
-                                 "label retrieval and streaming heads for DuoAttention on synthetic passkey prompts");
+                                 "fit DuoAttention's retrieval/streaming gates on synthetic passkey prompts");
   add_model_option(sub, a->model);
   sub->add_option("-o,--out", a->out, "labels file to write (GGUF)")->required();
   sub->add_option("--samples", a->cal.samples, "passkey prompts")->capture_default_str()->check(CLI::PositiveNumber);
@@ -78,8 +88,14 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--recent", a->cal.recent, "recent entries of a streaming head")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  sub->add_option("--window", a->cal.window, "last queries of each prompt compared")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  sub->add_option("--method", a->cal.method,
+                  "gates: the paper's objective (mixed vs full final hidden states on the question and answer, L1 "
+                  "on the gates), linearised and solved exactly; deviation: relative change of each head's output")
+      ->capture_default_str()->check(CLI::IsMember({"gates", "deviation"}));
+  sub->add_option("--reg", a->cal.reg, "L1 weight on the mean gate (method gates; the paper's 0.05)")
+      ->capture_default_str()->check(finite_range(0.0, 1e6));
+  sub->add_option("--window", a->cal.window, "last queries of each prompt compared (method deviation)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--head-ratio", a->head_ratio, "fraction of heads shown as streaming in the summary")
       ->capture_default_str()->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->cal.seed, "random seed (pass keys)")->capture_default_str();

@@ -29,12 +29,21 @@ void DuoLabels::save(const std::string& path) const {
   w.set("duo.base_model", GGUFValue::str(base_model));
   w.set("duo.sink", GGUFValue::u32(sink));
   w.set("duo.recent", GGUFValue::u32(recent));
+  w.set("duo.method", GGUFValue::str(method));
+  if (method == "gates") w.set("duo.reg", GGUFValue::f32(static_cast<float>(reg)));
   const int L = static_cast<int>(score.size()), H = L ? static_cast<int>(score[0].size()) : 0;
   w.set("duo.n_layer", GGUFValue::u32(L));
   w.set("duo.n_head_kv", GGUFValue::u32(H));
   std::vector<float> flat;
   for (const auto& row : score) flat.insert(flat.end(), row.begin(), row.end());
   w.add_tensor_f32("duo.head_scores", GGMLType::F32, {H, L}, flat);
+  if (!cost.empty()) {
+    if (cost.size() != score.size()) throw Error(fmt::format("{}: {} cost rows for {} layers", path, cost.size(), L));
+    std::vector<float> c;
+    for (const auto& row : cost) c.insert(c.end(), row.begin(), row.end());
+    if (c.size() != flat.size()) throw Error(fmt::format("{}: {} costs for {} heads", path, c.size(), flat.size()));
+    w.add_tensor_f32("duo.head_costs", GGMLType::F32, {H, L}, c);
+  }
   w.write(path);
 }
 
@@ -44,6 +53,11 @@ DuoLabels DuoLabels::load(const std::string& path) {
   d.base_model = f->has("duo.base_model") ? f->get_string("duo.base_model") : "";
   d.sink = static_cast<int>(f->get_int("duo.sink"));
   d.recent = static_cast<int>(f->get_int("duo.recent"));
+  // Files from before gate training hold deviation scores.
+  d.method = f->has("duo.method") ? f->get_string("duo.method") : "deviation";
+  if (d.method != "gates" && d.method != "deviation")
+    throw Error(fmt::format("{}: duo.method '{}' is neither 'gates' nor 'deviation'", path, d.method));
+  if (f->has("duo.reg")) d.reg = f->get_float("duo.reg");
   const int64_t L = f->get_int("duo.n_layer"), H = f->get_int("duo.n_head_kv");
   if (L < 1 || H < 1 || d.sink < 0 || d.recent < 0)
     throw Error(fmt::format("{}: bad labels shape (duo.n_layer {}, duo.n_head_kv {}, duo.sink {}, duo.recent {})", path,
@@ -55,6 +69,15 @@ DuoLabels DuoLabels::load(const std::string& path) {
   d.score.assign(L, std::vector<float>(H));
   for (int64_t l = 0; l < L; ++l)
     for (int64_t h = 0; h < H; ++h) d.score[l][h] = flat[l * H + h];
+  if (const TensorInfo* found = f->find_tensor("duo.head_costs")) {
+    const TensorInfo& tc = *found;
+    if (tc.nelements() != L * H)
+      throw Error(fmt::format("{}: duo.head_costs has {} values, expected {} x {}", path, tc.nelements(), L, H));
+    std::vector<float> c = f->tensor_f32(tc);
+    d.cost.assign(L, std::vector<float>(H));
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h) d.cost[l][h] = c[l * H + h];
+  }
   return d;
 }
 
@@ -70,8 +93,12 @@ std::vector<std::vector<uint8_t>> DuoLabels::streaming(double head_ratio) const 
   std::vector<std::pair<int, int>> heads;
   for (size_t l = 0; l < score.size(); ++l)
     for (size_t h = 0; h < score[l].size(); ++h) heads.emplace_back(static_cast<int>(l), static_cast<int>(h));
-  std::stable_sort(heads.begin(), heads.end(),
-                   [&](auto a, auto b) { return score[a.first][a.second] < score[b.first][b.second]; });
+  const bool costs = cost.size() == score.size();
+  std::stable_sort(heads.begin(), heads.end(), [&](auto a, auto b) {
+    const float sa = score[a.first][a.second], sb = score[b.first][b.second];
+    if (sa != sb || !costs) return sa < sb;
+    return cost[a.first][a.second] < cost[b.first][b.second];
+  });
   const size_t n = static_cast<size_t>(std::llround(head_ratio * heads.size()));
   std::vector<std::vector<uint8_t>> m(score.size());
   for (size_t l = 0; l < score.size(); ++l) m[l].assign(score[l].size(), 0);
@@ -79,11 +106,13 @@ std::vector<std::vector<uint8_t>> DuoLabels::streaming(double head_ratio) const 
   return m;
 }
 
+const char* duo_passkey_question() { return "What is the pass key? The pass key is"; }
+
 std::string duo_passkey_prompt(const Model& model, int approx_tokens, double depth, int key) {
   const Tokenizer& tok = model.tokenizer();
   const std::string filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
   const std::string needle = fmt::format("The pass key is {}. Remember it. {} is the pass key. ", key, key);
-  const std::string question = "What is the pass key? The pass key is";
+  const std::string question = duo_passkey_question();
   const double per_unit = std::max<size_t>(1, tok.encode(filler, false, false).size());
   const double fixed = tok.encode(needle + question, false, false).size();
   const int units = std::max(1, static_cast<int>(std::lround((approx_tokens - fixed) / per_unit)));
@@ -97,7 +126,9 @@ std::string duo_passkey_prompt(const Model& model, int approx_tokens, double dep
   return s + question;
 }
 
-DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std::function<void(int, int)>& progress) {
+namespace {
+
+DuoLabels duo_deviation(const Model& model, const DuoCalibration& cal, const std::function<void(int, int)>& progress) {
   const HParams& hp = model.hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_group(), hd = hp.head_dim;
   if (cal.samples < 1 || cal.sink < 0 || cal.recent < 1 || cal.window < 1)
@@ -156,6 +187,7 @@ DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std
     if (progress) progress(s + 1, cal.samples);
   }
   DuoLabels out;
+  out.method = "deviation";
   out.sink = cal.sink;
   out.recent = cal.recent;
   out.score.assign(L, std::vector<float>(H, 0.0f));
@@ -167,6 +199,14 @@ DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std
         out.score[l][h] = std::max(out.score[l][h], r);
       }
   return out;
+}
+
+}  // namespace
+
+DuoLabels duo_calibrate(const Model& model, const DuoCalibration& cal, const std::function<void(int, int)>& progress) {
+  if (cal.method == "gates") return duo_train_gates(model, cal, progress);
+  if (cal.method == "deviation") return duo_deviation(model, cal, progress);
+  throw Error(fmt::format("duo calibration: method '{}' is neither 'gates' nor 'deviation'", cal.method));
 }
 
 namespace {
@@ -263,11 +303,12 @@ class DuoAttentionPress : public Press {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "duo_attention";
-  i.summary = "retrieval heads keep every entry, streaming heads keep sinks + recent (labels from `kvslim "
-              "duo-calibrate`, or calibrated on first use)";
+  i.summary = "retrieval heads keep every entry, streaming heads keep sinks + recent; the head_ratio lowest "
+              "gates stream (gates fitted by `kvslim duo-calibrate` to the paper's objective, linearised; or "
+              "fitted on first use)";
   i.source = "Xiao et al. 2024, DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
-             "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention and "
-             "kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
+             "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention (duo_attn/train.py for the "
+             "gates) and kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
   i.params = {{"labels", ""}, {"head_ratio", "0.5"}, {"sink", "0"}, {"recent", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     std::string path = param_str(p, "duo_attention", "labels");
