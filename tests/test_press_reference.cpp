@@ -256,6 +256,13 @@ TEST(PressReference, DefaultsAreTheReferences) {
   DuoLabels labels;
   EXPECT_EQ(labels.sink, 128);
   EXPECT_EQ(labels.recent, 256);
+  // kvpress's DuoAttentionPress: head_compression_ratio 0.0 (no head streams) unless given; the
+  // press then leaves the cache as no press does, without calibrating.
+  EXPECT_NE(make_press("duo_attention", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
+  EXPECT_NE(make_press("DuoAttentionPress", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
+  auto duo = make_press("duo_attention", 0.0), none = make_press("none", 0.0);
+  const auto toks = press_test::story_tokens(200);
+  EXPECT_TRUE(press_test::same_cache(press_test::prefill(*duo, toks)->cache(), press_test::prefill(*none, toks)->cache()));
 }
 
 }  // namespace

@@ -240,6 +240,13 @@ class DuoAttentionPress : public Press {
  private:
   void prepare(const Model& model) {
     if (prepared_ == &model) return;
+    if (!labels_ && head_ratio_ == 0.0) {
+      // No head streams (kvpress's default head_compression_ratio 0): nothing to calibrate.
+      const HParams& hp = model.hparams();
+      streaming_.assign(hp.n_layer, std::vector<uint8_t>(hp.n_head_kv, 0));
+      prepared_ = &model;
+      return;
+    }
     if (!labels_) {
       // No labels file: calibrate once, with the defaults shortened to what the model can hold.
       std::lock_guard<std::mutex> lock(calibration_mutex());
@@ -309,7 +316,8 @@ PressRegistrar reg([] {
   i.source = "Xiao et al. 2024, DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
              "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention (duo_attn/train.py for the "
              "gates) and kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
-  i.params = {{"labels", ""}, {"head_ratio", "0.5"}, {"sink", "0"}, {"recent", "0"}};
+  // head_ratio 0 by default: kvpress's head_compression_ratio default (no head streams).
+  i.params = {{"labels", ""}, {"head_ratio", "0"}, {"sink", "0"}, {"recent", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     std::string path = param_str(p, "duo_attention", "labels");
     double r = param_double(p, "duo_attention", "head_ratio");
