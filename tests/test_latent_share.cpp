@@ -1,14 +1,18 @@
-// Cross-layer sharing of latent bases (src/press/latent_share.h), per request and calibrated, and
-// the calibration's per-segment choice of ranks and bits for a byte budget.
+// Cross-layer sharing of latent bases (src/press/latent_share.h), per request and calibrated, the
+// calibration's per-segment choice of ranks and bits for a byte budget, and cross-layer sharing of
+// entries (press cla, KVCache::share_layer: CLA, arXiv 2405.12981, after training).
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "kvslim/gguf.h"
+#include "model/layer_hook.h"
+#include "press/cross_layer.h"
 #include "press/latent.h"
 #include "press/latent_share.h"
 #include "test_press_util.h"
@@ -216,6 +220,103 @@ TEST(LatentShare, CalibrationWritesSharedLayersAndPerSegmentBits) {
   std::remove(path.c_str());
   ab.memory_ratio = 0.05;  // less than rank 1 at 2 bits plus the position
   EXPECT_THROW(calibrate_latent(model, {tokens(20)}, ab), Error);
+}
+
+
+// Entries of one head_dim-2 f32 cache, written by hand.
+void put(KVCache& c, int layer, float k0, float k1, float v0, float v1, int32_t pos) {
+  const float k[2] = {k0, k1}, v[2] = {v0, v1};
+  c.seg(layer, 0).append(k, v, pos);
+}
+
+TEST(CrossLayerEntries, DifferenceBySharedPositionsAndSourcesByHand) {
+  KVCache c(3, 1, 2, KVCodec::F32, KVCodec::F32);
+  put(c, 0, 1, 0, 0, 1, 0);
+  put(c, 0, 0, 2, 1, 1, 1);
+  put(c, 1, 0, 1, 1, 1, 1);  // position 1: key differs by (0, -1), value equal
+  put(c, 1, 3, 3, 3, 3, 5);  // position 5: not in layer 0, ignored
+  put(c, 2, 1, 1, 1, 1, 7);  // no position in common with layer 0
+  // Keys: |(0,1) - (0,2)|^2 / |(0,1)|^2 = 1 / 1; values: 0 / 2. The larger: 1.
+  EXPECT_DOUBLE_EQ(cross_layer_difference(c, 1, 0), 1.0);
+  EXPECT_EQ(cross_layer_difference(c, 2, 0), std::numeric_limits<double>::infinity());
+  // Layer 0 against layer 1 (position 1 only): keys 1 / 4, values 0 / 2.
+  EXPECT_DOUBLE_EQ(cross_layer_difference(c, 0, 1), 0.25);
+
+  const size_t entry = 2 * 2 * 4 + 4;  // f32 key and value of 2 values, 4-byte position
+  EXPECT_EQ(c.bytes(), 5 * entry);
+  EXPECT_FALSE(c.shares_layers());
+  EXPECT_THROW(c.share_layer(0, 0), Error);
+  EXPECT_THROW(c.share_layer(1, 1), Error);
+  EXPECT_THROW(c.share_layer(1, 2), Error);
+  EXPECT_THROW(c.share_layer(3, 0), Error);
+  c.share_layer(1, 0);
+  EXPECT_TRUE(c.shares_layers());
+  EXPECT_EQ(c.source(0), 0);
+  EXPECT_EQ(c.source(1), 0);
+  EXPECT_EQ(c.source(2), 2);
+  EXPECT_EQ(c.entries(1), 0u);
+  EXPECT_EQ(c.bytes(), 3 * entry);  // layer 1's two entries freed
+  c.share_layer(2, 1);              // layer 1 reads layer 0: so does layer 2
+  EXPECT_EQ(c.source(2), 0);
+  EXPECT_EQ(c.bytes(), 2 * entry);
+  c.clear();
+  EXPECT_FALSE(c.shares_layers());
+  EXPECT_EQ(c.source(2), 2);
+}
+
+class AnyHook : public LayerHook {};
+
+// In the twin model layer 1 computes layer 0's keys and values bit for bit, so layer 1 reading
+// layer 0's entries (CLA) leaves every logit unchanged, while layer 1's segments are freed.
+TEST(CrossLayerEntries, IdenticalLayersShareEntriesExactlyAndFreeTheirBytes) {
+  const Model& model = twin_model();
+  const HParams& hp = model.hparams();
+  const int L = hp.n_layer, H = hp.n_head_kv, hd = hp.head_dim, n = 70;
+  Session own(model, SessionOptions{}), shared(model, SessionOptions{}), batched(model, SessionOptions{});
+  auto none = make_press("none", 0.0);
+  auto cla = make_press("cla:tol=0", 0.0);  // shares exactly the layers whose entries are equal
+  prefill_and_compress(own, *none, tokens(n), 0, nullptr, nullptr);
+  prefill_and_compress(shared, *cla, tokens(n), 0, nullptr, nullptr);
+  auto cla1 = make_press("cla:n=1", 0.0);  // the one layer closest to its predecessor: layer 1
+  prefill_and_compress(batched, *cla1, tokens(n), 0, nullptr, nullptr);
+  const KVCache& c = shared.cache();
+  for (const KVCache* k : {&c, static_cast<const KVCache*>(&batched.cache())}) {
+    EXPECT_EQ(k->source(1), 0);
+    for (int l = 2; l < L; ++l) EXPECT_EQ(k->source(l), l) << l;
+    EXPECT_EQ(k->entries(1), 0u);
+  }
+  // Bytes by hand: an f16 entry is a key and a value of head_dim 2-byte values plus a 4-byte
+  // position; layer 1 holds none.
+  const size_t entry = 2 * hd * 2 + 4;
+  EXPECT_EQ(own.cache().bytes(), static_cast<size_t>(L) * H * n * entry);
+  EXPECT_EQ(c.bytes(), static_cast<size_t>(L - 1) * H * n * entry);
+  EXPECT_EQ(c.full_f16_bytes(n), own.cache().bytes());
+  for (Token t : {7, 8, 9}) {
+    const std::vector<float> a = own.forward({t}), b = shared.forward({t});
+    const std::vector<float> d = Session::decode_batch({&batched}, {t});
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i], b[i]) << "token " << t << " logit " << i;
+      ASSERT_EQ(a[i], d[i]) << "token " << t << " logit " << i << " (decode_batch)";
+    }
+  }
+  // Decode entries are stored once, in layer 0.
+  EXPECT_EQ(c.bytes(), static_cast<size_t>(L - 1) * H * (n + 3) * entry);
+  EXPECT_EQ(c.entries(1), 0u);
+  EXPECT_EQ(c.entries(0), static_cast<size_t>(H) * (n + 3));
+  // A press that observes the forward pass cannot run on shared layers.
+  AnyHook hook;
+  EXPECT_THROW(shared.forward({7}, false, &hook), Error);
+  // Parameters.
+  EXPECT_EQ(make_press("cla:layers=3/1", 0.0)->describe(), "cla:layers=1/3");
+  EXPECT_THROW(make_press("cla:layers=0", 0.0), Error);
+  EXPECT_THROW(make_press("cla:layers=1/x", 0.0), Error);
+  EXPECT_THROW(make_press("cla:layers=1,n=1", 0.0), Error);
+  EXPECT_THROW(make_press("cla:n=-1", 0.0), Error);
+  EXPECT_THROW(make_press("cla:tol=-1", 0.0), Error);
+  Session bad(model, SessionOptions{});
+  auto p9 = make_press("cla:layers=9", 0.0);
+  EXPECT_THROW(prefill_and_compress(bad, *p9, tokens(8), 0, nullptr, nullptr), Error);
 }
 
 }  // namespace

@@ -212,11 +212,25 @@ class KVCache {
   size_t full_f16_bytes(size_t n_tokens) const;
   /// Largest position stored + 1 (0 when empty): where the next token continues.
   int32_t next_position() const;
+  /// Empties every segment and ends every cross-layer sharing (source(l) == l again).
   void clear();
+
+  /// Cross-layer entry sharing, after training (CLA: Brandon et al., "Reducing Transformer
+  /// Key-Value Cache Size with Cross-Layer Attention", arXiv 2405.12981; MiniCache, arXiv
+  /// 2405.14366, merges adjacent layers' entries): the layer whose segments `layer`'s attention
+  /// reads and whose segments receive the new entries; `layer` itself unless shared.
+  int source(int layer) const { return source_.empty() ? layer : source_[static_cast<size_t>(layer)]; }
+  /// True when some layer reads another layer's entries.
+  bool shares_layers() const { return !source_.empty(); }
+  /// From now on layer `layer` attends to the entries of layer `src` (of src's own source when src
+  /// shares itself), and its own segments are emptied with their memory freed, so bytes() drops by
+  /// their bytes. Throws kvslim::Error unless 0 <= src < layer < n_layer.
+  void share_layer(int layer, int src);
 
  private:
   int n_layer_, n_head_kv_, head_dim_;
   std::vector<Segment> segs_;
+  std::vector<int> source_;  ///< [n_layer] source layer of each layer; empty when none shares
 };
 
 }  // namespace kvslim

@@ -24,6 +24,9 @@ struct CalibArgs {
   int doc_tokens = 512;
   int max_docs = 16;
   LatentCalibration opt;
+  double target_kl = 0;            ///< > 0: bits chosen by measured KL (choose_latent_bits_by_kl)
+  std::vector<std::string> kl_text;  ///< held-out text for the KL (default: the last document)
+  std::string kl_scales = "channel";
   int threads = 0;
 };
 
@@ -50,8 +53,46 @@ int run(const CalibArgs& a) {
       docs.push_back(std::move(doc));
     }
   }
+  if (!(a.target_kl >= 0.0)) throw Error(fmt::format("--target-kl {} must be >= 0 (0 = off)", a.target_kl));
+  if (a.kl_scales != "channel" && a.kl_scales != "token")
+    throw Error(fmt::format("--kl-scales {} must be channel or token", a.kl_scales));
+  // The KL is measured on text the bases were not fitted on: --kl-text, else the last document.
+  std::vector<std::vector<Token>> probe;
+  if (a.target_kl > 0.0) {
+    if (!a.kl_text.empty()) {
+      for (const std::string& path : a.kl_text) {
+        std::vector<Token> all = tok.encode(read_text_file(path, "--kl-text"), false, false);
+        for (size_t b = 0; b < all.size(); b += a.doc_tokens) {
+          std::vector<Token> doc;
+          if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());
+          doc.insert(doc.end(), all.begin() + b, all.begin() + std::min(all.size(), b + a.doc_tokens));
+          probe.push_back(std::move(doc));
+        }
+      }
+    } else {
+      if (docs.size() < 2)
+        throw Error(fmt::format("--target-kl holds the last calibration document out for the KL, but there is only {} "
+                                "(give --kl-text, more text, or a smaller --doc-tokens)",
+                                docs.size()));
+      probe.push_back(docs.back());
+      docs.pop_back();
+    }
+  }
   std::vector<std::string> report;
   LatentBases bases = calibrate_latent(*model, docs, a.opt, &report);
+  if (a.target_kl > 0.0) {
+    const LatentScales sc = a.kl_scales == "token" ? LatentScales::Token : LatentScales::Channel;
+    const LatentBitsChoice c = choose_latent_bits_by_kl(*model, bases, probe, a.target_kl, sc);
+    const double full = static_cast<double>(bases.n_layer) * bases.n_head_kv * (4.0 * bases.head_dim + 4.0);
+    for (const LatentBitsTrial& t : c.trials)
+      report.push_back(fmt::format("bits by KL ({} scales): keys {:2d}, values {:2d}: {:.1f} bytes per entry (memory ratio "
+                                   "{:.4f}), KL {:.6f} nats",
+                                   a.kl_scales, t.k_bits, t.v_bits, t.bytes_per_entry, t.bytes_per_entry / full, t.kl));
+    const LatentBitsTrial& ch = c.trials[c.chosen];
+    report.push_back(fmt::format("chose keys {}-bit, values {}-bit (0 = f16): KL {:.6f} {} the target {} (use scales={})",
+                                 ch.k_bits, ch.v_bits, ch.kl, c.target_met ? "within" : "NOT within", a.target_kl,
+                                 a.kl_scales));
+  }
   // The report is the result (stdout); with --json - stdout holds only the JSON.
   std::FILE* o = a.json == "-" ? stderr : stdout;
   for (const auto& line : report) fmt::print(o, "{}\n", line);
@@ -98,6 +139,17 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--k-bits", a->opt.k_bits, "key code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   sub->add_option("--v-bits", a->opt.v_bits, "value code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
+  sub->add_option("--target-kl", a->target_kl,
+                  "choose the key and value code bits (the same for every segment; 2, 4, 8 or f16) as the fewest bytes "
+                  "whose measured KL over held-out text (the last quarter of each --kl-text document) is at most this "
+                  "many nats (0 = off; --k-bits / --v-bits then only shape the ranks of a --memory-ratio)")
+      ->capture_default_str();
+  sub->add_option("--kl-text", a->kl_text, "held-out text for --target-kl (default: the last calibration document, "
+                                           "left out of the fit)")
+      ->expected(1, -1);
+  sub->add_option("--kl-scales", a->kl_scales, "code scales --target-kl measures with: channel or token (pass the "
+                                               "same to the press: latent:file=...,scales=)")
+      ->capture_default_str();
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });

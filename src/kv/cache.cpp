@@ -372,6 +372,24 @@ int32_t KVCache::next_position() const {
 }
 void KVCache::clear() {
   for (Segment& s : segs_) s.clear();
+  source_.clear();
+}
+
+void KVCache::share_layer(int layer, int src) {
+  if (!(src >= 0 && src < layer && layer < n_layer_))
+    throw Error(fmt::format("KVCache::share_layer: layer {} cannot read layer {}'s entries (need 0 <= source < layer "
+                            "< {} layers)",
+                            layer, src, n_layer_));
+  if (source_.empty()) {
+    source_.resize(static_cast<size_t>(n_layer_));
+    for (int l = 0; l < n_layer_; ++l) source_[static_cast<size_t>(l)] = l;
+  }
+  const int root = source_[static_cast<size_t>(src)];
+  source_[static_cast<size_t>(layer)] = root;
+  // Layers that read `layer` now read its root too (sharing is never chained).
+  for (int l = layer + 1; l < n_layer_; ++l)
+    if (source_[static_cast<size_t>(l)] == layer) source_[static_cast<size_t>(l)] = root;
+  for (int h = 0; h < n_head_kv_; ++h) seg(layer, h).clear();
 }
 
 }  // namespace kvslim

@@ -231,9 +231,20 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     if (hook) hook->after_qkv(step);
     // 3. RoPE on queries and keys: entries are cached rotated.
     rope_rows(hp, cs, sn, n, q.data(), k.data());
-    // 4. Store the batch's entries, then attend: entry order is causal order.
+    // 4. Store the batch's entries, then attend: entry order is causal order. A layer that shares
+    // an earlier layer's entries (KVCache::share_layer, CLA) stores nothing: the source layer
+    // stored this batch's entries already, and its keys and values are what this layer reads.
+    const int src = cache_.source(l);
+    if (hook && src != l)
+      throw Error(fmt::format("layer {} reads layer {}'s entries (press cla): a press that observes the forward pass "
+                              "(replay, decode-time selection or scoring) cannot run on it; put cla after it",
+                              l, src));
     for (int h = 0; h < nkv; ++h) {
-      Segment& s = cache_.seg(l, h);
+      Segment& s = cache_.seg(src, h);
+      if (src != l) {
+        n_old[h] = s.size() - static_cast<size_t>(n);
+        continue;
+      }
       n_old[h] = s.size();
       for (int t = 0; t < n; ++t) s.append(k.data() + t * dkv + h * hd, v.data() + t * dkv + h * hd, pos[t]);
     }
@@ -243,7 +254,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
       subset.assign(nkv, {});
       use_subset = hook->before_attention(step, subset);
     }
-    attend(cache_, l, hp, q.data(), n, n_old, use_subset ? &subset : nullptr, want_mass ? &mass : nullptr, att.data());
+    attend(cache_, src, hp, q.data(), n, n_old, use_subset ? &subset : nullptr, want_mass ? &mass : nullptr, att.data());
     if (hook) hook->after_attention(step, want_mass ? &mass : nullptr);
     // 6. Output projection back into the residual stream.
     add_projection(*L.wo, att.data(), n, tmp.data(), x, ex);
@@ -252,7 +263,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex);
-    check_layer_finite(x.data(), x.size(), l, k.data(), v.data(), n, cache_, n_old);
+    check_layer_finite(x.data(), x.size(), src, k.data(), v.data(), n, cache_, n_old);
   }
   next_pos_ += n;
 
@@ -341,12 +352,14 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
       rope::apply(q.data() + i * dq, nh, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
       rope::apply(k.data() + i * dkv, nkv, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
     }
-    // Store each row's entry in its own cache, then attend over that cache only.
+    // Store each row's entry in its own cache, then attend over that cache only; a layer sharing
+    // an earlier layer's entries (KVCache::share_layer) stores nothing and reads its source's.
     int64_t macs = 0;
     for (int i = 0; i < n; ++i)
       for (int h = 0; h < nkv; ++h) {
-        Segment& s = sessions[i]->cache_.seg(l, h);
-        s.append(k.data() + i * dkv + h * hd, v.data() + i * dkv + h * hd, pos[i]);
+        const int src = sessions[i]->cache_.source(l);
+        Segment& s = sessions[i]->cache_.seg(src, h);
+        if (src == l) s.append(k.data() + i * dkv + h * hd, v.data() + i * dkv + h * hd, pos[i]);
         macs += static_cast<int64_t>(G) * hd * 2 * static_cast<int64_t>(s.size());
       }
     parallel_for(static_cast<int64_t>(n) * nkv, macs, [&](int64_t b, int64_t e) {
@@ -354,7 +367,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
       std::vector<int32_t> vis(G);
       for (int64_t w = b; w < e; ++w) {
         const int i = static_cast<int>(w / nkv), h = static_cast<int>(w % nkv);
-        const Segment& s = sessions[i]->cache_.seg(l, h);
+        const Segment& s = sessions[i]->cache_.seg(sessions[i]->cache_.source(l), h);
         for (int gi = 0; gi < G; ++gi) vis[gi] = static_cast<int32_t>(s.size());
         // The group's query rows are contiguous in q: heads h*G .. h*G+G-1 of row i.
         attend_segment(s, q.data() + static_cast<size_t>(i) * dq + static_cast<size_t>(h) * G * hd, G, vis.data(), scale,

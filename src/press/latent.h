@@ -76,4 +76,33 @@ size_t latent_row_bytes(int rank, int bits, LatentScales scales = LatentScales::
 LatentBases calibrate_latent(const Model& model, const std::vector<std::vector<Token>>& docs,
                              const LatentCalibration& opt, std::vector<std::string>* report = nullptr);
 
+/// One candidate of choose_latent_bits_by_kl: the same bits for every segment's keys (k_bits)
+/// and values (v_bits).
+struct LatentBitsTrial {
+  int k_bits = 0, v_bits = 0;
+  double bytes_per_entry = 0;  ///< codes with their per-entry scale and the 4-byte position, summed over segments
+  double kl = 0;               ///< mean KL(full cache || latent cache) over the held-out tokens, nats
+};
+
+/// What choose_latent_bits_by_kl measured and chose.
+struct LatentBitsChoice {
+  std::vector<LatentBitsTrial> trials;  ///< in the order run: bytes per entry ascending
+  int chosen = -1;                      ///< index into trials
+  bool target_met = false;
+};
+
+/// Chooses the code bits of `bases` (the same for every segment: keys and values apart, each in
+/// {2, 4, 8, 0 = f16}) by **measured** fidelity instead of a variance proxy: for every document
+/// of `probe_docs`, the first tokens (all but the last max(1, holdout x size)) are prefilled into
+/// an f16 cache, which is then converted to codes in `bases` at the candidate bits with `scales`
+/// (as the latent press does), and the last tokens are teacher-forced; the trial's KL is the mean
+/// of KL(full-cache logits || latent-cache logits) over every teacher-forced token of every
+/// document. Candidates are tried from the fewest bytes per entry up (ties: fewer key bits
+/// last, so keys keep precision first) and the first with KL <= target_kl is chosen; when none
+/// is, the one with the least KL. Writes the chosen bits to bases.key_bits / value_bits.
+/// Throws kvslim::Error for target_kl < 0, holdout outside (0, 1) or no document of >= 2 tokens.
+LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases,
+                                          const std::vector<std::vector<Token>>& probe_docs, double target_kl,
+                                          LatentScales scales = LatentScales::Channel, double holdout = 0.25);
+
 }  // namespace kvslim
