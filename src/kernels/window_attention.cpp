@@ -102,10 +102,10 @@ __attribute__((always_inline)) inline void exp2_nonpos(vf16& y) {
   y = p * two_k;
 }
 
-}  // namespace
-
-/// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time).
-KVSLIM_TARGET_CLONES void softmax_inplace(float* __restrict x, size_t n) {
+// x[0, n) <- softmax(x[0, n)), 16 values at a time (SIMD chosen at run time). Defined under its
+// own name, not as softmax_inplace (declared in the header): clang 14 compiles a target_clones
+// definition that follows a plain declaration as its first (AVX-512) clone only, for every CPU.
+KVSLIM_TARGET_CLONES void softmax_clones(float* __restrict x, size_t n) {
   if (n == 0) return;
   constexpr size_t kL = 16;
   constexpr float kLog2e = 1.44269504088896341f;
@@ -139,6 +139,9 @@ KVSLIM_TARGET_CLONES void softmax_inplace(float* __restrict x, size_t n) {
   for (size_t j = nb; j < n; ++j) x[j] = et[j - nb] * inv;
 }
 
+}  // namespace
+
+void softmax_inplace(float* __restrict x, size_t n) { softmax_clones(x, n); }
 
 void window_probabilities(const float* q, int rows, float scale, const float* keys_t, size_t n, int hd,
                           const size_t* visible, float* out) {
