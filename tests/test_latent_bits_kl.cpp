@@ -43,6 +43,26 @@ double kl64(const float* p, const float* q, size_t n) {
   return kl;
 }
 
+// KL(full || latent) over the last 30 tokens of `probe` (0.25 x 120), in float64, with the
+// bases (and their per-segment bits) saved to a file and loaded by the latent press.
+double press_kl(const Model& model, const LatentBases& bases, const std::vector<Token>& probe) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("kvslim_bits_kl_{}.gguf", ::getpid())).string();
+  bases.save(path, "test");
+  const std::vector<Token> ctx(probe.begin(), probe.end() - 30), tail(probe.end() - 30, probe.end());
+  Session full(model, SessionOptions{}), lat(model, SessionOptions{});
+  auto none = make_press("none", 0.0);
+  auto latent = make_press("latent:file=" + path, 0.0);
+  prefill_and_compress(full, *none, ctx, 0, nullptr, nullptr);
+  prefill_and_compress(lat, *latent, ctx, 0, nullptr, nullptr);
+  std::remove(path.c_str());
+  const std::vector<float> p = full.forward(tail, true), q = lat.forward(tail, true);
+  double kl = 0;
+  const size_t nv = model.hparams().n_vocab;
+  for (size_t i = 0; i < tail.size(); ++i) kl += kl64(p.data() + i * nv, q.data() + i * nv, nv);
+  return kl / static_cast<double>(tail.size());
+}
+
 TEST(LatentBitsKl, CheapestWithinTargetAndKlRecomputedThroughThePress) {
   const Model& model = bundled_model();
   const HParams& hp = model.hparams();
@@ -85,27 +105,46 @@ TEST(LatentBitsKl, CheapestWithinTargetAndKlRecomputedThroughThePress) {
   }
 
   // The chosen trial's KL again, through the saved file and the latent press on a request-like
-  // session, with the KL in float64: context = the probe but its last 30 tokens (0.25 x 120).
-  const std::string path =
-      (std::filesystem::temp_directory_path() / fmt::format("kvslim_bits_kl_{}.gguf", ::getpid())).string();
-  bases.save(path, "test");
-  const std::vector<Token> ctx(probe.begin(), probe.end() - 30), tail(probe.end() - 30, probe.end());
-  Session full(model, SessionOptions{}), lat(model, SessionOptions{});
-  auto none = make_press("none", 0.0);
-  auto latent = make_press("latent:file=" + path, 0.0);
-  prefill_and_compress(full, *none, ctx, 0, nullptr, nullptr);
-  prefill_and_compress(lat, *latent, ctx, 0, nullptr, nullptr);
-  std::remove(path.c_str());
-  const std::vector<float> p = full.forward(tail, true), q = lat.forward(tail, true);
-  double kl = 0;
-  const size_t nv = hp.n_vocab;
-  for (size_t i = 0; i < tail.size(); ++i) kl += kl64(p.data() + i * nv, q.data() + i * nv, nv);
-  kl /= static_cast<double>(tail.size());
+  // session, with the KL in float64.
+  const double kl = press_kl(model, bases, probe);
   EXPECT_NEAR(c.trials[c.chosen].kl, kl, 1e-3 * kl + 1e-7);
+  EXPECT_EQ(c.steps, 0);
+  EXPECT_DOUBLE_EQ(c.kl, c.trials[c.chosen].kl);
 
   EXPECT_THROW(choose_latent_bits_by_kl(model, bases, {probe}, -1.0), Error);
   EXPECT_THROW(choose_latent_bits_by_kl(model, bases, {probe}, 0.01, LatentScales::Channel, 0.0), Error);
   EXPECT_THROW(choose_latent_bits_by_kl(model, bases, {std::vector<Token>{1}}, 0.01), Error);
+}
+
+// Per segment side after the uniform choice: never more bytes than it, the bytes the hand count
+// of the final per-segment bits, and the final KL (recomputed through the press) within the target.
+TEST(LatentBitsKl, PerSegmentLoweringStaysWithinTheTargetAndBelowTheUniformBytes) {
+  const Model& model = bundled_model();
+  const HParams& hp = model.hparams();
+  const int S = hp.n_layer * hp.n_head_kv;
+  const std::vector<Token> all = story_text_tokens();
+  const std::vector<Token> fit(all.begin(), all.begin() + 240), probe(all.begin() + 240, all.begin() + 360);
+  LatentCalibration opt;
+  opt.k_rank = opt.v_rank = hp.head_dim;
+  LatentBases bases = calibrate_latent(model, {fit}, opt);
+  const double target = 0.01;
+  const LatentBitsChoice c =
+      choose_latent_bits_by_kl(model, bases, {probe}, target, LatentScales::Channel, 0.25, /*per_segment=*/true);
+  ASSERT_TRUE(c.target_met);
+  const LatentBitsTrial& u = c.trials[c.chosen];
+  auto row = [](int bits) { return bits == 2 ? 3 : bits == 4 ? 5 : bits == 8 ? 9 : 16; };
+  double bytes = 0;
+  for (int i = 0; i < S; ++i) {
+    EXPECT_LE(row(bases.key_bits[i]), row(u.k_bits)) << i;
+    EXPECT_LE(row(bases.value_bits[i]), row(u.v_bits)) << i;
+    bytes += row(bases.key_bits[i]) + row(bases.value_bits[i]) + 4;
+  }
+  EXPECT_DOUBLE_EQ(c.bytes_per_entry, bytes);
+  EXPECT_GT(c.steps, 0);  // some side of this model tolerates fewer bits than the uniform choice
+  EXPECT_LT(c.bytes_per_entry, u.bytes_per_entry);
+  EXPECT_LE(c.kl, target);
+  const double kl = press_kl(model, bases, probe);
+  EXPECT_NEAR(c.kl, kl, 1e-3 * kl + 1e-7);
 }
 
 }  // namespace

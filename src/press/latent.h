@@ -89,6 +89,10 @@ struct LatentBitsChoice {
   std::vector<LatentBitsTrial> trials;  ///< in the order run: bytes per entry ascending
   int chosen = -1;                      ///< index into trials
   bool target_met = false;
+  /// With per_segment: the segment sides lowered one step each after the uniform choice, in
+  /// order, and the bytes per entry and KL after all of them (else 0 steps, the chosen trial's).
+  int steps = 0;
+  double bytes_per_entry = 0, kl = 0;
 };
 
 /// Chooses the code bits of `bases` (the same for every segment: keys and values apart, each in
@@ -100,9 +104,14 @@ struct LatentBitsChoice {
 /// document. Candidates are tried from the fewest bytes per entry up (ties: fewer key bits
 /// last, so keys keep precision first) and the first with KL <= target_kl is chosen; when none
 /// is, the one with the least KL. Writes the chosen bits to bases.key_bits / value_bits.
+/// per_segment (when the uniform choice met the target): then, greedily, one segment side at a
+/// time is lowered one step (f16 -> 8 -> 4 -> 2 bits): of every side whose lowering keeps the
+/// measured KL within the target, the one with the least KL increase per byte saved, until none
+/// can be lowered; so the bytes never exceed the uniform choice's.
 /// Throws kvslim::Error for target_kl < 0, holdout outside (0, 1) or no document of >= 2 tokens.
 LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases,
                                           const std::vector<std::vector<Token>>& probe_docs, double target_kl,
-                                          LatentScales scales = LatentScales::Channel, double holdout = 0.25);
+                                          LatentScales scales = LatentScales::Channel, double holdout = 0.25,
+                                          bool per_segment = false);
 
 }  // namespace kvslim

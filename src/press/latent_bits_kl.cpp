@@ -17,7 +17,7 @@ namespace kvslim {
 
 LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases,
                                           const std::vector<std::vector<Token>>& probe_docs, double target_kl,
-                                          LatentScales scales, double holdout) {
+                                          LatentScales scales, double holdout, bool per_segment) {
   if (!(target_kl >= 0.0) || !std::isfinite(target_kl))
     throw Error(fmt::format("latent bits by KL: target KL {} must be a finite number >= 0 (nats)", target_kl));
   if (!(holdout > 0.0 && holdout < 1.0))
@@ -70,7 +70,8 @@ LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases
     return key_bits(a.k_bits) > key_bits(b.k_bits);
   });
 
-  for (LatentBitsTrial t : cand) {
+  // Mean KL over every held-out token with per-segment bits kb / vb.
+  auto measure = [&](const std::vector<int>& kb, const std::vector<int>& vb) {
     double sum = 0;
     size_t count = 0;
     for (Probe& p : probes) {
@@ -79,14 +80,17 @@ LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases
       s.rewind(p.base);  // back to the end of the context
       for (int u = 0; u < S; ++u) {
         Segment& seg = s.cache().seg(u / H, u % H);
-        if (seg.size() > 0) seg.to_latent(bases.key[u], t.k_bits, bases.value[u], t.v_bits, scales);
+        if (seg.size() > 0) seg.to_latent(bases.key[u], kb[u], bases.value[u], vb[u], scales);
       }
       const std::vector<float> q = s.forward(p.tail, true);
       for (size_t i = 0; i < p.tail.size(); ++i)
         sum += kl_divergence_logits(p.reference.data() + i * n_vocab, q.data() + i * n_vocab, n_vocab);
       count += p.tail.size();
     }
-    t.kl = sum / static_cast<double>(count);
+    return sum / static_cast<double>(count);
+  };
+  for (LatentBitsTrial t : cand) {
+    t.kl = measure(std::vector<int>(S, t.k_bits), std::vector<int>(S, t.v_bits));
     out.trials.push_back(t);
     if (t.kl <= target_kl) {
       out.chosen = static_cast<int>(out.trials.size()) - 1;
@@ -102,6 +106,39 @@ LatentBitsChoice choose_latent_bits_by_kl(const Model& model, LatentBases& bases
   const LatentBitsTrial& c = out.trials[out.chosen];
   bases.key_bits.assign(S, c.k_bits);
   bases.value_bits.assign(S, c.v_bits);
+  out.bytes_per_entry = c.bytes_per_entry;
+  out.kl = c.kl;
+  if (!per_segment || !out.target_met) return out;
+  // Greedy per segment side: the lowering with the least KL increase per byte saved that keeps
+  // the KL within the target, until none does.
+  auto lower = [](int b) { return b == 0 ? 8 : b == 8 ? 4 : b == 4 ? 2 : -1; };
+  std::vector<int>& kb = bases.key_bits;
+  std::vector<int>& vb = bases.value_bits;
+  for (;;) {
+    int best_u = -1, best_side = 0;
+    double best_score = 0, best_kl = 0, best_saved = 0;
+    for (int side = 0; side < 2; ++side)
+      for (int u = 0; u < S; ++u) {
+        std::vector<int>& bits = side ? vb : kb;
+        const int old = bits[u], nb = lower(old);
+        if (nb < 0) continue;
+        const int rank = (side ? bases.value[u] : bases.key[u])->rank();
+        const double saved = static_cast<double>(latent_row_bytes(rank, old, scales)) -
+                             static_cast<double>(latent_row_bytes(rank, nb, scales));
+        if (saved <= 0) continue;
+        bits[u] = nb;
+        const double kl = measure(kb, vb);
+        bits[u] = old;
+        if (kl > target_kl) continue;
+        const double score = (kl - out.kl) / saved;
+        if (best_u < 0 || score < best_score) best_u = u, best_side = side, best_score = score, best_kl = kl, best_saved = saved;
+      }
+    if (best_u < 0) break;
+    (best_side ? vb : kb)[best_u] = lower((best_side ? vb : kb)[best_u]);
+    out.kl = best_kl;
+    out.bytes_per_entry -= best_saved;
+    ++out.steps;
+  }
   return out;
 }
 
