@@ -10,7 +10,7 @@ that silently does something else). ``Press(spec)`` runs any kvslim spec directl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import List, Optional, Sequence
 
 __all__ = [
@@ -39,7 +39,25 @@ def _spec(name: str, **params) -> str:
 
 
 class BasePress:
-    """A press: what kvslim should do to the KV cache. Subclasses define ``spec()``."""
+    """A press: what kvslim should do to the KV cache. Subclasses define ``spec()``.
+
+    Raises TypeError / ValueError when built (as kvpress asserts) if ``compression_ratio`` is not
+    a number in [0, 1), e.g. a press object given to a scorer press that is not a wrapper."""
+
+    def __post_init__(self):
+        names = {f.name for f in fields(self)} if is_dataclass(self) else set()
+        if "compression_ratio" not in names:
+            return
+        r = self.compression_ratio
+        cls = type(self).__name__
+        if isinstance(r, BasePress):
+            raise TypeError(f"{cls}: compression_ratio must be a number, got the press {type(r).__name__}; "
+                            f"{cls} is a scorer press, not a wrapper: write {cls}(compression_ratio=0.5)")
+        if isinstance(r, bool) or not isinstance(r, (int, float)):
+            raise TypeError(f"{cls}: compression_ratio must be a number in [0, 1), got {r!r}")
+        if not 0.0 <= float(r) < 1.0:
+            raise ValueError(f"{cls}: compression_ratio must be in [0, 1) (the fraction of entries removed), "
+                             f"got {r!r}")
 
     def spec(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -292,19 +310,20 @@ class KeyRerotationPress(BasePress):
 
 @dataclass
 class DecodingPress(BasePress):
-    """Compresses during decoding: every ``compression_steps`` tokens down to ``token_buffer_size``
-    entries per KV head (kvpress's generation/decoding_press.py; older kvpress named these
-    ``compression_interval`` and ``target_size``, accepted too)."""
+    """Compresses during decoding: every ``compression_interval`` tokens down to ``target_size``
+    entries per KV head, with kvpress's current names and defaults (kvpress/presses/decoding_press.py:
+    512 and 2048, as the CLI's ``decoding``); older kvpress named these ``compression_steps`` and
+    ``token_buffer_size``, accepted too (they win when given)."""
 
     base_press: BasePress = field(default_factory=KnormPress)
-    compression_steps: int = 10
-    token_buffer_size: int = 1024
-    compression_interval: Optional[int] = None
-    target_size: Optional[int] = None
+    compression_interval: int = 512
+    target_size: int = 2048
+    compression_steps: Optional[int] = None
+    token_buffer_size: Optional[int] = None
 
     def spec(self) -> str:
-        steps = self.compression_interval if self.compression_interval is not None else self.compression_steps
-        size = self.target_size if self.target_size is not None else self.token_buffer_size
+        steps = self.compression_steps if self.compression_steps is not None else self.compression_interval
+        size = self.token_buffer_size if self.token_buffer_size is not None else self.target_size
         return f"decoding({_inner(self.base_press, 'DecodingPress')},interval={steps},size={size})"
 
     @property

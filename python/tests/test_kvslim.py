@@ -54,6 +54,24 @@ def test_press_classes_make_the_specs_kvpress_parameters_mean():
             "adakv(criticalkv(snapkv:window=32,kernel=5,epsilon=0.01,first_stage=0.3),alpha=0.2)")
     with pytest.raises(TypeError):
         P.AdaKVPress("snapkv").spec()
+    # kvpress's current DecodingPress defaults (decoding_press.py: compression_interval 512,
+    # target_size 2048), the CLI's `decoding` defaults too.
+    assert P.DecodingPress(P.KnormPress()).spec() == "decoding(knorm,interval=512,size=2048)"
+
+
+def test_a_bad_compression_ratio_fails_when_the_press_is_built():
+    # Regression: PyramidKVPress(SnapKVPress(...)) built "pyramidkv(snapkv:ratio=snapkv:ratio=...)"
+    # and failed only when run, with an unrelated TypeError; a ratio of 1.5 was accepted.
+    with pytest.raises(TypeError, match="PyramidKVPress: compression_ratio must be a number, got the press"):
+        P.PyramidKVPress(P.SnapKVPress(compression_ratio=0.5))
+    with pytest.raises(ValueError, match=r"SnapKVPress: compression_ratio must be in \[0, 1\)"):
+        P.SnapKVPress(compression_ratio=1.5)
+    with pytest.raises(ValueError):
+        P.KnormPress(-0.1)
+    with pytest.raises(TypeError):
+        P.KnormPress("0.5")
+    assert P.KnormPress(0).spec() == "knorm"
+    assert P.PyramidKVPress(0.5).compression_ratio == 0.5
 
 
 def test_nested_parameters_reach_the_press_they_belong_to():
@@ -123,8 +141,10 @@ def test_press_spec_strings_and_errors(pipe):
     assert out["stats"]["compression_ratio"] > 0.4
     with pytest.raises(kvslim.KvslimError, match="no_such_press"):
         pipe(STORY, press="no_such_press", max_new_tokens=2)
-    with pytest.raises(kvslim.KvslimError):
+    with pytest.raises(ValueError, match=r"compression_ratio must be in \[0, 1\)"):  # when built, as kvpress
         pipe(STORY, press=kvslim.KnormPress(compression_ratio=1.0), max_new_tokens=2)
+    with pytest.raises(kvslim.KvslimError):  # the engine's own check of a ratio inside a spec
+        pipe(STORY, press=kvslim.Press("knorm:ratio=1.0"), max_new_tokens=2)
     with pytest.raises(kvslim.KvslimError, match="nonexistent.gguf"):
         kvslim.pipeline(model="/nonexistent.gguf")
     with pytest.raises(TypeError, match="unsupported"):
