@@ -5,6 +5,7 @@
 #include <set>
 
 #include "press/duo_attention.h"
+#include "press/kvpress_names.h"
 #include "press/recorders.h"
 #include "test_press_util.h"
 
@@ -289,6 +290,12 @@ TEST(PressReference, KvpressNamesAreAliases) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("given twice"), std::string::npos) << e.what();
   }
+  // Regression: `kvslim presses` listed expected_attention's aliases twice (two kvpress classes,
+  // ExpectedAttentionPress and ExpectedAttentionStatsPress, name that press): each alias once.
+  const auto ea = kvpress_params_of("expected_attention");
+  EXPECT_EQ(ea.size(), 4u);
+  const std::set<std::pair<std::string, std::string>> distinct(ea.begin(), ea.end());
+  EXPECT_EQ(distinct.size(), ea.size());
 }
 
 }  // namespace

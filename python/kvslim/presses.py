@@ -46,18 +46,8 @@ class BasePress:
 
     def __post_init__(self):
         names = {f.name for f in fields(self)} if is_dataclass(self) else set()
-        if "compression_ratio" not in names:
-            return
-        r = self.compression_ratio
-        cls = type(self).__name__
-        if isinstance(r, BasePress):
-            raise TypeError(f"{cls}: compression_ratio must be a number, got the press {type(r).__name__}; "
-                            f"{cls} is a scorer press, not a wrapper: write {cls}(compression_ratio=0.5)")
-        if isinstance(r, bool) or not isinstance(r, (int, float)):
-            raise TypeError(f"{cls}: compression_ratio must be a number in [0, 1), got {r!r}")
-        if not 0.0 <= float(r) < 1.0:
-            raise ValueError(f"{cls}: compression_ratio must be in [0, 1) (the fraction of entries removed), "
-                             f"got {r!r}")
+        if "compression_ratio" in names:
+            _check_ratio(type(self).__name__, self.compression_ratio)
 
     def spec(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -69,6 +59,67 @@ class BasePress:
 
     def __str__(self) -> str:
         return self.spec()
+
+
+def _check_ratio(cls: str, r) -> None:
+    """Raises TypeError (not a number) or ValueError (outside [0, 1)) naming the class ``cls``."""
+    if isinstance(r, BasePress):
+        raise TypeError(f"{cls}: compression_ratio must be a number, got the press {type(r).__name__}; "
+                        f"{cls} is a scorer press, not a wrapper: write {cls}(compression_ratio=0.5)")
+    if isinstance(r, bool) or not isinstance(r, (int, float)):
+        raise TypeError(f"{cls}: compression_ratio must be a number in [0, 1), got {r!r}")
+    if not 0.0 <= float(r) < 1.0:
+        raise ValueError(f"{cls}: compression_ratio must be in [0, 1) (the fraction of entries removed), got {r!r}")
+
+
+def kvpress_class(name: str, info: dict) -> type:
+    """A press class named as kvpress's ``name`` for an engine press without a hand-written class
+    here (``info``: its entry in ``kvslim.available_presses()``). Parameters are keywords, with
+    kvpress's names (or kvslim's); a policy or wrapper takes its inner press first (or as
+    ``press=``), a scorer may take ``compression_ratio`` first. Unknown parameters raise TypeError."""
+    takes_inner = info["kind"] in ("policy", "wrapper")
+    allowed = set(info["params"]) | set(info.get("kvpress_params", {}))
+    if "ratio" in info["params"]:
+        allowed.add("compression_ratio")
+
+    def __init__(self, *args, **kwargs):
+        args = list(args)
+        inner = kwargs.pop("press", None) if takes_inner else None
+        if takes_inner and inner is None and args and isinstance(args[0], BasePress):
+            inner = args.pop(0)
+        if inner is not None and not isinstance(inner, BasePress):
+            raise TypeError(f"{name} expects a press object, got {type(inner).__name__}")
+        if args:
+            if len(args) > 1 or "compression_ratio" in kwargs or "compression_ratio" not in allowed:
+                raise TypeError(f"{name} takes keyword arguments ({', '.join(sorted(allowed)) or 'none'})")
+            kwargs["compression_ratio"] = args[0]
+        for k in kwargs:
+            if k not in allowed:
+                raise TypeError(f"{name}: unknown parameter {k!r} (parameters: {', '.join(sorted(allowed)) or 'none'})")
+        if "compression_ratio" in kwargs:
+            _check_ratio(name, kwargs["compression_ratio"])
+        self.press, self.params = inner, kwargs
+
+    def spec(self) -> str:
+        items = ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items()
+                         if not (k == "compression_ratio" and not v))
+        if takes_inner:
+            inner = self.press.spec() if self.press is not None else info["default_inner"]
+            return f"{name}({inner}{',' if inner and items else ''}{items})"
+        return name + (":" + items if items else "")
+
+    def compression_ratio(self) -> float:
+        if "compression_ratio" in self.params:
+            return float(self.params["compression_ratio"])
+        return self.press.ratio if self.press is not None else 0.0
+
+    def __repr__(self) -> str:
+        inner = [repr(self.press)] if self.press is not None else []
+        return f"{name}({', '.join(inner + [f'{k}={v!r}' for k, v in self.params.items()])})"
+
+    doc = f"{info['summary']}\n\nSource: {info['source']}"
+    return type(name, (BasePress,), {"__init__": __init__, "spec": spec, "__repr__": __repr__, "__doc__": doc,
+                                     "compression_ratio": property(compression_ratio)})
 
 
 @dataclass

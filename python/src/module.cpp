@@ -20,6 +20,7 @@
 #include "kvslim/press.h"
 #include "kvslim/threads.h"
 #include "kvslim/version.h"
+#include "press/kvpress_names.h"
 
 namespace py = pybind11;
 using namespace kvslim;
@@ -106,6 +107,10 @@ py::list presses() {
     for (const auto& [k, v] : p->params) params[py::str(k)] = v;
     d["params"] = params;
     d["default_inner"] = p->default_inner;
+    d["kvpress"] = kvpress_class_of(p->name);  // "" when kvpress has no such press
+    py::dict aliases;
+    for (const auto& [theirs, ours] : kvpress_params_of(p->name)) aliases[py::str(theirs)] = ours;
+    d["kvpress_params"] = aliases;
     out.append(d);
   }
   return out;

@@ -105,6 +105,33 @@ def test_every_press_class_is_a_spec_the_engine_accepts(press):
     assert kvslim._kvslim.check_press(press.spec(), press.ratio)
 
 
+def test_every_kvpress_press_of_the_engine_has_its_class(pipe):
+    # Regression: the CLI accepted every kvpress class name, but kvslim.ChunkKVPress, LagKVPress,
+    # FinchPress... raised AttributeError. Each press the engine names after a kvpress class is now
+    # a class of the package, and runs as the engine's own spec does (same kept entries, answer).
+    for info in kvslim.available_presses():
+        if info["kvpress"]:
+            assert issubclass(getattr(kvslim, info["kvpress"]), kvslim.BasePress), info["kvpress"]
+    assert (kvslim.ChunkKVPress(P.SnapKVPress(0.5), chunk_length=20).spec() ==
+            "ChunkKVPress(snapkv:ratio=0.5,window=64,kernel=5,chunk_length=20)")
+    assert kvslim.ChunkKVPress(P.SnapKVPress(0.5)).compression_ratio == 0.5
+    assert kvslim.LagKVPress(0.5, lag_size=64).spec() == "LagKVPress:lag_size=64,compression_ratio=0.5"
+    pairs = [(kvslim.ChunkKVPress(P.SnapKVPress(0.5), chunk_length=20), "chunkkv(snapkv:ratio=0.5,chunk=20)"),
+             (kvslim.LagKVPress(0.5, lag_size=64), "lagkv:ratio=0.5,lag=64")]
+    for press, ours in pairs:
+        a = pipe(STORY[:1500], question="", press=press, max_new_tokens=4)
+        b = pipe(STORY[:1500], question="", press=kvslim.Press(ours), max_new_tokens=4)
+        assert a["answer"] == b["answer"]
+        assert a["stats"]["kept_per_layer"] == b["stats"]["kept_per_layer"]
+        assert a["stats"]["compression_ratio"] > 0.45
+    with pytest.raises(TypeError, match="unknown parameter 'bogus'"):
+        kvslim.LagKVPress(0.5, bogus=1)
+    with pytest.raises(ValueError):
+        kvslim.LagKVPress(1.5)
+    with pytest.raises(AttributeError, match="NoSuchPress"):
+        kvslim.NoSuchPress
+
+
 def test_pipeline_answers_and_reports_what_the_cache_holds(pipe):
     out = pipe(STORY, question=" What did they do next?", press=kvslim.SnapKVPress(compression_ratio=0.5),
                max_new_tokens=8)

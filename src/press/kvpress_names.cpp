@@ -4,6 +4,7 @@
 // dataclass fields of those classes.
 #include "press/kvpress_names.h"
 
+#include <algorithm>
 #include <map>
 
 namespace kvslim {
@@ -98,9 +99,12 @@ std::string kvpress_param_to_ours(const std::string& press, const std::string& k
 
 std::vector<std::pair<std::string, std::string>> kvpress_params_of(const std::string& press) {
   std::vector<std::pair<std::string, std::string>> out;
+  // Two kvpress classes can name one press (ExpectedAttentionPress, ExpectedAttentionStatsPress):
+  // each alias once.
   for (const Entry& e : table())
     if (press == e.ours)
-      for (const auto& [k, v] : e.params) out.emplace_back(k, v);
+      for (const auto& [k, v] : e.params)
+        if (std::find(out.begin(), out.end(), std::make_pair(k, v)) == out.end()) out.emplace_back(k, v);
   return out;
 }
 
