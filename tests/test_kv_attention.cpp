@@ -208,7 +208,8 @@ TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
 // call: at every SIMD level the kernels tile rows differently (AVX2 runs groups of at most 8 with
 // the scores of a group transposed, and with at most 8 rows reads f16 keys and values straight
 // from the cache instead of decoding blocks into buffers), and every tiling must give the same
-// bits: a call with 24 or 13 rows equals calls with its groups of 8 (and the rest), and with
+// bits: a call with 24, 13, 15 or 22 rows equals calls with its groups of 8 (and the rest: 5, 7
+// or 6 rows, which the AVX2 prefill loops split into passes of 4 rows and 1, 3 or 2), and with
 // single rows, output and probabilities alike.
 TEST(KVAttention, RowsAreIndependentOfTheirGrouping) {
   const qdot::Level saved = qdot::level();
@@ -223,7 +224,7 @@ TEST(KVAttention, RowsAreIndependentOfTheirGrouping) {
       Segment s = build(cfg, hd, 150, 7);
       const int32_t n = static_cast<int32_t>(s.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      for (int rows : {24, 13})
+      for (int rows : {24, 13, 15, 22})
       for (bool causal : {false, true}) {
         // Blocks are consumed in pairs in store order, and each store's walk stops at the call's
         // longest prefix: with two tiers (whose logical indices interleave) and causal rows, a
