@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "kernels/matmul.h"
+#include "kernels/threads.h"
 #include "kvslim/request.h"
 #include "press/duo_attention.h"
 #include "press/ea_stats.h"
@@ -442,6 +443,39 @@ TEST(PressCatalogue, QFilterIsThePrincipalQueryDirection) {
   EXPECT_EQ(s->cache().entries(), size_t(40) * hp.n_layer * hp.n_head_kv);
   EXPECT_THROW(make_press("qfilter", 0.5), Error);
   EXPECT_THROW(make_press("qfilter:filters=/nonexistent.gguf", 0.5), Error);
+  std::remove(path.c_str());
+}
+
+// Regression: a Q-filters file of another model's shape threw from a pool worker scoring the
+// layers in parallel, which aborted the process (std::terminate) at 2 threads. It is a clean
+// kvslim::Error naming the file and both shapes, thrown on the calling thread, at 1 and 2 threads.
+TEST(PressCatalogue, QFilterFileOfAnotherModelIsACleanError) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  QFilters f;
+  f.n_layer = hp.n_layer + 1;  // one layer too many
+  f.n_head_kv = hp.n_head_kv;
+  f.head_dim = hp.head_dim;
+  f.dir.assign(size_t(f.n_layer) * f.n_head_kv * f.head_dim, 0.0f);
+  for (size_t i = 0; i < f.dir.size(); i += f.head_dim) f.dir[i] = 1.0f;
+  f.explained.assign(size_t(f.n_layer) * f.n_head_kv, 0.5f);
+  f.base_model = "other";
+  const std::string path = ::testing::TempDir() + "qfilter_other_" + std::to_string(::getpid()) + ".gguf";
+  f.save(path);
+  const std::string shape = fmt::format("{} x {} x {}", hp.n_layer, hp.n_head_kv, hp.head_dim);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    auto qp = make_press("qfilter:filters=" + path, 0.5);
+    try {
+      prefill(*qp, story_tokens(40));
+      ADD_FAILURE() << "no error at " << threads << " threads";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find("do not fit the model (" + shape + ")"), std::string::npos) << msg;
+    }
+  }
+  set_num_threads(2);
   std::remove(path.c_str());
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <semaphore>
 #include <thread>
@@ -83,8 +84,13 @@ class Pool {
       cv_.notify_all();
     }
     in_region_ = true;
-    fn(0, n / parts);
+    try {
+      fn(0, n / parts);
+    } catch (...) {
+      keep_first_error(std::current_exception());
+    }
     in_region_ = false;
+    // Always wait for every worker, even after an error: they still read fn_ (and fn's captures).
     if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; }, spin_)) {
       std::unique_lock<std::mutex> l(mu_);
       main_waiting_.store(true);
@@ -92,6 +98,15 @@ class Pool {
       main_waiting_.store(false);
     }
     fn_ = nullptr;
+    // An exception thrown by any part (the caller's or a worker's; the first one recorded wins)
+    // is rethrown here, on the calling thread, once the region has finished: escaping a worker's
+    // loop it would have called std::terminate.
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> g(err_mu_);
+      err.swap(error_);
+    }
+    if (err) std::rethrow_exception(err);
   }
 
  private:
@@ -109,7 +124,11 @@ class Pool {
       if (idx < parts_) {
         const int64_t b = total_ * idx / parts_, e = total_ * (idx + 1) / parts_;
         in_region_ = true;
-        (*fn_)(b, e);
+        try {
+          (*fn_)(b, e);
+        } catch (...) {
+          keep_first_error(std::current_exception());
+        }
         in_region_ = false;
       }
       if (pending_.fetch_sub(1) == 1 && main_waiting_.load()) {
@@ -117,6 +136,10 @@ class Pool {
         done_cv_.notify_one();
       }
     }
+  }
+  void keep_first_error(std::exception_ptr e) {
+    std::lock_guard<std::mutex> g(err_mu_);
+    if (!error_) error_ = std::move(e);
   }
   void stop() {
     {
@@ -141,6 +164,8 @@ class Pool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> main_waiting_{false}, quit_{false};
+  std::mutex err_mu_;
+  std::exception_ptr error_;  // first exception of the current region (guarded by err_mu_)
 };
 
 thread_local bool Pool::in_region_ = false;

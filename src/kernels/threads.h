@@ -26,6 +26,8 @@ class BlasSlot {
 
 /// Runs fn(begin, end) over [0, n) split into contiguous ranges, one per thread, and waits.
 /// Results must not depend on the split (each index is handled by exactly one call).
+/// An exception thrown by fn on any thread is rethrown on the calling thread after every range has
+/// returned or thrown (the first one thrown wins; the others are dropped); the pool stays usable.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
 /// Multiply-adds below which a parallel region costs more than it saves: waking the pool takes

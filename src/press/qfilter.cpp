@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "press/qfilter.h"
 
 namespace kvslim {
@@ -18,6 +19,12 @@ class QFilterPress : public ScorerPress {
   QFilterPress(double ratio, std::string path)
       : ScorerPress(ratio), path_(std::move(path)), f_(std::make_shared<QFilters>(QFilters::load(path_))) {}
   std::string describe_scorer() const override { return fmt::format("qfilter:ratio={},filters={}", ratio_, path_); }
+  // The file is checked against the model here, on the calling thread, before the layers are
+  // scored in parallel (and even at ratio 0, so a wrong file never goes unnoticed).
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
+    f_->check(model.hparams(), "press qfilter (" + path_ + ")");
+    ScorerPress::apply(cache, model, obs, target);
+  }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     f_->check(view.hp(), "press qfilter (" + path_ + ")");
     const int hd = view.hp().head_dim;
@@ -47,7 +54,7 @@ PressRegistrar reg({"qfilter", "keeps the keys that project most on the queries'
                     "qfilter-calibrate",
                     {{"ratio", "0"}, {"filters", ""}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
-                      const std::string path = param_str(p, "qfilter", "filters");
+                      const std::string path = param_file(p, "qfilter", "filters");
                       if (path.empty())
                         throw Error("press qfilter needs filters=FILE.gguf (compute them on your model with `kvslim "
                                     "qfilter-calibrate`)");
