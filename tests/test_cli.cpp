@@ -96,6 +96,21 @@ TEST(CliErrors, MissingModelFile) {
                        {"error:", "/nonexistent/dir/model.gguf", "cannot open"});
 }
 
+// Regression: a missing press file was reported as "cannot open model file", as if -m were wrong.
+TEST(CliErrors, MissingPressFileNamesTheParameter) {
+  for (const std::string spec : {"qfilter:filters", "expected_attention:stats", "fastkvzip:gates",
+                                 "duo_attention:labels", "kvzap:surrogate"}) {
+    const std::string press = spec.substr(0, spec.find(':'));
+    const std::string key = spec.substr(spec.find(':') + 1);
+    Result r = run_cli(gen(kModel, "-p hi --press " + spec + "=/nonexistent/f.gguf"));
+    EXPECT_NE(r.rc, 0) << spec;
+    EXPECT_NE(r.err.find("error: press " + press + ": " + key + "=/nonexistent/f.gguf: cannot open file: "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("model file"), std::string::npos) << r.err;
+  }
+}
+
 TEST(CliErrors, TruncatedModel) {
   const std::string path = temp_path("truncated.gguf");
   const std::string bytes = slurp(kModel);

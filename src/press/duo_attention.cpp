@@ -17,6 +17,7 @@
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "kvslim/session.h"
 #include "press/kvzip.h"
 #include "press/recorders.h"
@@ -319,7 +320,7 @@ PressRegistrar reg([] {
   // head_ratio 0 by default: kvpress's head_compression_ratio default (no head streams).
   i.params = {{"labels", ""}, {"head_ratio", "0"}, {"sink", "0"}, {"recent", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
-    std::string path = param_str(p, "duo_attention", "labels");
+    std::string path = param_file(p, "duo_attention", "labels");
     double r = param_double(p, "duo_attention", "head_ratio");
     int sink = param_int(p, "duo_attention", "sink"), recent = param_int(p, "duo_attention", "recent");
     if (!(r >= 0.0 && r <= 1.0)) throw Error(fmt::format("press duo_attention: head_ratio={} must be in [0, 1]", r));

@@ -26,6 +26,7 @@
 
 #include "kernels/attention.h"
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "press/ea_stats.h"
 #include "model/rope.h"
 
@@ -266,7 +267,7 @@ PressRegistrar reg({"expected_attention",
                       return std::make_unique<ExpectedAttentionPress>(param_double(p, n, "ratio"), w, f, s, c == 1,
                                                                       v == 1, param_double(p, n, "epsilon"),
                                                                       param_bool(p, n, "protect"),
-                                                                      param_str(p, n, "stats"));
+                                                                      param_file(p, n, "stats"));
                     }});
 
 }  // namespace

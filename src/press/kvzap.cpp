@@ -16,6 +16,7 @@
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "kvslim/session.h"
 
 namespace kvslim {
@@ -446,7 +447,7 @@ PressRegistrar reg([] {
   i.source = "Jegou et al. 2026, KVzap: Fast, Adaptive, and Faithful KV Cache Pruning, arXiv 2601.07891";
   i.params = {{"surrogate", ""}, {"threshold", "-4"}, {"window", "128"}, {"decoding", "1"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
-    std::string path = param_str(p, "kvzap", "surrogate");
+    std::string path = param_file(p, "kvzap", "surrogate");
     double tau = param_double(p, "kvzap", "threshold");
     int window = param_int(p, "kvzap", "window"), dec = param_int(p, "kvzap", "decoding");
     if (window < 0) throw Error(fmt::format("press kvzap: window={} must be >= 0", window));

@@ -16,6 +16,7 @@
 #include "kernels/threads.h"
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "press/latent_share.h"
 
 namespace kvslim {
@@ -260,7 +261,7 @@ PressRegistrar reg([] {
     if (share_max < 0) throw Error(fmt::format("press latent: share_max={} must be >= 0", share_max));
     return std::make_unique<LatentPress>(kr, vr, en, checked_bits(p, "k_bits"), checked_bits(p, "v_bits"),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
-                                         param_str(p, "latent", "file"), share, share_max);
+                                         param_file(p, "latent", "file"), share, share_max);
   };
   return i;
 }());

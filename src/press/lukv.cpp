@@ -17,6 +17,7 @@
 #include "kvslim/gguf.h"
 #include "kvslim/session.h"
 #include "press/authoring.h"
+#include "press/param_file.h"
 #include "press/recorders.h"
 
 namespace kvslim {
@@ -297,7 +298,7 @@ PressRegistrar reg([] {
   i.kind = PressKind::Policy;
   i.default_inner = "expected_attention:epsilon=0.02";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {
-    const std::string path = param_str(p, "lukv", "curve");
+    const std::string path = param_file(p, "lukv", "curve");
     if (path.empty()) throw Error("press lukv: give curve=FILE (compute one with `kvslim lukv-curve`)");
     const int sink = param_int(p, "lukv", "sink"), window = param_int(p, "lukv", "window");
     if (sink < 0 || window < 0) throw Error("press lukv: sink and window must be >= 0");
