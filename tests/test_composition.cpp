@@ -117,6 +117,9 @@ TEST(Composition, ImpossiblePairingsAreRefusedNamingBothPresses) {
   // A decode-time selector with a press that evicts during decode.
   expect_refused("clusterkv+threshold(knorm):tau=-4,decode=1", {"clusterkv", "threshold(knorm)"});
   expect_refused("decoding(knorm)+clusterkv", {"clusterkv", "decoding(knorm)"});
+  // Regression: H2O evicts at every decode step (its fixed budget) but was accepted next to clusterkv.
+  expect_refused("clusterkv+h2o", {"clusterkv", "h2o", "evicts entries during decode"});
+  expect_refused("h2o+clusterkv", {"clusterkv", "h2o", "evicts entries during decode"});
   // KVzip replays the context: nothing to replay at decode time (it never compressed).
   expect_refused("decoding(kvzip):size=48", {"decoding", "kvzip"});
   // CriticalKV over a threshold-driven scorer removed nothing.

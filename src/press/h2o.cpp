@@ -62,6 +62,10 @@ class H2OPress : public ScorerPress {
       }
     }
   }
+  // With a ratio it holds every segment at its size when decoding started, evicting each step; the
+  // ratio may be set after the spec is parsed (outer(...):ratio=, auto-budget), so H2O always
+  // counts as a press that evicts during decode (a decode-time selector cannot follow its cache).
+  bool evicts_in_decode() const override { return true; }
   void reset() override {
     ScorerPress::reset();
     acc_.reset();
