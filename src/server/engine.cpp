@@ -297,6 +297,12 @@ void Engine::loop() {
           Active& x = *a;
           try {
             prefill_step(x);
+          } catch (const ApiError& e) {
+            finish(x, "", e);
+          } catch (const Error& e) {
+            // kvslim::Error is a clean refusal of what the request asked for (e.g. a press file made
+            // for another model, found out when the press first runs): the client's to fix.
+            finish(x, "", ApiError(400, fmt::format("prefill failed: {}", e.what())));
           } catch (const std::exception& e) {
             finish(x, "", ApiError(500, fmt::format("prefill failed: {}", e.what()), "", "server_error"));
           }

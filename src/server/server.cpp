@@ -48,7 +48,14 @@ Server::Server(const Model& model, ServerOptions opt) : model_(model), opt_(std:
     try {
       impl_->chat = ChatTemplate::from_gguf(model.file(), opt_.jinja);
     } catch (const Error& e) {
-      chat_template_error_ = e.what();  // /v1/chat/completions answers with it
+      // /v1/chat/completions answers with it (400): the template is chosen when the server starts.
+      const std::string how =
+          "restart the server with --chat-template NAME (llama2, llama3, chatml, qwen2 or mistral) or "
+          "--chat-template-file FILE, or send a formatted prompt to /v1/completions";
+      chat_template_error_ =
+          model.file().has("tokenizer.chat_template")
+              ? fmt::format("{}; {}", e.what(), how)
+              : fmt::format("{}: the model has no tokenizer.chat_template; {}", model.file().path(), how);
     }
   }
   engine_ = std::make_unique<Engine>(model_, opt_.engine);
@@ -180,7 +187,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   // Prompt -> tokens.
   const char* prompt_field = chat ? "messages" : "prompt";
   if (chat) {
-    if (!impl_->chat) throw ApiError(500, chat_template_error_, "", "server_error", "chat_template");
+    if (!impl_->chat) throw ApiError(400, chat_template_error_, "messages", "invalid_request_error", "no_chat_template");
     try {
       job->context = impl_->chat->tokenize(tok, r.messages);
     } catch (const Error& e) {
@@ -215,6 +222,14 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   } catch (const Error& e) {
     throw ApiError(400, e.what(), r.cache_type_k ? "cache_type_k" : "cache_type_v");
   }
+  // A ratio with no press to apply it would be ignored (the CLI refuses --compression-ratio without --press).
+  // An explicit "press": "none" with a ratio stays accepted (clients sweep presses with one ratio).
+  if (r.compression_ratio && !r.press && opt_.press == "none")
+    throw ApiError(400,
+                   fmt::format("'compression_ratio' {} needs a press: add \"press\" (see `kvslim presses`); the server's "
+                               "default press is none, so nothing would be removed",
+                               *r.compression_ratio),
+                   "compression_ratio");
   const std::string spec = r.press.value_or(opt_.press);
   const double ratio = r.compression_ratio.value_or(opt_.compression_ratio);
   try {

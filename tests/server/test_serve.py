@@ -358,6 +358,38 @@ class Limits(unittest.TestCase):
         finally:
             srv.close()
 
+    def test_request_errors_are_4xx_and_the_server_stays_up(self):
+        """Regressions: a Q-filters file of another model killed the server (std::terminate from a pool
+        worker at -t 2); chat on a model without a chat template answered 500 with a hint that did not
+        work; compression_ratio without a press answered 200 and removed nothing."""
+        tmp = tempfile.mkdtemp(prefix=f"kvslim_qf_{os.getpid()}_")
+        qf = os.path.join(tmp, "other.gguf")
+        subprocess.run([KVSLIM, "qfilter-calibrate", "-m", os.path.join(os.path.dirname(MODEL), "retrieval.gguf"),
+                        "-f", os.path.join(os.path.dirname(MODEL), "story.txt"), "-o", qf],
+                       capture_output=True, check=True)
+        srv = ServerProc("--temp", 0, "-c", 256, "-t", 2)  # stories260K has no tokenizer.chat_template
+        try:
+            status, j = post(srv.port, "/v1/completions",
+                             {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=" + qf,
+                              "compression_ratio": 0.5})
+            self.assertEqual(status, 400, j)
+            self.assertIn("do not fit the model", j["error"]["message"])
+            status, j = post(srv.port, "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            self.assertEqual(status, 400, j)
+            self.assertEqual(j["error"]["type"], "invalid_request_error")
+            self.assertIn("--chat-template", j["error"]["message"])
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2, "compression_ratio": 0.9})
+            self.assertEqual(status, 400, j)
+            self.assertEqual(j["error"]["param"], "compression_ratio")
+            self.assertIn("press", j["error"]["message"])
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+            self.assertEqual(status, 200, j)
+            self.assertIsNone(srv.proc.poll())
+        finally:
+            srv.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_kv_budget(self):
         # stories260K: 20 segments x 36 B per f16 entry = 720 B per token; 0.05 MiB holds ~72 tokens.
         # A request reserves its peak: what the press kept so far plus one uncompressed chunk.
