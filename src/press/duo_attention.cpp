@@ -63,22 +63,18 @@ DuoLabels DuoLabels::load(const std::string& path) {
   if (L < 1 || H < 1 || d.sink < 0 || d.recent < 0)
     throw Error(fmt::format("{}: bad labels shape (duo.n_layer {}, duo.n_head_kv {}, duo.sink {}, duo.recent {})", path,
                             L, H, d.sink, d.recent));
-  const TensorInfo& t = f->tensor("duo.head_scores");
-  if (t.nelements() != L * H)
-    throw Error(fmt::format("{}: duo.head_scores has {} values, expected {} x {}", path, t.nelements(), L, H));
-  std::vector<float> flat = f->tensor_f32(t);
-  d.score.assign(L, std::vector<float>(H));
-  for (int64_t l = 0; l < L; ++l)
-    for (int64_t h = 0; h < H; ++h) d.score[l][h] = flat[l * H + h];
-  if (const TensorInfo* found = f->find_tensor("duo.head_costs")) {
-    const TensorInfo& tc = *found;
-    if (tc.nelements() != L * H)
-      throw Error(fmt::format("{}: duo.head_costs has {} values, expected {} x {}", path, tc.nelements(), L, H));
-    std::vector<float> c = f->tensor_f32(tc);
-    d.cost.assign(L, std::vector<float>(H));
+  // One [layer][KV head] table of the file, its size checked against the shape.
+  auto per_head = [&](const TensorInfo& t) {
+    if (t.nelements() != L * H)
+      throw Error(fmt::format("{}: {} has {} values, expected {} x {}", path, t.name, t.nelements(), L, H));
+    const std::vector<float> flat = f->tensor_f32(t);
+    std::vector<std::vector<float>> out(L, std::vector<float>(H));
     for (int64_t l = 0; l < L; ++l)
-      for (int64_t h = 0; h < H; ++h) d.cost[l][h] = c[l * H + h];
-  }
+      for (int64_t h = 0; h < H; ++h) out[l][h] = flat[l * H + h];
+    return out;
+  };
+  d.score = per_head(f->tensor("duo.head_scores"));
+  if (const TensorInfo* costs = f->find_tensor("duo.head_costs")) d.cost = per_head(*costs);
   return d;
 }
 
