@@ -32,7 +32,7 @@ std::string error_of(const std::function<void()>& f) {
 
 // Presses that cannot be built without a file (trained surrogate, head labels, query filters), as in
 // test_press_registry_rules.cpp.
-const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter", "fastkvzip", "lukv"};
+const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter", "fastkvzip", "lukv", "restorekv"};
 // Presses with a parameter that has no default: the value the test gives.
 const std::map<std::string, std::string> kRequired = {
     {"threshold", "threshold:tau=-4"},

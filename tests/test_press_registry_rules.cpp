@@ -22,7 +22,7 @@ namespace {
 
 // Presses whose default spec needs a file the test data does not hold (covered elsewhere with a
 // file made in the test: test_seedpapers.cpp).
-const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter", "fastkvzip", "lukv"};
+const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter", "fastkvzip", "lukv", "restorekv"};
 // Presses that do not remove a ratio of the context in prefill, so "measured == requested" does
 // not apply: the reason is the press's documented behaviour.
 const std::set<std::string> kNotRatioDriven = {

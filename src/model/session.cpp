@@ -10,7 +10,9 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
+#include "model/input_override.h"
 #include "model/layer_hook.h"
+#include "model/lora.h"
 #include "model/numeric_guard.h"
 #include "model/rope.h"
 
@@ -184,9 +186,12 @@ void attend(const KVCache& cache, int l, const HParams& hp, const float* q, int 
   }
 }
 
-/// x += W x_in for the n rows (a residual branch's output projection).
-void add_projection(const WeightView& W, const float* in, int n, float* tmp, std::vector<float>& x, bool ex) {
+/// x += W x_in for the n rows (a residual branch's output projection), plus the adapter's update
+/// of projection `t` of layer l when `lora` is given (RestoreKV's restore pass only).
+void add_projection(const WeightView& W, const float* in, int n, float* tmp, std::vector<float>& x, bool ex,
+                    const LoraAdapter* lora, int l, LoraTarget t) {
   matmul(W, in, n, tmp, ex);
+  if (lora) lora->add(l, t, in, n, tmp);
   for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
 }
 
@@ -207,10 +212,18 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
   std::vector<float> cs, sn;
   rope::tables(hp, model_.rope_freqs(), pos.data(), n, cs, sn);
 
-  // Token embeddings: the residual stream x, [n][d].
+  // Token embeddings: the residual stream x, [n][d]. An InputOverride hook (model/input_override.h:
+  // RestoreKV's restore pass) gives the rows itself and may switch a LoRA adapter on.
   std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
+  const InputOverride* over = hook ? dynamic_cast<const InputOverride*>(hook) : nullptr;
+  const LoraAdapter* lora = over ? over->lora() : nullptr;
   const WeightView& emb = model_.token_embd();
-  for (int t = 0; t < n; ++t) dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
+  for (int t = 0; t < n; ++t) {
+    if (over)
+      std::memcpy(x.data() + static_cast<size_t>(t) * d, over->row(pos[t], d), static_cast<size_t>(d) * sizeof(float));
+    else
+      dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
+  }
 
   std::vector<float> q(static_cast<size_t>(n) * dq), k(static_cast<size_t>(n) * dkv), v(k.size()),
       att(static_cast<size_t>(n) * dq);
@@ -228,6 +241,11 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     norm_rows(x.data(), L.attn_norm, xn.data(), n, d, hp.rms_eps);
     // 2. Q/K/V projections (queries before RoPE: what Expected Attention and KVzap read).
     project_qkv(L, xn.data(), n, dq, dkv, q.data(), k.data(), v.data(), ex);
+    if (lora) {
+      lora->add(l, LoraTarget::Q, xn.data(), n, q.data());
+      lora->add(l, LoraTarget::K, xn.data(), n, k.data());
+      lora->add(l, LoraTarget::V, xn.data(), n, v.data());
+    }
     if (hook) hook->after_qkv(step);
     // 3. RoPE on queries and keys: entries are cached rotated.
     rope_rows(hp, cs, sn, n, q.data(), k.data());
@@ -257,12 +275,16 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     attend(cache_, src, hp, q.data(), n, n_old, use_subset ? &subset : nullptr, want_mass ? &mass : nullptr, att.data());
     if (hook) hook->after_attention(step, want_mass ? &mass : nullptr);
     // 6. Output projection back into the residual stream.
-    add_projection(*L.wo, att.data(), n, tmp.data(), x, ex);
+    add_projection(*L.wo, att.data(), n, tmp.data(), x, ex, lora, l, LoraTarget::O);
     // 7. Feed-forward: SwiGLU, silu(xn W_gate) * (xn W_up), then W_down into the residual stream.
     norm_rows(x.data(), L.ffn_norm, xn.data(), n, d, hp.rms_eps);
     matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
+    if (lora) {
+      lora->add(l, LoraTarget::Gate, xn.data(), n, g.data());
+      lora->add(l, LoraTarget::Up, xn.data(), n, u.data());
+    }
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex);
+    add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex, lora, l, LoraTarget::Down);
     check_layer_finite(x.data(), x.size(), src, k.data(), v.data(), n, cache_, n_old);
   }
   next_pos_ += n;

@@ -41,6 +41,7 @@ const std::vector<Entry>& table() {
       {"KVzipPress", "kvzip", {{"kvzip_plus_normalization", "plus"}}},
       {"KVzapPress", "kvzap", {}},
       {"FastKVzipPress", "fastkvzip", {}},
+      {"RestoreKVPress", "restorekv", {{"kvzip_plus_normalization", "plus"}}},
       {"LUKVPress", "lukv", {}},
       {"DuoAttentionPress", "duo_attention", {{"head_compression_ratio", "head_ratio"}}},
       {"ChunkKVPress", "chunkkv", {{"chunk_length", "chunk"}}},

@@ -241,67 +241,71 @@ Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& token
 
 namespace {
 
-/// KVzip's scorer; by default under the `global` policy (one top-k over all layers and heads).
-class KVzipPress : public ScorerPress {
- public:
-  KVzipPress(double ratio, KVzipOptions opt)
-      : ScorerPress(ratio, PressRegistry::instance().find("global")->make_policy({})), opt_(opt) {}
-  std::string describe_scorer() const override {
-    return fmt::format("kvzip:ratio={},chunk={},n_sink={},plus={}", ratio_, opt_.chunk, opt_.n_sink, opt_.plus ? 1 : 0);
-  }
-  // The global policy is KVzip's own: the spec stays "kvzip:..." so that it parses back.
-  std::string describe() const override {
-    return policy().describe() == "global" ? describe_scorer() : ScorerPress::describe();
-  }
-  ObservationNeeds scorer_needs() const override {
-    ObservationNeeds r;
-    r.tokens = true;
-    return r;
-  }
-  void reset() override {
-    ScorerPress::reset();
-    stored_.clear();
-  }
-  /// Replays the step's tokens and stores their entries' scores by position.
-  void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
-    if (ratio_ <= 0.0 || obs.tokens.empty()) return;  // ratio 0 leaves the cache bit-identical: no replay
-    if (!obs.runner || &obs.runner->cache() != &cache)
-      throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
-    const int L = cache.n_layer(), H = cache.n_head_kv();
-    Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, obs.token_positions.front(), opt_);
-    stored_.shape(L, H);
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h) {
-        const Segment& s = cache.seg(l, h);
-        for (size_t i = 0; i < s.size(); ++i)
-          if (!std::isnan(fresh[l][h][i])) stored_.set(l, h, s.positions()[i], fresh[l][h][i]);
-      }
-  }
-  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
-    const int l = view.layer();
-    for (int h = 0; h < view.hp().n_head_kv; ++h) {
-      const Segment& s = view.seg(h);
-      out[h].resize(s.size());
-      for (size_t i = 0; i < s.size(); ++i) {
-        // Sinks are kept; entries no replay scored (e.g. a question) are never evicted.
-        const double* v = i >= static_cast<size_t>(opt_.n_sink) ? stored_.find(l, h, s.positions()[i]) : nullptr;
-        out[h][i] = v ? static_cast<float>(*v) : kProtected;
-      }
+}  // namespace
+
+KVzipPress::KVzipPress(double ratio, KVzipOptions opt, std::unique_ptr<BudgetPolicy> policy)
+    : ScorerPress(ratio, policy ? std::move(policy) : PressRegistry::instance().find("global")->make_policy({})),
+      opt_(opt) {}
+
+std::string KVzipPress::describe_scorer() const {
+  return fmt::format("kvzip:ratio={},chunk={},n_sink={},plus={}", ratio_, opt_.chunk, opt_.n_sink, opt_.plus ? 1 : 0);
+}
+
+// The global policy is KVzip's own: the spec stays "kvzip:..." so that it parses back.
+std::string KVzipPress::describe() const {
+  return policy().describe() == "global" ? describe_scorer() : ScorerPress::describe();
+}
+
+ObservationNeeds KVzipPress::scorer_needs() const {
+  ObservationNeeds r;
+  r.tokens = true;
+  return r;
+}
+
+void KVzipPress::reset() {
+  ScorerPress::reset();
+  stored_.clear();
+}
+
+void KVzipPress::observe(const KVCache& cache, const Model& model, const Observation& obs) {
+  if (ratio_ <= 0.0 || obs.tokens.empty()) return;  // ratio 0 leaves the cache bit-identical: no replay
+  if (!obs.runner || &obs.runner->cache() != &cache)
+    throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
+  const int L = cache.n_layer(), H = cache.n_head_kv();
+  Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, obs.token_positions.front(), opt_);
+  stored_.shape(L, H);
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const Segment& s = cache.seg(l, h);
+      for (size_t i = 0; i < s.size(); ++i)
+        if (!std::isnan(fresh[l][h][i])) stored_.set(l, h, s.positions()[i], fresh[l][h][i]);
+    }
+}
+
+void KVzipPress::score(const LayerView& view, std::vector<std::vector<float>>& out) const {
+  const int l = view.layer();
+  for (int h = 0; h < view.hp().n_head_kv; ++h) {
+    const Segment& s = view.seg(h);
+    out[h].resize(s.size());
+    for (size_t i = 0; i < s.size(); ++i) {
+      // Sinks are kept; entries no replay scored (e.g. a question) are never evicted.
+      const double* v = i >= static_cast<size_t>(opt_.n_sink) ? stored_.find(l, h, s.positions()[i]) : nullptr;
+      out[h][i] = v ? static_cast<float>(*v) : kProtected;
     }
   }
-  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
-    ScorerPress::apply(cache, model, obs, target);
-    stored_.prune(cache);  // later chunks compete with the kept entries
-  }
-  void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
-                       const std::vector<int32_t>& new_pos) override {
-    stored_.remap(layer, kv_head, old_pos, new_pos);
-  }
+}
 
- private:
-  KVzipOptions opt_;
-  PositionScores stored_;  // replay scores of the entries still in the cache
-};
+void KVzipPress::apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) {
+  ScorerPress::apply(cache, model, obs, target);
+  stored_.prune(cache);  // later chunks compete with the kept entries
+}
+
+void KVzipPress::remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
+                                 const std::vector<int32_t>& new_pos) {
+  stored_.remap(layer, kv_head, old_pos, new_pos);
+}
+
+namespace {
 
 PressRegistrar reg([] {
   PressInfo i;

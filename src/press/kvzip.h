@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "press/authoring.h"
+#include "press/position_scores.h"
 #include "model/layer_hook.h"
 
 namespace kvslim {
@@ -50,5 +51,35 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
 /// kvslim::Error when not even 16 replay tokens fit.
 Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
                            const KVzipOptions& opt);
+
+/// The `kvzip` press (kvpress's KVzipPress): replay scores of every prefill step stored by
+/// position, sinks and entries no replay scored (a question, RestoreKV's restore entries) never
+/// evicted, under `policy` (default: the `global` policy, one top-k over all layers and heads).
+/// RestoreKV (press/restorekv.cpp) derives from it as kvpress's RestoreKVPress derives from
+/// KVzipPress.
+class KVzipPress : public ScorerPress {
+ public:
+  /// policy: nullptr = the registry's `global` policy.
+  KVzipPress(double ratio, KVzipOptions opt, std::unique_ptr<BudgetPolicy> policy = nullptr);
+  std::string describe_scorer() const override;
+  /// "kvzip:..." under the global policy (it is KVzip's own), "<policy>(kvzip:...)" otherwise.
+  std::string describe() const override;
+  ObservationNeeds scorer_needs() const override;
+  void reset() override;
+  /// Replays the step's tokens (obs.runner must own `cache`) and stores their entries' scores by
+  /// position. Ratio 0: nothing (the cache stays bit-identical).
+  void observe(const KVCache& cache, const Model& model, const Observation& obs) override;
+  void score(const LayerView& view, std::vector<std::vector<float>>& out) const override;
+  void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override;
+  void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
+                       const std::vector<int32_t>& new_pos) override;
+
+ protected:
+  const KVzipOptions& options() const { return opt_; }
+
+ private:
+  KVzipOptions opt_;
+  PositionScores stored_;  // replay scores of the entries still in the cache
+};
 
 }  // namespace kvslim
