@@ -448,15 +448,18 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 
 // Packed rows (8-row interleaved blocks) give the scalar reference's result on the file's rows,
 // bit for bit, at every level and batch size (decode 1-3 tokens, prefill tiles above), with row
-// counts that leave a partial 8-row block and a partial AVX-512 tile.
+// counts that leave a partial 8-row block and a partial AVX-512 tile. The AVX2 q8_0 prefill takes
+// 16 rows and 4 activation rows at a time (micro_q8x2): rows 16, 27 (a last 16-row block with 3
+// rows in its second half) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
+// activation rows (a last group of 1, 2 or 3).
 TEST(Kernels, PackedRowsBitIdentical) {
   for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0})
-  for (int64_t rows : {1, 8, 27}) {
+  for (int64_t rows : {1, 8, 16, 27, 40}) {
     for (int64_t cols : {256, 768}) {
       Matrix m = make_matrix(t, rows, cols, 71 + static_cast<uint32_t>(rows));
       const WeightView pv = packed_view(m);
       ASSERT_TRUE(pv.packed);
-      for (int64_t n : {1, 2, 3, 5, 9, 13}) {
+      for (int64_t n : {1, 2, 3, 5, 6, 7, 9, 13}) {
         std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
         const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
         for (qdot::Level lv : levels())
