@@ -111,6 +111,39 @@ TEST(CliErrors, MissingPressFileNamesTheParameter) {
   }
 }
 
+// Regression: a compression ratio the press does not use ran silently (think, simlayerkv,
+// threshold keep by parameters of their own).
+TEST(CliErrors, CompressionRatioThePressIgnoresIsRefused) {
+  for (const std::string spec : {"think", "simlayerkv", "threshold:tau=-4", "adakv(snapkv):ratio=0.3"})
+    expect_clean_failure(gen(kModel, "-p hi --press " + quote(spec) + " --compression-ratio 0.5"),
+                         {"error: --compression-ratio 0.5: press '" + spec + "' does not keep its entries by a compression ratio"});
+  Result r = run_cli(gen(kModel, "-p 'Once upon a time there was' --press 'snapkv+think' --compression-ratio 0.5"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// Regression: the human report showed only the cache right after compression; the cache a request
+// ends with (decoded entries added) was only in --json. stories260K: 5 layers x 4 KV heads x (8 x
+// 2 B keys + 8 x 2 B values + a 4-byte position) = 720 B per token in f16; 4 generated tokens of
+// which 3 were run through the model.
+TEST(CliReport, CacheAtTheEndIsShown) {
+  const std::string prompt = "-p 'Once upon a time there was a little girl named Lily. She loved to play' -n 4 --temp 0 ";
+  auto line = [](const std::string& err, const std::string& head) {
+    const size_t p = err.find(head);
+    return p == std::string::npos ? std::string() : err.substr(p, err.find('\n', p) - p);
+  };
+  Result none = run_cli("generate -m " + quote(kModel) + " " + prompt + "--press none");
+  ASSERT_EQ(none.rc, 0) << none.err;
+  const std::string end = line(none.err, "KV bytes at end");
+  EXPECT_NE(end.find("after 4 decoded tokens"), std::string::npos) << end;
+  EXPECT_NE(end.find("memory ratio 1.000)"), std::string::npos) << end;
+  Result snap = run_cli("generate -m " + quote(kModel) + " " + prompt + "--press snapkv --compression-ratio 0.5");
+  ASSERT_EQ(snap.rc, 0) << snap.err;
+  const std::string after = line(snap.err, "KV bytes  "), at_end = line(snap.err, "KV bytes at end");
+  const long compressed = std::stol(after.substr(after.find('(') + 1));
+  const long final_bytes = std::stol(at_end.substr(at_end.find('(') + 1));
+  EXPECT_EQ(final_bytes, compressed + 3 * 720) << after << "\n" << at_end;
+}
+
 TEST(CliErrors, TruncatedModel) {
   const std::string path = temp_path("truncated.gguf");
   const std::string bytes = slurp(kModel);

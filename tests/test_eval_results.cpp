@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -106,9 +107,9 @@ TEST(EvalStats, IntervalsMatchPublishedValues) {
   Interval t = t_interval({1, 2, 3}, 2.0);
   EXPECT_NEAR(t.low, 2.0 - 4.303 / std::sqrt(3.0), 1e-12);
   EXPECT_NEAR(t.high, 2.0 + 4.303 / std::sqrt(3.0), 1e-12);
-  t = t_interval({0.7}, 0.7);
-  EXPECT_EQ(t.low, 0.7);
-  EXPECT_EQ(t.high, 0.7);
+  t = t_interval({0.7}, 0.7);  // one value: no interval (EvalStats.OneSampleHasNoInterval)
+  EXPECT_TRUE(std::isnan(t.low));
+  EXPECT_TRUE(std::isnan(t.high));
 }
 
 TEST(EvalStats, Sha256OfKnownText) {
@@ -453,4 +454,20 @@ TEST(EvalStats, FidelityIntervalsStayInTheMetricsRange) {
   EXPECT_NEAR(s[0].kl_ci.high, 0.05 + 12.706 * 0.05, 1e-12);
   EXPECT_EQ(s[0].top1_ci.high, 1.0);
   EXPECT_GE(s[0].ppl_ci.low, 1.0);
+}
+
+// Regression: one sample gave a zero-width interval [x, x], which reads as certainty. One value
+// has no spread: the interval is undefined (NaN; JSON null, "n/a" in the CLI table).
+TEST(EvalStats, OneSampleHasNoInterval) {
+  std::vector<FidelityRecord> recs(1);
+  recs[0].press_spec = "knorm";
+  recs[0].ratio = 0.5;
+  recs[0].outcome.metrics = FidelityAccumulator::from_sums(10, 5, 1.0, 0.3, 5.0, 6.0);
+  const auto s = summarize(recs);
+  ASSERT_EQ(s.size(), 1u);
+  for (const Interval& i : {s[0].kl_ci, s[0].top1_ci, s[0].ppl_ci}) {
+    EXPECT_TRUE(std::isnan(i.low));
+    EXPECT_TRUE(std::isnan(i.high));
+  }
+  EXPECT_TRUE(std::isnan(t_interval({0.25}, 0.25).low));
 }

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/request.h"
+#include "press/ratio_use.h"
 #include "press/wrappers.h"
 #include "test_press_util.h"
 
@@ -320,4 +321,39 @@ TEST(RegistryRules, ACompositionCallsTheHooksOfEveryPress) {
   EXPECT_EQ(pa->calls[0], L);
   EXPECT_EQ(pb->calls[0], L);
   EXPECT_LT(r.stats().entries_kept, r.stats().entries_total);
+}
+
+// Regression: `generate --press think --compression-ratio 0.5` (and simlayerkv, duo_attention,
+// threshold, per_layer) ran with the ratio silently unused. make_press now says whether the
+// caller's ratio is used; the truth here is the behaviour: the ratio is used exactly when two
+// ratios leave different caches or logits.
+TEST(RegistryRules, RatioUseIsReportedAsTheBehaviourShowsIt) {
+  // Decode-time presses act after `compression_interval` decoded tokens (512), beyond this test.
+  const std::set<std::string> kActsLater = {"decoding", "compression_ratio_decoding", "cam"};
+  const std::string ctx = story(24);
+  for (const std::string& spec : runnable_specs()) {
+    if (name_of(spec) == "none" || kActsLater.count(name_of(spec))) continue;
+    bool used_lo = false, used_hi = false;
+    auto lo = make_press(spec, 0.3, used_lo);
+    auto hi = make_press(spec, 0.7, used_hi);
+    EXPECT_EQ(used_lo, used_hi) << spec;
+    std::unique_ptr<Request> rl, rh;
+    RunResult a = generate_with(*lo, ctx, " The ball", 4, nullptr, &rl);
+    RunResult b = generate_with(*hi, ctx, " The ball", 4, nullptr, &rh);
+    const bool differs = a.logits != b.logits || !same_cache(rl->cache(), rh->cache());
+    EXPECT_EQ(used_lo, differs) << spec << (differs ? ": the ratio changes the result" : ": the ratio changes nothing");
+  }
+  // The spec's own ratio replaces the caller's; a composition uses it when one term does.
+  bool used = true;
+  make_press("snapkv:ratio=0.3", 0.5, used);
+  EXPECT_FALSE(used);
+  make_press("snapkv:ratio=0.3+knorm", 0.5, used);
+  EXPECT_TRUE(used);
+  make_press("adakv(snapkv):ratio=0.3", 0.5, used);
+  EXPECT_FALSE(used);
+  make_press("think+latent", 0.5, used);
+  EXPECT_FALSE(used);
+  EXPECT_THROW(check_ratio_used("think", 0.5, "--compression-ratio"), Error);
+  EXPECT_NO_THROW(check_ratio_used("think", 0.0, "--compression-ratio"));
+  EXPECT_NO_THROW(check_ratio_used("kvzip+latent", 0.5, "--compression-ratio"));
 }

@@ -40,7 +40,8 @@ double student_t975(int df);
 Interval wilson_interval(double p, int n);
 
 /// mean +- t(0.975, n-1) * sd / sqrt(n) of `values`, centred on `centre` (the token-weighted
-/// mean, which a sweep reports). Fewer than 2 values -> {centre, centre} (no interval).
+/// mean, which a sweep reports). Fewer than 2 values -> {NaN, NaN}: one sample has no spread to
+/// measure (reports print n/a, JSON null).
 Interval t_interval(const std::vector<double>& values, double centre);
 
 /// Task results averaged over samples for one (task, press spec, ratio[, length, depth]).

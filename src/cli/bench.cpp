@@ -23,6 +23,7 @@
 #include "cli/progress.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
+#include "press/ratio_use.h"
 #include "kvslim/request.h"
 
 namespace kvslim::cli {
@@ -152,6 +153,19 @@ int run(BenchArgs a) {
   for (const std::string& spec : a.presses) make_press(spec, a.ratio);  // reject bad specs before loading
   if (a.ratio_given && std::all_of(a.presses.begin(), a.presses.end(), [](const std::string& p) { return p == "none"; }))
     throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
+  if (a.ratio_given && a.ratio > 0.0) {
+    // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
+    std::string last;
+    bool any = false;
+    for (const std::string& spec : a.presses) {
+      if (spec == "none") continue;
+      bool used = false;
+      make_press(spec, a.ratio, used);
+      any = any || used;
+      last = spec;
+    }
+    if (!any) check_ratio_used(last, a.ratio, "--compression-ratio");
+  }
   check_json_output(a.json);  // an unwritable output fails before a long run, not after it
   a.threads = apply_threads(a.threads);
   // The table is the result (stdout); with --json - stdout holds only the JSON and the table moves to stderr.
@@ -297,9 +311,17 @@ int run(BenchArgs a) {
   }
   if (!per_cpu.empty())
     fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
-  fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}, compression ratio {}{}\n", cpu, simd,
+  // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
+  bool ratio_used = false;
+  for (const std::string& spec : a.presses) {
+    bool used = false;
+    if (spec != "none") make_press(spec, a.ratio, used);
+    ratio_used = ratio_used || used;
+  }
+  fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
              qdot::level_name(qdot::detected_level()), a.batch,
-             describe_cache_config(so.key_codec, so.value_codec, so.kv_quant), a.ratio,
+             describe_cache_config(so.key_codec, so.value_codec, so.kv_quant),
+             ratio_used ? fmt::format(", compression ratio {}", a.ratio) : std::string(),
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
 
   if (!a.json.empty()) {

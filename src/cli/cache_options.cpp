@@ -8,10 +8,10 @@ namespace kvslim::cli {
 
 void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& cache_type_v, KVQuantOptions& q) {
   sub->add_option("--cache-type-k", cache_type_k,
-                  "KV cache key type: f32, f16, bf16, q8_0, q4_0 (llama.cpp's names), q2_1 (2-bit codes with an f16 "
+                  "KV cache key type (also -ctk, as llama.cpp): f32, f16, bf16, q8_0, q4_0 (llama.cpp's names), q2_1 (2-bit codes with an f16 "
                   "step and minimum per block of 32; with --kivi-bits, the type of the full-precision residual window)")
       ->capture_default_str();
-  sub->add_option("--cache-type-v", cache_type_v, "KV cache value type (as --cache-type-k)")->capture_default_str();
+  sub->add_option("--cache-type-v", cache_type_v, "KV cache value type (also -ctv; types as --cache-type-k)")->capture_default_str();
   sub->add_option("--kivi-bits", q.kivi_bits,
                   "KIVI (arXiv 2402.02750): 2 or 4 bits per code, keys per channel over G tokens, values per token "
                   "over G channels; 0 = off. The newest R entries stay f16, so contexts under about R + G tokens "

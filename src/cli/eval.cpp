@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -165,13 +166,18 @@ void print_warnings(const ResultsReport& rep) {
   if (!rep.plot_problem.empty()) fmt::print(stderr, "warning: {}\n", rep.plot_problem);
 }
 
-std::string ci(const Interval& i) { return fmt::format("[{:.3g}, {:.3g}]", i.low, i.high); }
+std::string ci(const Interval& i) {
+  if (std::isnan(i.low)) return "n/a (1 sample)";
+  return fmt::format("[{:.3g}, {:.3g}]", i.low, i.high);
+}
+
+std::string samples_text(int n) { return fmt::format("{} sample{}", n, n == 1 ? "" : "s"); }
 
 void print_fidelity(const SweepResults& res, const ResultsReport& rep, const std::string& out) {
   int n = rep.fidelity.empty() ? 0 : rep.fidelity.front().samples;
   int ctx = res.fidelity.empty() ? 0 : res.fidelity[0].outcome.cache.context_tokens;
   int cont = res.fidelity.empty() ? 0 : static_cast<int>(res.fidelity[0].outcome.metrics.tokens()) + 1;
-  fmt::print("fidelity of {} ({} samples: {} context + {} teacher-forced tokens)\n", res.info.model, n, ctx, cont);
+  fmt::print("fidelity of {} ({}: {} context + {} teacher-forced tokens)\n", res.info.model, samples_text(n), ctx, cont);
   fmt::print("{:<32} {:>6} {:>10} {:>21} {:>8} {:>9} {:>9} {:>7} {:>7}\n", "press", "ratio", "KL(nats)", "KL 95% CI",
              "top-1", "ppl full", "ppl comp", "comp.r", "mem.r");
   for (const auto& s : rep.fidelity) {
@@ -186,8 +192,8 @@ void print_fidelity(const SweepResults& res, const ResultsReport& rep, const std
     std::string lm;
     for (size_t l = 0; l < rep.lmba.size(); ++l) lm += fmt::format("{}{:.1f}", l ? " " : "", rep.lmba[l]);
     const AttentionStats& s0 = res.stats.front().second;
-    fmt::print("LMBA per layer (entries for {:.0f}% of the attention of the last {} queries, mean of {} samples): {}\n",
-               100 * s0.tau, s0.window, res.stats.size(), lm);
+    fmt::print("LMBA per layer (entries for {:.0f}% of the attention of the last {} queries, mean of {}): {}\n",
+               100 * s0.tau, s0.window, samples_text(static_cast<int>(res.stats.size())), lm);
   }
   fmt::print("results: {0}/samples.jsonl, {0}/samples.csv, {0}/summary.csv, {0}/summary.json\n", out);
 }

@@ -12,6 +12,7 @@
 #include "util/text_file.h"
 #include "cli/progress.h"
 #include "kvslim/generate.h"
+#include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvslim::cli {
@@ -69,6 +70,7 @@ int run(const GenerateArgs& a) {
     if (a.chunk_given) throw Error("--target-kl / --kv-budget need the context compressed once: drop --chunk-size");
   }
   std::unique_ptr<Press> press = make_press(a.press, a.ratio);
+  if (a.ratio_given) check_ratio_used(a.press, a.ratio, "--compression-ratio");
   check_json_output(a.json);
   GenerateOptions opt;
   opt.auto_budget = auto_budget;
@@ -151,6 +153,18 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "shared bases     {} B held once per process for every request (not in the KV bytes)\n",
                st.shared_bytes);
   fmt::print(stderr, "KV cache type    {}; peak during prefill {} B\n", cache_type, st.peak_kv_bytes);
+  // The lines above are the cache right after compression; decoding adds entries (and decode-time
+  // presses evict), so the cache the request ended with is shown too.
+  if (st.generated_tokens > 0 && st.context_tokens > 0) {
+    // A full f16 cache is the same bytes per token (KVCache::full_f16_bytes), so scale it to the
+    // tokens the cache has seen: the last generated token is sampled, never run through the model.
+    const size_t seen = st.context_tokens + st.question_tokens + st.generated_tokens - 1;
+    const size_t full_seen = st.full_f16_bytes / st.context_tokens * seen;
+    fmt::print(stderr, "KV bytes at end  {} ({} B after {} decoded tokens; a full f16 cache of the {} tokens run {} B; "
+                       "memory ratio {:.3f})\n",
+               human_bytes(st.final_kv_bytes), st.final_kv_bytes, st.generated_tokens, seen, full_seen,
+               double(st.final_kv_bytes) / std::max<size_t>(1, full_seen));
+  }
   double bits_per_entry = 0;
   if (st.entries_kept) {
     // Everything the cache holds per entry (key, value, scales, zero points, position, bookkeeping),

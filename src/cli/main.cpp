@@ -32,6 +32,20 @@ int main(int argc, char** argv) {
   try {
     // llama.cpp's -ctk/-ctv would otherwise reach CLI11 as "-c tk".
     std::vector<std::string> args = kvslim::cli::rewrite_llama_short_flags(argc, argv);
+    // CLI11 reports a misspelt command as "A subcommand is required": name it and the commands.
+    if (args.size() > 1 && !args[1].empty() && args[1][0] != '-') {
+      std::string known;
+      bool found = false;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        known += (known.empty() ? "" : ", ") + sub->get_name();
+        found = found || sub->get_name() == args[1];
+      }
+      if (!found) {
+        fmt::print(stderr, "error: unknown command '{}' (commands: {})\nRun with --help for more information.\n",
+                   kvslim::printable(args[1], 60), known);
+        return 1;
+      }
+    }
     std::vector<char*> ptrs;
     for (std::string& s : args) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
+#include "press/ratio_use.h"
 #include "server/server.h"
 
 namespace kvslim::cli {
@@ -41,10 +42,12 @@ struct ServeArgs {
   float top_p = 0.95f;
   bool no_batch = false;
   ChatTemplateArgs chat_template;
+  bool ratio_given = false;
 };
 
 int run(ServeArgs& a) {
   check_ratio(a.opt.compression_ratio, "--compression-ratio");
+  if (a.ratio_given) check_ratio_used(a.opt.press, a.opt.compression_ratio, "--compression-ratio");
   const size_t kv_budget = a.kv_budget == "0" ? 0 : parse_byte_size(a.kv_budget, "--kv-budget");
   apply_threads(a.threads);
   auto model = Model::load(a.model);
@@ -104,7 +107,7 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "port (0 = any free port, printed at start)")->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  sub->add_option("--parallel", o.engine.parallel, "slots: requests processed at once")->capture_default_str()
+  sub->add_option("--parallel", o.engine.parallel, "slots: requests processed at once (also -np, as llama-server)")->capture_default_str()
       ->check(CLI::Range(1, 1024));
   sub->add_option("--queue", o.engine.max_queue, "requests that may wait for a slot; more get 503")
       ->capture_default_str()->check(CLI::Range(0, 100000));
@@ -115,8 +118,12 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str();
   sub->add_option("--press", o.press, "default press spec (a request may name its own with \"press\")")
       ->capture_default_str();
-  sub->add_option("--compression-ratio", o.compression_ratio, "default compression ratio, in [0, 1)")
-      ->capture_default_str();
+  sub->add_option("--press-files-dir", o.press_files_dir,
+                  "directory of press files (qfilter filters=, latent file=, ...) a request's \"press\" may name; "
+                  "relative names are taken from it; without it requests name no press file")
+      ->check(CLI::ExistingDirectory);
+  auto* ratio_opt = sub->add_option("--compression-ratio", o.compression_ratio, "default compression ratio, in [0, 1)")
+                        ->capture_default_str();
   sub->add_option("--chunk-size", o.engine.chunk_size,
                   "prefill chunk in tokens: the press acts after each, and running requests decode between chunks")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
@@ -141,7 +148,10 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
-  sub->callback([a, &action] { action = [a] { return run(*a); }; });
+  sub->callback([a, &action, ratio_opt] {
+    a->ratio_given = ratio_opt->count() > 0;
+    action = [a] { return run(*a); };
+  });
 }
 
 }  // namespace kvslim::cli

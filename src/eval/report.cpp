@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -351,7 +352,7 @@ Interval wilson_interval(double p, int n) {
 }
 
 Interval t_interval(const std::vector<double>& v, double centre) {
-  if (v.size() < 2) return {centre, centre};
+  if (v.size() < 2) return {std::nan(""), std::nan("")};
   double mean = 0;
   for (double x : v) mean += x;
   mean /= v.size();
@@ -440,12 +441,15 @@ std::vector<FidelitySummary> summarize(const std::vector<FidelityRecord>& recs) 
     s.prefill_compression_ratio /= s.samples;
     s.prefill_memory_ratio /= s.samples;
     // A t interval knows nothing of the metric's range: KL >= 0, top-1 in [0, 1], perplexity >= 1.
-    s.kl_ci = t_interval(kl[i], s.metrics.mean_kl());
-    s.kl_ci.low = std::max(0.0, s.kl_ci.low);
-    s.top1_ci = t_interval(top1[i], s.metrics.top1_agreement());
-    s.top1_ci = {std::max(0.0, s.top1_ci.low), std::min(1.0, s.top1_ci.high)};
-    s.ppl_ci = t_interval(ppl[i], s.metrics.perplexity_compressed());
-    s.ppl_ci.low = std::max(1.0, s.ppl_ci.low);
+    // A one-sample interval is undefined (NaN); std::max would turn it into the bound.
+    auto cut = [](Interval i, double lo, double hi) {
+      if (std::isnan(i.low)) return i;
+      return Interval{std::max(lo, i.low), std::min(hi, i.high)};
+    };
+    const double inf = std::numeric_limits<double>::infinity();
+    s.kl_ci = cut(t_interval(kl[i], s.metrics.mean_kl()), 0.0, inf);
+    s.top1_ci = cut(t_interval(top1[i], s.metrics.top1_agreement()), 0.0, 1.0);
+    s.ppl_ci = cut(t_interval(ppl[i], s.metrics.perplexity_compressed()), 1.0, inf);
   }
   return out;
 }

@@ -217,15 +217,23 @@ void task_warnings(const SweepResults& res, ResultsReport& rep) {
   for (const auto& s : rep.task_coarse) {
     if (!is_baseline(s.press_spec)) continue;
     any_baseline = true;
-    if (s.score == 0)
+    if (s.score == 0) {
+      // The bundled retrieval model is a copying circuit: suggesting it is only useful for the
+      // tasks it does (models/RETRIEVAL.md).
+      const bool bundled = model_name(res.info) == "retrieval.gguf";
+      const std::string advice =
+          bundled ? "The bundled retrieval model answers niah, niah_single and niah_multikey (models/RETRIEVAL.md); "
+                    "run one of those, or use a model that does this task"
+                  : "Use a model that retrieves, with a task text it can read (the bundled one: "
+                    "models/retrieval.gguf with models/retrieval.tasks.json, for niah, niah_single, niah_multikey)";
       rep.warnings.push_back(fmt::format(
-          "THE FULL CACHE SCORED 0 on {} ({} samples, model {}): the model cannot do this task as set up, so the "
-          "press scores of this sweep say nothing about the presses. Use a model that retrieves, with a task text "
-          "it can read (the bundled one: models/retrieval.gguf with models/retrieval.tasks.json)",
-          s.task, s.n, model_name(res.info)));
+          "THE FULL CACHE SCORED 0 on {} ({}, model {}): the model cannot do this task as set up, so the "
+          "press scores of this sweep say nothing about the presses. {}",
+          s.task, s.n == 1 ? std::string("1 sample") : fmt::format("{} samples", s.n), model_name(res.info), advice));
+    }
     else if (s.score < 0.5)
       rep.warnings.push_back(fmt::format(
-          "the full cache scored only {:.2f} on {} ({} samples, model {}): press scores are bounded by it", s.score,
+          "the full cache scored only {:.2f} on {} (n = {}, model {}): press scores are bounded by it", s.score,
           s.task, s.n, model_name(res.info)));
   }
   if (!any_baseline && !res.tasks.empty())
@@ -332,7 +340,9 @@ void fidelity_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir
         p.baseline_label = fmt::format("full cache: {:.4g}, n={}", p.baseline, s.samples);
         continue;
       }
-      add_point(p, idx, s.press_spec, {memory ? s.memory_ratio : s.compression_ratio, y, ci.low, ci.high});
+      // One sample: no interval (NaN), so no error bar.
+      const bool none = std::isnan(ci.low);
+      add_point(p, idx, s.press_spec, {memory ? s.memory_ratio : s.compression_ratio, y, none ? y : ci.low, none ? y : ci.high});
     }
     return p;
   };

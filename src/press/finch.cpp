@@ -105,7 +105,9 @@ PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, no
                       if (w < 1)
                         throw Error(fmt::format("press finch needs window=N >= 1: the number of prompt (question) "
                                                 "tokens at the end of the context (kvpress finds them after a "
-                                                "delimiter token); got {}",
+                                                "delimiter token); got {}. A --question (\"question\") is appended "
+                                                "after compression, where Finch cannot see it: put the question at "
+                                                "the end of the context instead and give window=its token count",
                                                 w));
                       if (c < 0) throw Error(fmt::format("press finch: chunk={} must be >= 0 (0: no chunks)", c));
                       std::unique_ptr<Press> f = std::make_unique<FinchPress>(param_double(p, "finch", "ratio"), w,

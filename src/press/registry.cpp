@@ -9,6 +9,7 @@
 
 #include "press/authoring.h"
 #include "press/kvpress_names.h"
+#include "press/ratio_use.h"
 #include "press/wrappers.h"
 
 namespace kvslim {
@@ -181,9 +182,11 @@ const PressInfo* listed_press(const std::string& spec, const std::string& whole)
   return nullptr;
 }
 
-std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole);
+std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used);
 
-std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const std::string& whole) {
+/// `ratio_used` is set when the built press keeps its entries by `ratio` (the caller's ratio, not
+/// one written in the spec).
+std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const std::string& whole, bool& ratio_used) {
   if (spec.empty()) throw Error(fmt::format("press spec '{}': empty press name", whole));
   size_t p = spec.find_first_of("(:");
   std::string name = trim(spec.substr(0, p));
@@ -227,7 +230,10 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     if (has_inner) throw Error(fmt::format("press {} takes no inner press: '{}'", name, printable(spec)));
     read_params(name, split_top(outer_text, ',', whole), *info, params, given);
     if (has_param(*info, "ratio")) {
-      if (!given.count("ratio")) params["ratio"] = fmt::format("{}", ratio);
+      if (!given.count("ratio")) {
+        params["ratio"] = fmt::format("{}", ratio);
+        ratio_used = true;
+      }
       check_ratio(param_double(params, name, "ratio"), name);
     }
     return info->make(params);
@@ -257,8 +263,10 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   }
   for (auto& item : split_top(outer_text, ',', whole)) outer_items.push_back(item);
   read_params(name, outer_items, *info, params, given, {"ratio"});
-  std::unique_ptr<Press> inner = build(inner_spec, ratio, whole);
+  bool inner_used = false;
+  std::unique_ptr<Press> inner = build(inner_spec, ratio, whole, inner_used);
   if (given.count("ratio")) {
+    inner_used = false;  // the spec's own ratio replaces the caller's
     double r = param_double(params, name, "ratio");
     check_ratio(r, name);
     inner->set_ratio(r);
@@ -272,16 +280,19 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     if (sp->policy().describe() != "uniform")
       throw Error(fmt::format("press {}: '{}' already has a budget policy", name, inner->describe()));
     sp->set_policy(info->make_policy(params));
+    // threshold and per_layer keep by their own parameters whatever the scorer's ratio
+    if (inner_used && sp->policy().uses_ratio()) ratio_used = true;
     return inner;
   }
+  if (inner_used) ratio_used = true;
   return info->make_wrapper(params, std::move(inner));
 }
 
-std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole) {
+std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used) {
   std::vector<std::string> parts = split_top(trim(spec_in), '+', whole);
-  if (parts.size() == 1) return build_term(parts[0], ratio, whole);
+  if (parts.size() == 1) return build_term(parts[0], ratio, whole, ratio_used);
   std::vector<std::unique_ptr<Press>> presses;
-  for (const auto& part : parts) presses.push_back(build_term(part, ratio, whole));
+  for (const auto& part : parts) presses.push_back(build_term(part, ratio, whole, ratio_used));
   // A decode-time selector indexes the entries present when decoding starts; a press that evicts
   // during decode would leave it pointing at entries that no longer exist.
   for (size_t i = 0; i < presses.size(); ++i)
@@ -296,6 +307,12 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
 }  // namespace
 
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
+  bool ratio_used = false;
+  return make_press(spec, ratio, ratio_used);
+}
+
+std::unique_ptr<Press> make_press(const std::string& spec, double ratio, bool& ratio_used) {
+  ratio_used = false;
   if (!(ratio >= 0.0 && ratio < 1.0))
     throw Error(fmt::format("press spec '{}': compression ratio {} is outside [0, 1)", printable(spec, 200), ratio));
   // Bounds before parsing: the parser recurses once per nesting level and copies the remaining
@@ -311,7 +328,17 @@ std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
   if (deepest > kMaxPressSpecDepth)
     throw Error(fmt::format("press spec '{}': {} nested parentheses, more than the limit of {}",
                             printable(spec, 40), deepest, kMaxPressSpecDepth));
-  return build(spec, ratio, printable(spec, 300));  // the spec as error messages quote it
+  return build(spec, ratio, printable(spec, 300), ratio_used);  // the spec as error messages quote it
+}
+
+void check_ratio_used(const std::string& spec, double ratio, const std::string& what) {
+  if (ratio <= 0.0) return;
+  bool used = false;
+  make_press(spec, ratio, used);
+  if (!used)
+    throw Error(fmt::format("{} {}: press '{}' does not keep its entries by a compression ratio, so it would be "
+                            "ignored; drop it, or set the press's own parameters (`kvslim presses` lists them)",
+                            what, ratio, printable(spec, 200)));
 }
 
 }  // namespace kvslim

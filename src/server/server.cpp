@@ -11,6 +11,8 @@
 
 #include "server/metrics.h"
 #include "server/peer_socket.h"
+#include "press/param_file.h"
+#include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvslim::server {
@@ -232,11 +234,23 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
                    "compression_ratio");
   const std::string spec = r.press.value_or(opt_.press);
   const double ratio = r.compression_ratio.value_or(opt_.compression_ratio);
+  bool ratio_used = false;
   try {
-    job->press = make_press(spec, ratio);
+    // A request's own spec may name press files only under --press-files-dir; the operator's
+    // default press (--press) is not confined.
+    std::optional<PressFileConfinement> confine;
+    if (r.press) confine.emplace(opt_.press_files_dir, "--press-files-dir");
+    job->press = make_press(spec, ratio, ratio_used);
   } catch (const Error& e) {
     throw ApiError(400, fmt::format("'press': {}", e.what()), "press");
   }
+  // "press": "none" with a ratio stays accepted (clients sweep presses with one ratio, none first).
+  if (r.compression_ratio && *r.compression_ratio > 0.0 && !ratio_used && spec != "none")
+    throw ApiError(400,
+                   fmt::format("'compression_ratio' {}: press '{}' does not keep its entries by a compression ratio, "
+                               "so it would be ignored; drop it, or set the press's own parameters in \"press\"",
+                               *r.compression_ratio, printable(spec)),
+                   "compression_ratio");
 
   // Limits.
   const int n_ctx = job->session.n_ctx > 0 ? job->session.n_ctx : hp.n_ctx_train;

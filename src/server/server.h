@@ -29,6 +29,9 @@ struct ServerOptions {
   std::string api_key;             ///< non-empty: /v1/* need "Authorization: Bearer KEY"
   std::string model_name;          ///< id in /v1/models and responses
   std::string press = "none";      ///< default press spec for requests that name none
+  /// Press files (qfilter filters=, latent file=, ...) a request's "press" may name must lie in
+  /// this directory (relative paths are taken from it); "" = requests may name none.
+  std::string press_files_dir;
   double compression_ratio = 0.0;  ///< default ratio (fills the press's unset ratios)
   SamplingParams sampling;         ///< default temperature / top-k / top-p
   int n_predict = -1;              ///< default max_tokens (-1: until end of generation or context)

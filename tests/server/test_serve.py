@@ -367,13 +367,26 @@ class Limits(unittest.TestCase):
         subprocess.run([KVSLIM, "qfilter-calibrate", "-m", os.path.join(os.path.dirname(MODEL), "retrieval.gguf"),
                         "-f", os.path.join(os.path.dirname(MODEL), "story.txt"), "-o", qf],
                        capture_output=True, check=True)
-        srv = ServerProc("--temp", 0, "-c", 256, "-t", 2)  # stories260K has no tokenizer.chat_template
+        srv = ServerProc("--temp", 0, "-c", 256, "-t", 2,  # stories260K has no tokenizer.chat_template
+                         "--press-files-dir", tmp)
         try:
+            for name in (qf, "other.gguf"):  # absolute, or relative to --press-files-dir
+                status, j = post(srv.port, "/v1/completions",
+                                 {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=" + name,
+                                  "compression_ratio": 0.5})
+                self.assertEqual(status, 400, j)
+                self.assertIn("do not fit the model", j["error"]["message"])
+            # Regression: a request could make the server open any path.
+            for name in ("/etc/passwd", "../" + os.path.basename(tmp) + "/../x.gguf", "/nonexistent/y.gguf"):
+                status, j = post(srv.port, "/v1/completions",
+                                 {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=" + name})
+                self.assertEqual(status, 400, j)
+                self.assertIn("not under the press files directory", j["error"]["message"])
+            os.symlink("/etc/passwd", os.path.join(tmp, "link.gguf"))
             status, j = post(srv.port, "/v1/completions",
-                             {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=" + qf,
-                              "compression_ratio": 0.5})
+                             {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=link.gguf"})
             self.assertEqual(status, 400, j)
-            self.assertIn("do not fit the model", j["error"]["message"])
+            self.assertIn("not under the press files directory", j["error"]["message"])
             status, j = post(srv.port, "/v1/chat/completions",
                              {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
             self.assertEqual(status, 400, j)
@@ -383,12 +396,28 @@ class Limits(unittest.TestCase):
             self.assertEqual(status, 400, j)
             self.assertEqual(j["error"]["param"], "compression_ratio")
             self.assertIn("press", j["error"]["message"])
+            # A press that keeps by its own parameters does not take a ratio (it was silently unused).
+            status, j = post(srv.port, "/v1/completions",
+                             {"prompt": "Once", "max_tokens": 2, "press": "think", "compression_ratio": 0.5})
+            self.assertEqual(status, 400, j)
+            self.assertEqual(j["error"]["param"], "compression_ratio")
             status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
             self.assertEqual(status, 200, j)
             self.assertIsNone(srv.proc.poll())
         finally:
             srv.close()
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_requests_name_no_press_file_without_press_files_dir(self):
+        srv = ServerProc("--temp", 0, "-c", 256)
+        try:
+            status, j = post(srv.port, "/v1/completions",
+                             {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=/etc/passwd"})
+            self.assertEqual(status, 400, j)
+            self.assertIn("--press-files-dir", j["error"]["message"])
+            self.assertEqual(j["error"]["param"], "press")
+        finally:
+            srv.close()
 
     def test_kv_budget(self):
         # stories260K: 20 segments x 36 B per f16 entry = 720 B per token; 0.05 MiB holds ~72 tokens.
