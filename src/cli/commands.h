@@ -15,6 +15,7 @@ void add_attention_stats(CLI::App& app, Action& action);
 void add_duo_calibrate(CLI::App& app, Action& action);
 void add_qfilter_calibrate(CLI::App& app, Action& action);
 void add_fastkvzip_train(CLI::App& app, Action& action);
+void add_restorekv_train(CLI::App& app, Action& action);
 void add_lukv_curve(CLI::App& app, Action& action);
 void add_ea_stats(CLI::App& app, Action& action);
 void add_kvzap_train(CLI::App& app, Action& action);

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kvslim::cli::add_duo_calibrate(app, action);
   kvslim::cli::add_qfilter_calibrate(app, action);
   kvslim::cli::add_fastkvzip_train(app, action);
+  kvslim::cli::add_restorekv_train(app, action);
   kvslim::cli::add_lukv_curve(app, action);
   kvslim::cli::add_ea_stats(app, action);
   kvslim::cli::add_kvzap_train(app, action);

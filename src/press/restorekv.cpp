@@ -128,6 +128,18 @@ class RestoreKVPress : public KVzipPress {
   bool restored_ = false;
 };
 
+}  // namespace
+
+std::unique_ptr<Press> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
+                                            const std::string& name) {
+  check_ratio(ratio, "restorekv");
+  KVzipOptions o;
+  o.plus = false;  // the registry's default (KVzipOptions defaults to KVzip+)
+  return std::make_unique<RestoreKVPress>(ratio, o, std::move(w), name);
+}
+
+namespace {
+
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "restorekv";

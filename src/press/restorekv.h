@@ -6,10 +6,12 @@
 // then evicts at ratio min(1, ratio + R / n) of the context, so the restore entries fill part of
 // the same budget. The press is in restorekv.cpp; this header holds its file of embeddings and
 // adapter. Internal.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kvslim/model.h"
+#include "kvslim/press.h"
 #include "model/lora.h"
 
 namespace kvslim {
@@ -42,5 +44,10 @@ struct RestoreKVWeights {
   /// values, expected R 8 x n_embd 64 = 512").
   static RestoreKVWeights load(const std::string& path);
 };
+
+/// The `restorekv` press over weights already in memory (the trainer's student; `name` stands
+/// for the file in describe()). n_sink 4, chunk 2048, plain KVzip, as the registry's defaults.
+std::unique_ptr<Press> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
+                                            const std::string& name);
 
 }  // namespace kvslim
