@@ -191,7 +191,7 @@ TEST(CliHabits, OneDefaultPerFlagAcrossSubcommands) {
   // -m has no default anywhere (a relative default path silently ran the story model); -t means
   // all cores by default everywhere.
   for (const std::string sub :
-       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "fastkvzip-train", "latent-calibrate", "eval fidelity",
+       {"generate", "bench", "attention-stats", "duo-calibrate", "kvzap-train", "fastkvzip-train", "restorekv-train", "latent-calibrate", "eval fidelity",
         "eval niah"}) {
     SCOPED_TRACE(sub);
     Result help = run_cli(sub + " --help");
@@ -293,6 +293,9 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
       {"kvzap-train", "kvzap-train -m " + m + " --bench-only --bench-tokens 16 --json -"},
       {"fastkvzip-train", "fastkvzip-train -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
                               " -o " + quote(fkz) + " --steps 3 --batch 16 --doc-tokens 64 --max-docs 2 --no-progress --json -"},
+      {"restorekv-train", "restorekv-train -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
+                              " -o " + quote(fkz + ".rkv") + " --context 48 --continuation 8 --rank 2 --tokens 2 --steps 2"
+                              " --no-progress --json -"},
       {"lukv-curve", "lukv-curve -m " + m + " -f " + quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") +
                          " -o " + quote(fkz + ".lukv") + " --scorer knorm --doc-tokens 64 --max-docs 2 --no-progress --json -"},
       {"synth", "synth --shape qwen2.5-0.5b --type q4_0 --vocab-from " + m + " --layers 1 -o " + quote(synth) +
