@@ -111,6 +111,15 @@ TEST(EvalE2E, FidelityOfTheFullCacheIsExactAndPerplexityMatchesOneBatch) {
   EXPECT_EQ(half.cache.entries_kept, size_t(48) * m.hparams().n_layer * m.hparams().n_head_kv);  // floor(96 / 2)
   EXPECT_GT(half.metrics.mean_kl(), 0.0);
   EXPECT_EQ(half.metrics.perplexity_full(), full.metrics.perplexity_full());
+
+  // Regression: the end-of-run reference (a full f16 cache) was sized by the next position, which
+  // key re-rotation moves down (and RestoreKV's restore entries up): it is the tokens run, 95 + 1
+  // of the prefix and 31 of the continuation, at 720 B each (5 layers x 4 KV heads x 36 B).
+  EXPECT_EQ(full.end.full_f16_bytes, size_t(127) * 720);
+  auto rr = make_press("key_rerotation(snapkv)", 0.5);
+  const FidelityOutcome rot = run_fidelity(m, *rr, ref, opt);
+  EXPECT_EQ(rot.end.full_f16_bytes, size_t(127) * 720);
+  EXPECT_EQ(rot.end.entries, size_t(48 + 31) * 20);
 }
 
 // Regression: the fidelity reference used the run's own cache options, so a quantized cache was

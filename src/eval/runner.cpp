@@ -167,7 +167,10 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
   out.press_seconds = st.press_seconds;
   out.prefill_seconds = st.prefill_seconds;
   out.decode_seconds = st.decode_seconds;
-  out.end = inspect_end(req.cache(), static_cast<int>(toks.context.size()), req.position());
+  // Tokens run through the model, not req.position(): key re-rotation moves positions down and
+  // RestoreKV's restore entries take positions of their own; the last answer token is never run.
+  const size_t run_tokens = toks.context.size() + toks.question.size() + std::max(0, out.generated_tokens - 1);
+  out.end = inspect_end(req.cache(), static_cast<int>(toks.context.size()), static_cast<int>(run_tokens));
   out.score = sample.match_all ? string_match_all(out.answer, sample.answers)
                                : string_match_part(out.answer, sample.answers);
   return out;
@@ -209,7 +212,9 @@ FidelityOutcome run_fidelity(const Model& model, Press& press, const FidelityRef
   out.cache = inspect_cache(req.cache(), static_cast<int>(ref.prefix.size()), press.ratio());
   std::vector<float> logits =
       feed_stepwise(req, std::vector<Token>(ref.continuation.begin(), ref.continuation.end() - 1));
-  out.end = inspect_end(req.cache(), static_cast<int>(ref.prefix.size()), req.position());
+  // Tokens run through the model (as run_task: positions may differ from the count).
+  out.end = inspect_end(req.cache(), static_cast<int>(ref.prefix.size()),
+                        static_cast<int>(ref.prefix.size() + ref.continuation.size() - 1));
   const size_t V = static_cast<size_t>(ref.n_vocab);
   for (size_t i = 0; i + 1 < ref.continuation.size(); ++i)
     out.metrics.add(ref.logits.data() + i * V, logits.data() + i * V, V, ref.continuation[i + 1]);
