@@ -1,9 +1,11 @@
 // Attention over latent codes: queries absorbed into the key basis, values summed in the value
-// basis and expanded once per row.
+// basis and expanded once per row. Quantized codes (2, 4, 8 bits) are read raw by
+// kernels/latent_code_dot.h, never dequantized; f16 / f32 coordinates a block at a time.
 #include "kernels/attention_latent.h"
 
 #include "kernels/attention.h"
 #include "kernels/clones.h"
+#include "kernels/latent_code_dot.h"
 #include "kernels/window_attention.h"
 
 #include <algorithm>
@@ -15,14 +17,17 @@ namespace kvslim {
 
 namespace {
 
-constexpr size_t kBlock = 64;  // entries whose codes are decoded at once
+constexpr size_t kBlock = 64;  // entries whose f16 / f32 coordinates are read at once
 
 // Scratch reused across calls on the same thread.
 struct LatentScratch {
-  std::vector<float> qp, S, codes, acc;
+  std::vector<float> qp, S, codes, acc, a, A, t;
   std::vector<int32_t> idx;
 };
 thread_local LatentScratch tls;
+
+// Codes the raw-code kernels read (2, 4 or 8 bits); f16 and f32 coordinates are read as floats.
+bool quantized(const LatentCodes& C) { return C.bits() == 2 || C.bits() == 4 || C.bits() == 8; }
 
 }  // namespace
 
@@ -91,7 +96,6 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
     K.basis().project(q + static_cast<size_t>(r) * hd, p);
     for (int i = 0; i < rk; ++i) p[i] *= scale;
   }
-  // Scores, block of codes by block of codes (contiguous runs decoded in one call).
   sc.S.resize(static_cast<size_t>(rows) * m);
   sc.codes.resize(kBlock * static_cast<size_t>(std::max(rk, rv)));
   auto decode = [&](const LatentCodes& C, size_t b, size_t e, int rank) {
@@ -104,13 +108,30 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
       i = j;
     }
   };
-  for (size_t b = 0; b < m; b += kBlock) {
-    const size_t e = std::min(m, b + kBlock);
-    decode(K, b, e, rk);
+  if (quantized(K)) {
+    // Scores on the raw codes: qp . c_j = qp . o + w_j (a . d_j + A) with a_i = qp_i f_i (see
+    // kernels/latent_code_dot.h); qp . o is the same for every entry and left out.
+    sc.a.resize(static_cast<size_t>(rows) * rk);
+    sc.A.resize(rows);
+    const std::vector<float>& f = K.per_channel() ? K.steps() : K.basis().scale;
     for (int r = 0; r < rows; ++r) {
-      const float* qp = sc.qp.data() + static_cast<size_t>(r) * rk;
-      float* S = sc.S.data() + static_cast<size_t>(r) * m;
-      detail::latent_block_scores(qp, sc.codes.data(), e - b, rk, S + b);
+      const float* p = sc.qp.data() + static_cast<size_t>(r) * rk;
+      float* a = sc.a.data() + static_cast<size_t>(r) * rk;
+      float A = 0.0f;
+      for (int i = 0; i < rk; ++i) A += (a[i] = f.empty() ? p[i] : p[i] * f[i]);
+      sc.A[r] = 0.5f * A;
+    }
+    latent_dot::code_scores(latent_dot::code_rows(K), idx.data(), m, sc.a.data(), sc.A.data(), rows, sc.S.data(), m);
+  } else {
+    // f16 / f32 coordinates, a block at a time.
+    for (size_t b = 0; b < m; b += kBlock) {
+      const size_t e = std::min(m, b + kBlock);
+      decode(K, b, e, rk);
+      for (int r = 0; r < rows; ++r) {
+        const float* qp = sc.qp.data() + static_cast<size_t>(r) * rk;
+        float* S = sc.S.data() + static_cast<size_t>(r) * m;
+        detail::latent_block_scores(qp, sc.codes.data(), e - b, rk, S + b);
+      }
     }
   }
   // Softmax per row over its visible entries: a prefix of idx (idx increases), the rest get 0.
@@ -122,12 +143,32 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
   }
   // Probability-weighted value codes, then one expansion per row.
   sc.acc.assign(static_cast<size_t>(rows) * rv, 0.0f);
-  for (size_t b = 0; b < m; b += kBlock) {
-    const size_t e = std::min(m, b + kBlock);
-    decode(V, b, e, rv);
-    for (int r = 0; r < rows; ++r)
-      detail::latent_block_accumulate(sc.S.data() + static_cast<size_t>(r) * m + b, sc.codes.data(), e - b, rv,
-                                      sc.acc.data() + static_cast<size_t>(r) * rv);
+  if (quantized(V)) {
+    // sum_j p_j c_j = o sum_j p_j + f * (u + t / 2) from the raw codes (kernels/latent_code_dot.h).
+    sc.t.assign(rows, 0.0f);
+    latent_dot::code_accumulate(latent_dot::code_rows(V), idx.data(), m, sc.S.data(), m, rows, sc.acc.data(),
+                                sc.t.data());
+    const bool pc = V.per_channel();
+    const std::vector<float>& f = pc ? V.steps() : V.basis().scale;
+    for (int r = 0; r < rows; ++r) {
+      const float* P = sc.S.data() + static_cast<size_t>(r) * m;
+      float psum = 0.0f;
+      for (size_t j = 0; j < m; ++j) psum += P[j];
+      float* u = sc.acc.data() + static_cast<size_t>(r) * rv;
+      const float half_t = 0.5f * sc.t[r];
+      for (int i = 0; i < rv; ++i) {
+        const float x = u[i] + half_t;
+        u[i] = (f.empty() ? x : f[i] * x) + (pc ? V.centers()[i] * psum : 0.0f);
+      }
+    }
+  } else {
+    for (size_t b = 0; b < m; b += kBlock) {
+      const size_t e = std::min(m, b + kBlock);
+      decode(V, b, e, rv);
+      for (int r = 0; r < rows; ++r)
+        detail::latent_block_accumulate(sc.S.data() + static_cast<size_t>(r) * m + b, sc.codes.data(), e - b, rv,
+                                        sc.acc.data() + static_cast<size_t>(r) * rv);
+    }
   }
   for (int r = 0; r < rows; ++r) {
     const float* P = sc.S.data() + static_cast<size_t>(r) * m;

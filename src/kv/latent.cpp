@@ -11,6 +11,7 @@
 #include "kernels/clones.h"
 #include "kvslim/error.h"
 #include "kvslim/quant.h"
+#include "kv/latent_widen.h"
 
 // LAPACK's symmetric eigensolver, exported by Debian's OpenBLAS (Fortran calling convention).
 extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
@@ -184,16 +185,18 @@ namespace {
 double gaussian_step(int bits) { return bits == 2 ? 0.9957 : bits == 4 ? 0.3352 : 0.0308; }
 
 // Per-entry widening of the per-channel steps: 2^(e/4) for the entry's exponent byte e.
-float channel_widen(int e) {
+float channel_widen(int e) { return latent_widen_table()[e]; }
+
+}  // namespace
+
+const float* latent_widen_table() {
   static const auto table = [] {
     std::array<float, 256> t{};
     for (int i = 0; i < 256; ++i) t[i] = std::exp2(0.25f * static_cast<float>(i));
     return t;
   }();
-  return table[e];
+  return table.data();
 }
-
-}  // namespace
 
 LatentCodes::LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits, LatentScales scales)
     : basis_(std::move(basis)), bits_(bits), scales_(scales) {
