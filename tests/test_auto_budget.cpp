@@ -4,7 +4,9 @@
 // never taken from the auto-budget code itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "kvslim/request.h"
 #include "test_press_util.h"
@@ -200,4 +202,137 @@ TEST(AutoBudget, InvalidUsesAreErrors) {
   Request one(bundled_model(), make_press("knorm", 0.0), tiny);
   one.set_prompt_tokens({ctx[0]});
   EXPECT_THROW(one.prefill(), Error);
+}
+
+// The second axis: the latent stage's code bits listed as candidates (k_bits=8/4, v_bits=8/4/2).
+// Each (key, value) pair gets its ratio; the pair and ratio with the fewest bytes within the
+// target stay. Checked against plain presses with the chosen bits written out, and every other
+// pair: any of its caches smaller than the chosen one (one tolerance of ratio beyond the smallest
+// ratio that is) exceeds the target, KL recomputed in float64.
+TEST(AutoBudget, LatentBitsAreChosenWithTheRatioForTheFewestBytesWithinTheTarget) {
+  const std::vector<Token> ctx = story_tokens(240);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  const double target = 0.03;
+  const std::vector<int> kbits = {8, 4}, vbits = {8, 4, 2};
+  auto spec_of = [](int kb, int vb) {
+    return "knorm+latent:k_rank=8,v_rank=8,k_bits=" + std::to_string(kb) + ",v_bits=" + std::to_string(vb);
+  };
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = target;
+  Request req(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  ASSERT_TRUE(ab.used);
+  ASSERT_TRUE(ab.target_met);
+  // The bits as the cache holds them.
+  const int kb = req.cache().seg(0, 0).latent_keys().bits(), vb = req.cache().seg(0, 0).latent_values().bits();
+  for (int l = 0; l < req.cache().n_layer(); ++l)
+    for (int h = 0; h < req.cache().n_head_kv(); ++h) {
+      EXPECT_EQ(req.cache().seg(l, h).latent_keys().bits(), kb);
+      EXPECT_EQ(req.cache().seg(l, h).latent_values().bits(), vb);
+    }
+  // The cache is the plain press's with those bits at the chosen ratio, and its KL the plain one's.
+  Request plain(bundled_model(), make_press(spec_of(kb, vb), ab.ratio), opts());
+  plain.set_prompt_tokens(ctx, question);
+  plain.prefill();
+  EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
+  const size_t chosen = bytes_at(spec_of(kb, vb), ab.ratio, ctx);
+  const double kl = question_kl(spec_of(kb, vb), ab.ratio, ctx, question);
+  EXPECT_NEAR(ab.probe_kl, kl, 1e-6 + 1e-4 * kl);
+  EXPECT_LE(kl, target);
+  // Not every pair is as good: the choice is not trivially the cheapest bits (the test would not
+  // tell a working search from a fixed pick otherwise).
+  EXPECT_FALSE(kb == 4 && vb == 2);
+  // Every cheaper cache of another pair exceeds the target: for each pair, the smallest ratio at
+  // which its cache is smaller than the chosen one (bisected here on bytes), one tolerance on.
+  const double tol = o.auto_budget.tolerance;
+  for (int k : kbits)
+    for (int v : vbits) {
+      if (k == kb && v == vb) continue;
+      const std::string s = spec_of(k, v);
+      double r = 0.0;
+      if (bytes_at(s, 0.0, ctx) >= chosen) {
+        double lo = 0.0, hi = o.auto_budget.max_ratio;
+        if (bytes_at(s, hi, ctx) >= chosen) continue;  // never smaller
+        for (int it = 0; it < 14; ++it) {
+          const double mid = 0.5 * (lo + hi);
+          (bytes_at(s, mid, ctx) < chosen ? hi : lo) = mid;
+        }
+        r = hi;
+      }
+      EXPECT_GT(question_kl(s, std::min(r + tol, o.auto_budget.max_ratio), ctx, question), target)
+          << "keys " << k << " values " << v << " at ratio " << r;
+    }
+}
+
+TEST(AutoBudget, LatentBitCandidatesNeedTheFidelityTargetAndListedValues) {
+  const std::vector<Token> ctx = story_tokens(64);
+  // Candidates without an auto-budget: the press cannot choose.
+  Request no_ab(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.5), opts());
+  no_ab.set_prompt_tokens(ctx);
+  try {
+    no_ab.prefill();
+    ADD_FAILURE() << "candidates compressed without the auto-budget";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_bits=8/4"), std::string::npos) << e.what();
+  }
+  // A byte budget alone cannot compare bit widths.
+  RequestOptions o = opts();
+  o.auto_budget.kv_budget_bytes = 1000;
+  Request budget_only(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.0), o);
+  budget_only.set_prompt_tokens(ctx);
+  EXPECT_THROW(budget_only.prefill(), Error);
+  // Spec errors name the parameter.
+  for (const char* bad : {"latent:k_bits=8/3", "latent:v_bits=8/8", "latent:k_bits=8/", "latent:k_bits=x"}) {
+    try {
+      make_press(bad, 0.0);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(7, 6)), std::string::npos) << e.what();
+    }
+  }
+  // One value each is the plain press, whatever the auto-budget does.
+  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4", 0.0)->describe(),
+            "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8,v_bits=4,scales=channel");
+  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2", 0.0)->describe(),
+            "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8/4,v_bits=2,scales=channel");
+}
+
+// A latent press alone has no ratio: only its bits are chosen. Expected pair computed here from
+// plain presses: the fewest bytes among the pairs whose float64 KL is within the target.
+TEST(AutoBudget, LatentPressAloneChoosesOnlyItsBits) {
+  const std::vector<Token> ctx = story_tokens(200);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  const double target = 0.01;
+  auto spec_of = [](int kb, int vb) {
+    return "latent:k_rank=8,v_rank=8,k_bits=" + std::to_string(kb) + ",v_bits=" + std::to_string(vb);
+  };
+  int want_k = -1, want_v = -1;
+  size_t want_bytes = 0;
+  double want_kl = 0;
+  for (int k : {8, 4})
+    for (int v : {8, 4, 2}) {
+      const double kl = question_kl(spec_of(k, v), 0.0, ctx, question);
+      const size_t b = bytes_at(spec_of(k, v), 0.0, ctx);
+      if (kl <= target && (want_k < 0 || b < want_bytes || (b == want_bytes && kl < want_kl))) {
+        want_k = k;
+        want_v = v;
+        want_bytes = b;
+        want_kl = kl;
+      }
+    }
+  ASSERT_GE(want_k, 0) << "no pair meets the target: the test needs a looser one";
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = target;
+  Request req(bundled_model(), make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  EXPECT_TRUE(ab.target_met);
+  EXPECT_EQ(ab.ratio, 0.0);
+  EXPECT_EQ(req.cache().seg(0, 0).latent_keys().bits(), want_k);
+  EXPECT_EQ(req.cache().seg(0, 0).latent_values().bits(), want_v);
+  EXPECT_EQ(req.stats().kv_bytes, want_bytes);
+  EXPECT_NEAR(ab.probe_kl, want_kl, 1e-6 + 1e-4 * want_kl);
 }

@@ -80,7 +80,9 @@ size_t parse_byte_size(const std::string& text, const std::string& flag) {
 void add_auto_budget_options(CLI::App* sub, AutoBudget& opt, std::string& budget_text) {
   sub->add_option("--target-kl", opt.target_kl,
                   "auto-budget: the largest compression ratio whose KL(full || compressed) on probe tokens (the "
-                  "question, or the context's last --probe-tokens) stays within NATS; replaces --compression-ratio")
+                  "question, or the context's last --probe-tokens) stays within NATS; replaces --compression-ratio. A "
+                  "latent stage listing candidate bits (latent:...,k_bits=8/4,v_bits=8/4/2) also gets its bits "
+                  "chosen: the pair and ratio with the fewest cache bytes within NATS")
       ->type_name("NATS")
       ->check(finite_range(0.0, 100.0));
   sub->add_option("--kv-budget", budget_text,

@@ -7,6 +7,8 @@
 // is left.
 #include "press/latent.h"
 
+#include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -17,7 +19,9 @@
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
 #include "press/param_file.h"
+#include "press/latent_bits_control.h"
 #include "press/latent_share.h"
+#include "press/wrappers.h"
 
 namespace kvslim {
 
@@ -133,30 +137,69 @@ void LatentBases::check(const HParams& hp, const std::string& what) const {
 
 namespace {
 
-class LatentPress : public Press {
+// "8" or "8/4/2" (candidates for the auto-budget).
+std::string bits_text(const std::vector<int>& b) {
+  std::string s;
+  for (int v : b) s += (s.empty() ? "" : "/") + std::to_string(v);
+  return s;
+}
+
+class LatentPress : public Press, public LatentBitsControl {
  public:
-  LatentPress(int k_rank, int v_rank, double energy, int k_bits, int v_bits, LatentScales scales, std::string file,
-              double share, int share_max)
-      : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_bits_(k_bits), v_bits_(v_bits), scales_(scales),
-        file_(std::move(file)), share_(share), share_max_(share_max) {
+  LatentPress(int k_rank, int v_rank, double energy, std::vector<int> k_bits, std::vector<int> v_bits,
+              LatentScales scales, std::string file, double share, int share_max)
+      : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_choices_(std::move(k_bits)), v_choices_(std::move(v_bits)),
+        scales_(scales), file_(std::move(file)), share_(share), share_max_(share_max) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
   std::string describe() const override {
     const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
-    if (!file_.empty()) return fmt::format("latent:file={},scales={}", file_, sc);
+    if (!file_.empty()) {
+      std::string d = fmt::format("latent:file={},scales={}", file_, sc);
+      if (k_choices_.size() > 1 || v_choices_.size() > 1)
+        d += fmt::format(",k_bits={},v_bits={}", bits_text(k_choices_), bits_text(v_choices_));
+      return d;
+    }
     std::string d = fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_,
-                                v_rank_, energy_, k_bits_, v_bits_, sc);
+                                v_rank_, energy_, bits_text(k_choices_), bits_text(v_choices_), sc);
     if (share_ >= 0.0) d += fmt::format(",share={},share_max={}", share_, share_max_);
     return d;
+  }
+  std::string report() const override {
+    if (k_set_ < 0) return {};
+    return fmt::format("latent code bits chosen: keys {}, values {} (of k_bits={}, v_bits={})", k_set_, v_set_,
+                       bits_text(k_choices_), bits_text(v_choices_));
   }
   // Dimensions, not entries: the entry count is unchanged.
   double ratio() const override { return 0.0; }
   size_t kept_after(const Target& t) const override { return t.n_context; }
+  void reset() override { clear_latent_bits(); }
+
+  const std::vector<int>& key_bit_choices() const override { return k_choices_; }
+  const std::vector<int>& value_bit_choices() const override { return v_choices_; }
+  void set_latent_bits(int key_bits, int value_bits) override {
+    auto check = [](const char* name, int v, const std::vector<int>& list) {
+      if (std::find(list.begin(), list.end(), v) == list.end())
+        throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
+    };
+    check("k_bits", key_bits, k_choices_);
+    check("v_bits", value_bits, v_choices_);
+    k_set_ = key_bits;
+    v_set_ = value_bits;
+  }
+  void clear_latent_bits() override { k_set_ = v_set_ = -1; }
 
   void apply(KVCache& cache, const Model& model, const Observation&, const Target&) override {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     if (bases_) bases_->check(model.hparams(), "press latent: " + file_);
-    if (!bases_ && share_ >= 0.0) apply_shared(cache);
+    if (k_set_ < 0 && (k_choices_.size() > 1 || v_choices_.size() > 1))
+      throw Error(fmt::format("press latent: k_bits={} / v_bits={} list candidates for the auto-budget (target_kl); "
+                              "without it give one value each",
+                              bits_text(k_choices_), bits_text(v_choices_)));
+    // Bits of this compression: the auto-budget's choice, else the spec's one value (or the file's).
+    const int kb = k_set_ >= 0 ? k_set_ : k_choices_[0], vb = v_set_ >= 0 ? v_set_ : v_choices_[0];
+    const bool file_bits = k_set_ < 0;
+    if (!bases_ && share_ >= 0.0) apply_shared(cache, kb, vb);
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       std::vector<float> ks, vs;
       for (int64_t u = b; u < e; ++u) {
@@ -164,7 +207,8 @@ class LatentPress : public Press {
         // With chunked prefill the first chunk fixes the bases; later entries are encoded in them.
         if (seg.size() == 0 || seg.latent()) continue;
         if (bases_) {
-          seg.to_latent(bases_->key[u], bases_->key_bits[u], bases_->value[u], bases_->value_bits[u], scales_);
+          seg.to_latent(bases_->key[u], file_bits ? bases_->key_bits[u] : kb, bases_->value[u],
+                        file_bits ? bases_->value_bits[u] : vb, scales_);
           continue;
         }
         const size_t n = seg.size();
@@ -172,8 +216,8 @@ class LatentPress : public Press {
         vs.resize(n * hd);
         seg.keys(0, n, ks.data());
         seg.values(0, n, vs.data());
-        seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), k_bits_, pca_basis(vs.data(), n, hd, v_rank_, energy_),
-                      v_bits_, scales_);
+        seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), kb, pca_basis(vs.data(), n, hd, v_rank_, energy_),
+                      vb, scales_);
       }
     });
   }
@@ -183,7 +227,7 @@ class LatentPress : public Press {
   // keys (and values) are grouped by measured similarity and each group gets one pooled basis,
   // which KVCache::bytes() counts once. Heads whose segments are not all fresh (non-empty, not
   // yet latent) are left to the per-segment path.
-  void apply_shared(KVCache& cache) const {
+  void apply_shared(KVCache& cache, int kb, int vb) const {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     parallel_for(H, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h) {
@@ -205,14 +249,15 @@ class LatentPress : public Press {
         const LatentShare sk = share_adjacent_layers(kr, hd, std::vector<int>(L, k_rank_), energy_, share_, share_max_);
         const LatentShare sv = share_adjacent_layers(vr, hd, std::vector<int>(L, v_rank_), energy_, share_, share_max_);
         for (int l = 0; l < L; ++l)
-          cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], k_bits_, sv.basis[l], v_bits_, scales_);
+          cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], kb, sv.basis[l], vb, scales_);
       }
     });
   }
 
   int k_rank_, v_rank_;
   double energy_;
-  int k_bits_, v_bits_;
+  std::vector<int> k_choices_, v_choices_;  ///< the spec's k_bits / v_bits (candidates when several)
+  int k_set_ = -1, v_set_ = -1;              ///< bits set by the auto-budget (-1: none)
   LatentScales scales_;
   std::string file_;
   double share_;
@@ -220,11 +265,27 @@ class LatentPress : public Press {
   std::shared_ptr<const LatentBases> bases_;
 };
 
-int checked_bits(const PressParams& p, const std::string& key) {
-  const int b = param_int(p, "latent", key);
-  if (b != 0 && b != 2 && b != 4 && b != 8 && b != 32)
-    throw Error(fmt::format("press latent: {}={} must be 0 (f16 codes), 2, 4, 8 or 32 (f32 codes)", key, b));
-  return b;
+// k_bits / v_bits: one value, or distinct candidates separated by '/' for the auto-budget.
+std::vector<int> checked_bits(const PressParams& p, const std::string& key) {
+  const std::string s = param_str(p, "latent", key);
+  std::vector<int> out;
+  size_t b = 0;
+  for (;;) {
+    const size_t e = s.find('/', b);
+    const std::string tok = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    int v = -1;
+    const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    const bool ok = !tok.empty() && r.ec == std::errc() && r.ptr == tok.data() + tok.size() &&
+                    (v == 0 || v == 2 || v == 4 || v == 8 || v == 32) &&
+                    std::find(out.begin(), out.end(), v) == out.end();
+    if (!ok)
+      throw Error(fmt::format("press latent: {}={} must be 0 (f16 codes), 2, 4, 8 or 32 (f32 codes), or distinct "
+                              "such values separated by '/' for the auto-budget to choose from (e.g. 8/4)",
+                              key, s));
+    out.push_back(v);
+    if (e == std::string::npos) return out;
+    b = e + 1;
+  }
 }
 
 PressRegistrar reg([] {
@@ -232,7 +293,8 @@ PressRegistrar reg([] {
   i.name = "latent";
   i.summary = "stores keys (after RoPE) and values as low-rank codes per (layer, KV head): bases from the context's "
               "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0) or from a calibration file; "
-              "codes in f16 (bits 0), 2/4/8-bit or f32 (32); quantized codes scaled per channel (fitted on the "
+              "codes in f16 (bits 0), 2/4/8-bit or f32 (32), or candidates like k_bits=8/4 that the auto-budget "
+              "(--target-kl) chooses from per request; quantized codes scaled per channel (fitted on the "
               "context) or per token (`scales`); `share`=TOL: adjacent layers whose pooled basis keeps within TOL of "
               "the variance their own keeps share one basis, counted once (xKV)";
   i.source = "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection, arXiv 2407.21118; xKV "
@@ -267,4 +329,13 @@ PressRegistrar reg([] {
 }());
 
 }  // namespace
+
+LatentBitsControl* latent_bits_control(Press& press) {
+  if (auto* c = dynamic_cast<LatentBitsControl*>(&press)) return c;
+  if (auto* comp = dynamic_cast<ComposedPress*>(&press))
+    for (size_t i = 0; i < comp->stages(); ++i)
+      if (LatentBitsControl* c = latent_bits_control(comp->stage(i))) return c;
+  return nullptr;
+}
+
 }  // namespace kvslim

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "kvslim/error.h"
 #include "kvslim/eval_metrics.h"
+#include "press/latent_bits_control.h"
 #include "press/recorders.h"
 #include "util/clock.h"
 
@@ -62,7 +65,28 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     report.probe_tokens = static_cast<int>(probe.size());
   }
 
-  press.set_ratio(0.0);  // fails before any work when the press has no ratio to set
+  // The latent stage's code bits, when its spec lists candidates (k_bits=8/4, ...): each
+  // (key, value) pair is a setting with its own ratio; (-1, -1) is the press as specified.
+  LatentBitsControl* bits = latent_bits_control(press);
+  std::vector<std::pair<int, int>> settings;
+  if (bits && (bits->key_bit_choices().size() > 1 || bits->value_bit_choices().size() > 1)) {
+    if (!fidelity)
+      throw Error("auto-budget: the press's latent stage lists several code bits (k_bits / v_bits with '/'): "
+                  "choosing among them needs a fidelity target (target_kl > 0)");
+    for (int kb : bits->key_bit_choices())
+      for (int vb : bits->value_bit_choices()) settings.emplace_back(kb, vb);
+  } else {
+    settings.emplace_back(-1, -1);
+  }
+  // Fails before any work when the press has no ratio to set, unless there are bits to choose
+  // (a latent press alone: only its bits are chosen, at ratio 0).
+  bool has_ratio = true;
+  try {
+    press.set_ratio(0.0);
+  } catch (const Error&) {
+    if (settings.size() == 1) throw;
+    has_ratio = false;
+  }
 
   Observation obs;
   std::vector<float> logits = run_observed(session, prefix, press.needs(), obs);
@@ -78,10 +102,12 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   const KVCache full = session.cache();
 
   std::vector<float> last_row;  // the last probe logits of the final trial (held-out probe)
-  // Compresses the observed cache at ratio r and measures it; restores the full cache unless `keep`.
-  auto run_trial = [&](double r, bool keep) {
+  // Compresses the observed cache with setting s at ratio r and measures it; restores the full
+  // cache unless `keep`.
+  auto run_trial = [&](std::pair<int, int> s, double r, bool keep) {
     press.reset();
-    press.set_ratio(r);
+    if (s.first >= 0) bits->set_latent_bits(s.first, s.second);
+    if (has_ratio) press.set_ratio(r);
     const double t0 = steady_seconds();
     press.compress(session.cache(), session.model(), obs);
     if (press_seconds) *press_seconds += steady_seconds() - t0;
@@ -105,51 +131,89 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     }
     return t;
   };
-  std::map<double, Trial> seen;
-  auto measure = [&](double r) {
-    auto it = seen.find(r);
-    if (it == seen.end()) it = seen.emplace(r, run_trial(r, false)).first;
+  std::map<std::tuple<int, int, double>, Trial> seen;
+  auto measure = [&](std::pair<int, int> s, double r) {
+    const auto key = std::make_tuple(s.first, s.second, r);
+    auto it = seen.find(key);
+    if (it == seen.end()) it = seen.emplace(key, run_trial(s, r, false)).first;
     return it->second;
   };
 
-  // Budget: the smallest ratio whose cache fits (bytes fall as the ratio grows).
-  double lo_ratio = 0.0;
-  if (budget) {
-    const Trial at0 = measure(0.0);
-    if (at0.bytes > opt.kv_budget_bytes) {
-      if (measure(opt.max_ratio).bytes > opt.kv_budget_bytes) {
-        report.budget_met = false;
-        lo_ratio = opt.max_ratio;
-      } else {
-        double bad = 0.0, good = opt.max_ratio;
-        while (good - bad > opt.tolerance) {
-          const double mid = 0.5 * (bad + good);
-          (measure(mid).bytes <= opt.kv_budget_bytes ? good : bad) = mid;
+  struct Choice {
+    double ratio = 0;
+    bool budget_met = true, target_met = true;
+  };
+  // The ratio for one setting.
+  auto choose_ratio = [&](std::pair<int, int> s) {
+    Choice c;
+    if (!has_ratio) {  // bits only: the cache at ratio 0
+      const Trial t = measure(s, 0.0);
+      c.budget_met = !budget || t.bytes <= opt.kv_budget_bytes;
+      c.target_met = t.kl <= opt.target_kl;
+      return c;
+    }
+    // Budget: the smallest ratio whose cache fits (bytes fall as the ratio grows).
+    double lo_ratio = 0.0;
+    if (budget) {
+      const Trial at0 = measure(s, 0.0);
+      if (at0.bytes > opt.kv_budget_bytes) {
+        if (measure(s, opt.max_ratio).bytes > opt.kv_budget_bytes) {
+          c.budget_met = false;
+          lo_ratio = opt.max_ratio;
+        } else {
+          double bad = 0.0, good = opt.max_ratio;
+          while (good - bad > opt.tolerance) {
+            const double mid = 0.5 * (bad + good);
+            (measure(s, mid).bytes <= opt.kv_budget_bytes ? good : bad) = mid;
+          }
+          lo_ratio = good;
         }
-        lo_ratio = good;
       }
     }
-  }
-  // Fidelity: the largest ratio at or above that whose probe KL stays within the target.
-  double chosen = lo_ratio;
-  if (fidelity && report.budget_met) {
-    if (measure(lo_ratio).kl > opt.target_kl) {
-      report.target_met = false;
-    } else if (measure(opt.max_ratio).kl <= opt.target_kl) {
-      chosen = opt.max_ratio;
-    } else {
-      double good = lo_ratio, bad = opt.max_ratio;
-      while (bad - good > opt.tolerance) {
-        const double mid = 0.5 * (good + bad);
-        (measure(mid).kl <= opt.target_kl ? good : bad) = mid;
+    // Fidelity: the largest ratio at or above that whose probe KL stays within the target.
+    c.ratio = lo_ratio;
+    if (fidelity && c.budget_met) {
+      if (measure(s, lo_ratio).kl > opt.target_kl) {
+        c.target_met = false;
+      } else if (measure(s, opt.max_ratio).kl <= opt.target_kl) {
+        c.ratio = opt.max_ratio;
+      } else {
+        double good = lo_ratio, bad = opt.max_ratio;
+        while (bad - good > opt.tolerance) {
+          const double mid = 0.5 * (good + bad);
+          (measure(s, mid).kl <= opt.target_kl ? good : bad) = mid;
+        }
+        c.ratio = good;
       }
-      chosen = good;
+    }
+    return c;
+  };
+
+  // Of the settings, the one whose chosen cache has the fewest bytes while meeting the budget and
+  // the target (ties: the lower KL); when none meets both, one that meets the budget, lowest KL.
+  std::pair<int, int> best_s = settings[0];
+  Choice best_c;
+  Trial best_t;
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const Choice c = choose_ratio(settings[i]);
+    const Trial t = measure(settings[i], c.ratio);
+    const bool ok = c.budget_met && c.target_met, best_ok = best_c.budget_met && best_c.target_met;
+    bool better = i == 0;
+    if (!better && ok != best_ok) better = ok;
+    else if (!better && ok) better = t.bytes < best_t.bytes || (t.bytes == best_t.bytes && t.kl < best_t.kl);
+    else if (!better) better = c.budget_met != best_c.budget_met ? c.budget_met : t.kl < best_t.kl;
+    if (better) {
+      best_s = settings[i];
+      best_c = c;
+      best_t = t;
     }
   }
 
-  const Trial final_trial = run_trial(chosen, true);
-  report.ratio = chosen;
+  const Trial final_trial = run_trial(best_s, best_c.ratio, true);
+  report.ratio = best_c.ratio;
   report.probe_kl = final_trial.kl;
+  report.budget_met = best_c.budget_met;
+  report.target_met = best_c.target_met;
   if (budget) report.budget_met = final_trial.bytes <= opt.kv_budget_bytes;
   if (fidelity) report.target_met = final_trial.kl <= opt.target_kl;
   return held_out ? last_row : logits;

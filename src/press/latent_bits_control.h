@@ -1,0 +1,33 @@
+#pragma once
+// The code bits of a press's latent stage, chosen per request: the second axis of the
+// auto-budget (run/auto_budget.cpp) next to the compression ratio. The spec lists the candidates
+// (`latent:...,k_bits=8/4,v_bits=8/4/2`); the auto-budget tries them through this internal
+// interface, so that Press (include/kvslim/press.h) keeps only set_ratio.
+#include <vector>
+
+#include "kvslim/press.h"
+
+namespace kvslim {
+
+/// Implemented by the `latent` press (press/latent.cpp).
+class LatentBitsControl {
+ public:
+  virtual ~LatentBitsControl() = default;
+  /// The key / value code bits the spec lists (k_bits, v_bits: one value, or candidates separated
+  /// by '/'), each 0 (f16), 2, 4, 8 or 32 (f32). One value each: nothing to choose.
+  virtual const std::vector<int>& key_bit_choices() const = 0;
+  virtual const std::vector<int>& value_bit_choices() const = 0;
+  /// Every segment's keys / values get these bits from the next compression on (with a
+  /// calibration file, instead of the file's). Throws kvslim::Error naming k_bits / v_bits for a
+  /// value the spec does not list. Kept until clear_latent_bits() or reset().
+  virtual void set_latent_bits(int key_bits, int value_bits) = 0;
+  /// Back to the spec's bits (with several candidates, compressing then is an error: the
+  /// auto-budget must choose).
+  virtual void clear_latent_bits() = 0;
+};
+
+/// The latent stage of `press`: the press itself, or the first stage of a composition (nested
+/// compositions searched in spec order) that is one; nullptr when there is none.
+LatentBitsControl* latent_bits_control(Press& press);
+
+}  // namespace kvslim
