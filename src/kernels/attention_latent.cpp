@@ -91,9 +91,16 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
     return;
   }
   sc.qp.resize(static_cast<size_t>(rows) * rk);
+  const LatentBasis& kb = K.basis();
   for (int r = 0; r < rows; ++r) {
     float* p = sc.qp.data() + static_cast<size_t>(r) * rk;
-    K.basis().project(q + static_cast<size_t>(r) * hd, p);
+    const float* qr = q + static_cast<size_t>(r) * hd;
+    if (kb.is_selection()) {
+      kb.project(qr, p);
+    } else {
+      // P_k q with the vectorized dot product (LatentBasis::project's loop is a serial chain).
+      for (int i = 0; i < rk; ++i) p[i] = dot_f32(kb.proj.data() + static_cast<size_t>(i) * hd, qr, hd);
+    }
     for (int i = 0; i < rk; ++i) p[i] *= scale;
   }
   sc.S.resize(static_cast<size_t>(rows) * m);

@@ -191,9 +191,6 @@ LD_AVX2 void accumulate_rows(const CodeRows& c, const int32_t* idx, size_t n, co
       for (int w = 0; w < CW; ++w)
         acc[r][w] = w < gw ? _mm256_loadu_ps(u + static_cast<size_t>(r) * c.rank + 8 * (g0 + w)) : _mm256_setzero_ps();
     for (size_t k = 0; k < n; ++k) {
-      bool any = false;
-      for (int r = 0; r < R; ++r) any |= PW[r * ldw + k] != 0.0f;
-      if (!any) continue;
       const uint8_t* q = c.base + static_cast<size_t>(idx[k]) * c.stride + pre;
       __m256 p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_set1_ps(PW[r * ldw + k]);
