@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "kvslim/request.h"
@@ -219,14 +220,18 @@ TEST(AutoBudget, LatentBitsAreChosenWithTheRatioForTheFewestBytesWithinTheTarget
   };
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  Request req(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0), o);
+  std::unique_ptr<Press> press = make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0);
+  const Press* composed = press.get();
+  Request req(bundled_model(), std::move(press), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
   ASSERT_TRUE(ab.used);
   ASSERT_TRUE(ab.target_met);
-  // The bits as the cache holds them.
+  // The bits as the cache holds them, and as the composition's report names them.
   const int kb = req.cache().seg(0, 0).latent_keys().bits(), vb = req.cache().seg(0, 0).latent_values().bits();
+  EXPECT_NE(composed->report().find("keys " + std::to_string(kb) + ", values " + std::to_string(vb)), std::string::npos)
+      << composed->report();
   for (int l = 0; l < req.cache().n_layer(); ++l)
     for (int h = 0; h < req.cache().n_head_kv(); ++h) {
       EXPECT_EQ(req.cache().seg(l, h).latent_keys().bits(), kb);

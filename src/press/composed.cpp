@@ -19,6 +19,15 @@ std::string ComposedPress::describe() const {
   return s;
 }
 
+std::string ComposedPress::report() const {
+  std::string s;
+  for (const auto& p : p_) {
+    const std::string r = p->report();
+    if (!r.empty()) s += (s.empty() ? "" : "; ") + r;
+  }
+  return s;
+}
+
 ObservationNeeds ComposedPress::needs() const {
   ObservationNeeds r;
   for (const auto& p : p_) r = merge_needs(r, p->needs());

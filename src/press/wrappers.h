@@ -12,6 +12,8 @@ class ComposedPress : public Press {
  public:
   explicit ComposedPress(std::vector<std::unique_ptr<Press>> presses);
   std::string describe() const override;
+  /// The stages' reports that are not empty, joined by "; ".
+  std::string report() const override;
   ObservationNeeds needs() const override;
   ObservationNeeds decode_needs() const override;
   void observe(const KVCache& cache, const Model& model, const Observation& obs) override;
