@@ -212,8 +212,15 @@ LatentCodes::LatentCodes(std::shared_ptr<const LatentBasis> basis, int bits, Lat
     row_ = (static_cast<size_t>(rank_) * bits + 7) / 8 + (per_channel() ? 1 : sizeof(uint16_t));
 }
 
+namespace {
+// Highest code of a quantized side (2, 4 or 8 bits); 0 for the float formats (0 = f16, 32 = f32),
+// whose rows hold coordinates, not codes: 1 << 32 would overflow an int (undefined behaviour,
+// found by UBSan in coords() on f32 codes).
+int code_levels(int bits) { return bits > 0 && bits <= 8 ? (1 << bits) - 1 : 0; }
+}  // namespace
+
 void LatentCodes::fit(const float* codes, size_t n) {
-  const int levels = (1 << bits_) - 1;
+  const int levels = code_levels(bits_);
   const double qmax = 0.5 * levels;
   center_.assign(rank_, 0.0f);
   step_.assign(rank_, 0.0f);
@@ -292,7 +299,7 @@ void LatentCodes::put_code(uint8_t* dst, float* code) const {
     }
     return;
   }
-  const int levels = (1 << bits_) - 1;
+  const int levels = code_levels(bits_);
   const float qmax = 0.5f * levels;
   if (per_channel()) {
     // The widening exponent e with the least squared error: 0 for entries like those fitted
@@ -404,7 +411,7 @@ KVSLIM_TARGET_CLONES void dequant_channel8(const uint8_t* __restrict q, const fl
 
 void LatentCodes::coords(size_t b, size_t e, float* out) const {
   const std::vector<float>& sc = basis_->scale;
-  const int levels = (1 << bits_) - 1;
+  const int levels = code_levels(bits_);
   const float qmax = 0.5f * levels;
   for (size_t j = b; j < e; ++j) {
     const uint8_t* src = data_.data() + j * row_;
