@@ -152,7 +152,8 @@ TEST(LatentCodeDot, ScoresAndValueSumsMatchFloat64OverDequantizedCodesAtEveryLev
 
 // Softmax attention in float64 over explicit keys / values (rows of hd doubles).
 std::vector<double> attend64(const std::vector<std::vector<double>>& K, const std::vector<std::vector<double>>& V,
-                             const float* q, int visible, double scale, const std::vector<int32_t>* sel) {
+                             const float* q, int visible, double scale, const std::vector<int32_t>* sel,
+                             std::vector<double>* probs = nullptr) {
   const size_t hd = V[0].size();
   std::vector<int> idx;
   for (int j = 0; j < visible; ++j)
@@ -170,6 +171,10 @@ std::vector<double> attend64(const std::vector<std::vector<double>>& K, const st
   std::vector<double> out(hd, 0.0);
   for (size_t t = 0; t < idx.size(); ++t)
     for (size_t i = 0; i < hd; ++i) out[i] += s[t] / sum * V[idx[t]][i];
+  if (probs) {
+    probs->assign(K.size(), 0.0);  // by entry; 0 for entries not attended
+    for (size_t t = 0; t < idx.size(); ++t) (*probs)[idx[t]] = s[t] / sum;
+  }
   return out;
 }
 
@@ -221,17 +226,99 @@ TEST(LatentCodeDot, AttentionOverRawCodesMatchesFloat64AtEveryLevel) {
       double msum = 0;
       for (float x : mass) msum += x;
       EXPECT_NEAR(msum, rows, 1e-4);
+      std::vector<double> mass64(n, 0.0), p64;
       for (int r = 0; r < rows; ++r) {
-        const auto ref = attend64(K, V, q.data() + r * hd, vis[r], scale, nullptr);
+        const auto ref = attend64(K, V, q.data() + r * hd, vis[r], scale, nullptr, &p64);
         for (int i = 0; i < hd; ++i) ASSERT_NEAR(out[r * hd + i], ref[i], 2e-4 * (1 + std::fabs(ref[i]))) << "row " << r;
+        for (int j = 0; j < n; ++j) {
+          ASSERT_NEAR(probs[r * n + j], p64[j], 1e-6 + 1e-4 * p64[j]) << "row " << r << " entry " << j;
+          mass64[j] += p64[j];
+        }
         for (int j = vis[r]; j < n; ++j) ASSERT_EQ(probs[r * n + j], 0.0f);
       }
+      for (int j = 0; j < n; ++j) ASSERT_NEAR(mass[j], mass64[j], 1e-6 + 1e-4 * mass64[j]) << "entry " << j;
       attend_segment_subset(seg, sel.data(), static_cast<int>(sel.size()), q.data(), rows, vis, scale, out.data(), hd);
       for (int r = 0; r < rows; ++r) {
         const auto ref = attend64(K, V, q.data() + r * hd, vis[r], scale, &sel);
         for (int i = 0; i < hd; ++i)
           ASSERT_NEAR(out[r * hd + i], ref[i], 2e-4 * (1 + std::fabs(ref[i]))) << "subset row " << r;
       }
+    }
+  }
+}
+
+TEST(LatentCodeDot, BasisExpansionMatchesFloat64AtEveryLevel) {
+  // out_r = mean + sum_i u_ri proj_i for ranks and head dims with and without a tail of 8, with
+  // and without a mean, 1-13 rows, rows written out_stride apart (the gap left untouched).
+  struct Case {
+    int rank, hd;
+    bool mean;
+  };
+  const Case cases[] = {{64, 192, true}, {8, 8, true}, {17, 64, false}, {5, 13, true}, {1, 7, false}, {40, 24, true}};
+  Levels lv;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (const Case& cs : cases)
+    for (int rows : {1, 2, 5, 6, 7, 13}) {
+      std::vector<float> proj(static_cast<size_t>(cs.rank) * cs.hd), mean(cs.hd), u(static_cast<size_t>(rows) * cs.rank);
+      for (auto& x : proj) x = nd(rng);
+      for (auto& x : mean) x = 2.0f + nd(rng);
+      for (auto& x : u) x = 3.0f * nd(rng);
+      const int64_t stride = cs.hd + 3;
+      for (qdot::Level l : lv.all()) {
+        qdot::set_level(l);
+        SCOPED_TRACE(::testing::Message() << "rank " << cs.rank << " hd " << cs.hd << " rows " << rows << " level "
+                                          << qdot::level_name(l));
+        std::vector<float> out(static_cast<size_t>(rows) * stride, -5.0f);
+        latent_dot::basis_expand(proj.data(), cs.mean ? mean.data() : nullptr, cs.rank, cs.hd, u.data(), rows,
+                                 out.data(), stride);
+        for (int r = 0; r < rows; ++r) {
+          for (int d = 0; d < cs.hd; ++d) {
+            double ref = cs.mean ? mean[d] : 0.0, mag = std::fabs(ref);
+            for (int i = 0; i < cs.rank; ++i) {
+              const double t = double(u[static_cast<size_t>(r) * cs.rank + i]) * proj[static_cast<size_t>(i) * cs.hd + d];
+              ref += t;
+              mag += std::fabs(t);
+            }
+            ASSERT_NEAR(out[r * stride + d], ref, 1e-6 * mag + 1e-6) << "row " << r << " dim " << d;
+          }
+          for (int d = cs.hd; d < stride && r + 1 < rows; ++d) ASSERT_EQ(out[r * stride + d], -5.0f);
+        }
+      }
+    }
+}
+
+TEST(LatentCodeDot, ShiftedExpMatchesFloat64AtEveryLevel) {
+  // exp(x - max) and its sum for lengths around the vector width, values from 0 down to far below
+  // exp's float range (those give 0 or a denormal-free tiny value, within 1e-37 of the truth).
+  Levels lv;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> ud(-120.0f, 15.0f);
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(16), size_t(100), size_t(1001)}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = ud(rng);
+    if (n > 3) x[2] = -1e30f;  // a masked-out logit
+    for (qdot::Level l : lv.all()) {
+      qdot::set_level(l);
+      SCOPED_TRACE(::testing::Message() << "n " << n << " level " << qdot::level_name(l));
+      std::vector<float> y = x;
+      const float sum = latent_dot::exp_shifted(y.data(), n);
+      if (n == 0) {
+        EXPECT_EQ(sum, 0.0f);
+        continue;
+      }
+      double mx = -1e300, sum64 = 0;
+      for (float v : x) mx = std::max(mx, double(v));
+      for (size_t j = 0; j < n; ++j) {
+        const double ref = std::exp(double(x[j]) - mx);
+        sum64 += ref;
+        // The float argument x - max carries a relative rounding error, which exp turns into a
+        // relative error proportional to |x - max| (as for std::exp on the float difference).
+        const double tol = (2e-6 + 2e-7 * std::fabs(double(x[j]) - mx)) * ref + 1e-37;
+        ASSERT_NEAR(y[j], ref, tol) << "entry " << j << " x " << x[j];
+        ASSERT_GE(y[j], 0.0f);
+      }
+      EXPECT_NEAR(sum, sum64, 2e-6 * sum64);
     }
   }
 }

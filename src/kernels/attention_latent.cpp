@@ -6,7 +6,6 @@
 #include "kernels/attention.h"
 #include "kernels/clones.h"
 #include "kernels/latent_code_dot.h"
-#include "kernels/window_attention.h"
 
 #include <algorithm>
 #include <climits>
@@ -21,7 +20,7 @@ constexpr size_t kBlock = 64;  // entries whose f16 / f32 coordinates are read a
 
 // Scratch reused across calls on the same thread.
 struct LatentScratch {
-  std::vector<float> qp, S, codes, acc, a, A, t;
+  std::vector<float> qp, S, codes, acc, a, A, t, inv;
   std::vector<int32_t> idx;
 };
 thread_local LatentScratch tls;
@@ -141,30 +140,32 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
       }
     }
   }
-  // Softmax per row over its visible entries: a prefix of idx (idx increases), the rest get 0.
+  // Softmax per row over its visible entries (a prefix of idx, which increases; the rest get 0),
+  // left unnormalized: exp(s_j - max) weights the value codes, and 1 / sum scales each row's sums
+  // once (inv[r] = 0 for a row that sees no entry).
+  sc.inv.resize(rows);
   for (int r = 0; r < rows; ++r) {
     float* S = sc.S.data() + static_cast<size_t>(r) * m;
     const size_t nvis = static_cast<size_t>(std::lower_bound(idx.begin(), idx.end(), visible[r]) - idx.begin());
-    softmax_inplace(S, nvis);
+    const float sum = latent_dot::exp_shifted(S, nvis);
     std::fill(S + nvis, S + m, 0.0f);
+    sc.inv[r] = nvis > 0 ? 1.0f / sum : 0.0f;
   }
-  // Probability-weighted value codes, then one expansion per row.
+  // Weighted value codes, normalized, then one expansion for all rows.
   sc.acc.assign(static_cast<size_t>(rows) * rv, 0.0f);
   if (quantized(V)) {
-    // sum_j p_j c_j = o sum_j p_j + f * (u + t / 2) from the raw codes (kernels/latent_code_dot.h).
+    // sum_j p_j c_j = o sum_j p_j + f * (u + t / 2) from the raw codes (kernels/latent_code_dot.h),
+    // with sum_j p_j = 1 for a row that sees an entry.
     sc.t.assign(rows, 0.0f);
     latent_dot::code_accumulate(latent_dot::code_rows(V), idx.data(), m, sc.S.data(), m, rows, sc.acc.data(),
                                 sc.t.data());
     const bool pc = V.per_channel();
     const std::vector<float>& f = pc ? V.steps() : V.basis().scale;
     for (int r = 0; r < rows; ++r) {
-      const float* P = sc.S.data() + static_cast<size_t>(r) * m;
-      float psum = 0.0f;
-      for (size_t j = 0; j < m; ++j) psum += P[j];
       float* u = sc.acc.data() + static_cast<size_t>(r) * rv;
-      const float half_t = 0.5f * sc.t[r];
+      const float inv = sc.inv[r], half_t = 0.5f * sc.t[r], psum = inv > 0.0f ? 1.0f : 0.0f;
       for (int i = 0; i < rv; ++i) {
-        const float x = u[i] + half_t;
+        const float x = (u[i] + half_t) * inv;
         u[i] = (f.empty() ? x : f[i] * x) + (pc ? V.centers()[i] * psum : 0.0f);
       }
     }
@@ -176,21 +177,27 @@ void attend_latent(const Segment& seg, const int32_t* sel, int n_sel, const floa
         detail::latent_block_accumulate(sc.S.data() + static_cast<size_t>(r) * m + b, sc.codes.data(), e - b, rv,
                                         sc.acc.data() + static_cast<size_t>(r) * rv);
     }
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < rv; ++i) sc.acc[static_cast<size_t>(r) * rv + i] *= sc.inv[r];
+  }
+  const LatentBasis& vb = V.basis();
+  if (vb.is_selection()) {
+    for (int r = 0; r < rows; ++r) vb.decode(sc.acc.data() + static_cast<size_t>(r) * rv, out + r * out_stride);
+  } else {
+    latent_dot::basis_expand(vb.proj.data(), vb.mean.empty() ? nullptr : vb.mean.data(), rv, hd, sc.acc.data(), rows,
+                             out, out_stride);
   }
   for (int r = 0; r < rows; ++r) {
-    const float* P = sc.S.data() + static_cast<size_t>(r) * m;
-    bool any = false;
-    for (size_t j = 0; j < m && !any; ++j) any = P[j] > 0.0f;
-    float* o = out + r * out_stride;
-    if (!any) {
-      std::fill(o, o + hd, 0.0f);
+    const float inv = sc.inv[r];
+    if (inv == 0.0f) {
+      std::fill(out + r * out_stride, out + r * out_stride + hd, 0.0f);
       continue;
     }
-    V.basis().decode(sc.acc.data() + static_cast<size_t>(r) * rv, o);
+    const float* E = sc.S.data() + static_cast<size_t>(r) * m;
     if (mass)
-      for (size_t j = 0; j < m; ++j) mass[idx[j]] += P[j];
+      for (size_t j = 0; j < m; ++j) mass[idx[j]] += E[j] * inv;
     if (probs)
-      for (size_t j = 0; j < m; ++j) probs[static_cast<size_t>(r) * seg.size() + idx[j]] = P[j];
+      for (size_t j = 0; j < m; ++j) probs[static_cast<size_t>(r) * seg.size() + idx[j]] = E[j] * inv;
   }
 }
 

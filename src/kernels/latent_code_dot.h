@@ -30,6 +30,7 @@ struct CodeRows {
   int bits = 8;                   ///< 2, 4 or 8
   int rank = 0;                   ///< codes per row
   bool channel = true;            ///< true: exponent byte prefix (per channel); false: f16 scale (per token)
+  const float* widen = nullptr;   ///< 2^(e/4) by exponent byte e (kv/latent_widen.h), set by code_rows
 };
 
 /// The rows of `C` (throws kvslim::Error unless C's bits are 2, 4 or 8).
@@ -52,10 +53,27 @@ void code_scores(const CodeRows& c, const int32_t* idx, size_t n, const float* a
 void code_accumulate(const CodeRows& c, const int32_t* idx, size_t n, const float* P, size_t ldp, int rows,
                      float* u, float* t);
 
-/// The scalar references of the two kernels (what every level is tested against).
+/// Expansion of `rows` latent sums through a dense basis (LatentBasis::decode for several rows at
+/// once): out[r * out_stride + d] = mean[d] + sum_i u[r * rank + i] proj[i * hd + d], d < hd.
+/// proj: [rank][hd] (LatentBasis::proj); mean: [hd], or null for none; u: [rows][rank].
+void basis_expand(const float* proj, const float* mean, int rank, int hd, const float* u, int rows, float* out,
+                  int64_t out_stride);
+
+/// x[j] <- exp(x[j] - max_k x[k]) for j < n; returns their sum (0 for n = 0): softmax's
+/// unnormalized weights, the largest exactly 1 (the callers fold 1 / sum into the value sums).
+/// The AVX2 path evaluates 2^y with y = (x - max) log2(e): 2^round(y) from the exponent bits
+/// times a degree-7 polynomial of the remainder (|rem| <= 1/2; relative error within 2e-6 plus
+/// 2e-7 |x - max| from rounding the float argument, as std::exp of the float difference has); y
+/// below -126 gives 0 (exp < 1.2e-38).
+float exp_shifted(float* x, size_t n);
+
+/// The scalar references of the four kernels (what every level is tested against).
 void code_scores_scalar(const CodeRows& c, const int32_t* idx, size_t n, const float* a, const float* A, int rows,
                         float* S, size_t lds);
 void code_accumulate_scalar(const CodeRows& c, const int32_t* idx, size_t n, const float* P, size_t ldp, int rows,
                             float* u, float* t);
+void basis_expand_scalar(const float* proj, const float* mean, int rank, int hd, const float* u, int rows, float* out,
+                         int64_t out_stride);
+float exp_shifted_scalar(float* x, size_t n);
 
 }  // namespace kvslim::latent_dot

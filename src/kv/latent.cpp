@@ -19,21 +19,41 @@ extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double
 
 namespace kvslim {
 
+namespace {
+
+// out[i] = P_i . x for the `rank` rows of P (hd floats each), eight partial sums per row so the
+// compiler vectorizes them (one copy per SIMD level): a plain loop is a chain of hd dependent
+// additions per coordinate, which made encoding each decode-time entry (rank 64 x head_dim 192,
+// keys and values) 4.6% of a latent decode profile.
+KVSLIM_TARGET_CLONES void project_rows(const float* __restrict P, const float* __restrict x, int rank, int hd,
+                                       float* __restrict out) {
+  for (int i = 0; i < rank; ++i) {
+    const float* p = P + static_cast<size_t>(i) * hd;
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= hd; d += 8)
+      for (int k = 0; k < 8; ++k) s[k] += p[d + k] * x[d + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; d < hd; ++d) r += p[d] * x[d];
+    out[i] = r;
+  }
+}
+
+thread_local std::vector<float> tls_centred;  // x - mean for encode, reused across calls
+
+}  // namespace
+
 void LatentBasis::encode(const float* x, float* code) const {
   const int r = rank();
   if (is_selection()) {
     for (int i = 0; i < r; ++i) code[i] = x[channels[i]] - (mean.empty() ? 0.0f : mean[channels[i]]);
     return;
   }
-  for (int i = 0; i < r; ++i) {
-    const float* p = proj.data() + static_cast<size_t>(i) * head_dim;
-    float s = 0.0f;
-    if (mean.empty())
-      for (int d = 0; d < head_dim; ++d) s += p[d] * x[d];
-    else
-      for (int d = 0; d < head_dim; ++d) s += p[d] * (x[d] - mean[d]);
-    code[i] = s;
-  }
+  if (mean.empty()) return project_rows(proj.data(), x, r, head_dim, code);
+  std::vector<float>& xc = tls_centred;
+  xc.resize(head_dim);
+  for (int d = 0; d < head_dim; ++d) xc[d] = x[d] - mean[d];
+  project_rows(proj.data(), xc.data(), r, head_dim, code);
 }
 
 void LatentBasis::decode(const float* code, float* x) const {
@@ -59,12 +79,7 @@ void LatentBasis::project(const float* q, float* out) const {
     for (int i = 0; i < r; ++i) out[i] = q[channels[i]];
     return;
   }
-  for (int i = 0; i < r; ++i) {
-    const float* p = proj.data() + static_cast<size_t>(i) * head_dim;
-    float s = 0.0f;
-    for (int d = 0; d < head_dim; ++d) s += p[d] * q[d];
-    out[i] = s;
-  }
+  project_rows(proj.data(), q, r, head_dim, out);
 }
 
 size_t LatentBasis::bytes() const {
