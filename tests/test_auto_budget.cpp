@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kvslim/request.h"
@@ -340,4 +341,124 @@ TEST(AutoBudget, LatentPressAloneChoosesOnlyItsBits) {
   EXPECT_EQ(req.cache().seg(0, 0).latent_values().bits(), want_v);
   EXPECT_EQ(req.stats().kv_bytes, want_bytes);
   EXPECT_NEAR(ab.probe_kl, want_kl, 1e-6 + 1e-4 * want_kl);
+}
+
+// Bits per layer (latent:...,per_layer=1): after the best pair for every layer, single layers'
+// key or value bits are lowered while the probe KL stays within the target. Every expected figure
+// comes from caches built here by hand (the full f16 cache's segments turned into codes in their
+// own PCA bases at each layer's bits, as the press's rule says) and from plain presses, with the
+// KL in float64.
+TEST(AutoBudget, LatentBitsPerLayerLowerSingleLayersWithinTheTarget) {
+  const std::vector<Token> ctx = story_tokens(200);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  const double target = 0.01;
+  const std::vector<int> kbits = {8, 4}, vbits = {8, 4, 2};
+  // Logits of the question after the context in an f16 cache whose segments become latent codes
+  // (per-request bases, rank 8, energy 0.99, per-channel scales) at kb[l] / vb[l] for layer l.
+  // `bytes`: the compressed context's; `out`: the cache after the question (as a request leaves it).
+  auto by_hand = [&](const std::vector<int>& kb, const std::vector<int>& vb, std::optional<KVCache>* out,
+                     size_t* bytes) {
+    Request r(bundled_model(), make_press("none", 0.0), opts());
+    r.set_prompt_tokens(ctx);
+    r.prefill();
+    KVCache& c = r.session().cache();
+    const int hd = c.head_dim();
+    for (int l = 0; l < c.n_layer(); ++l)
+      for (int h = 0; h < c.n_head_kv(); ++h) {
+        Segment& seg = c.seg(l, h);
+        const size_t n = seg.size();
+        std::vector<float> ks(n * hd), vs(n * hd);
+        seg.keys(0, n, ks.data());
+        seg.values(0, n, vs.data());
+        seg.to_latent(pca_basis(ks.data(), n, hd, 8, 0.99), kb[l], pca_basis(vs.data(), n, hd, 8, 0.99), vb[l],
+                      LatentScales::Channel);
+      }
+    if (bytes) *bytes = c.bytes();
+    std::vector<float> logits = r.session().forward(question, true);  // appends the question's entries
+    if (out) out->emplace(c);
+    return logits;
+  };
+  Request full(bundled_model(), make_press("none", 0.0), opts());
+  full.set_prompt_tokens(ctx);
+  full.prefill();
+  const std::vector<float> ref = full.session().forward(question, true);
+  const size_t nv = ref.size() / question.size();
+  auto kl_of = [&](const std::vector<float>& q) {
+    double s = 0;
+    for (size_t i = 0; i < question.size(); ++i) s += kl64(ref.data() + i * nv, q.data() + i * nv, nv);
+    return s / question.size();
+  };
+
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = target;
+  std::unique_ptr<Press> press = make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2,per_layer=1", 0.0);
+  const Press* latent = press.get();
+  Request req(bundled_model(), std::move(press), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  ASSERT_TRUE(ab.target_met);
+  EXPECT_EQ(ab.ratio, 0.0);
+  const KVCache& got = req.cache();
+  const int L = got.n_layer();
+  std::vector<int> kb(L), vb(L);
+  std::string klist, vlist;
+  for (int l = 0; l < L; ++l) {
+    kb[l] = got.seg(l, 0).latent_keys().bits();
+    vb[l] = got.seg(l, 0).latent_values().bits();
+    for (int h = 0; h < got.n_head_kv(); ++h) {
+      EXPECT_EQ(got.seg(l, h).latent_keys().bits(), kb[l]);
+      EXPECT_EQ(got.seg(l, h).latent_values().bits(), vb[l]);
+    }
+    klist += (l ? "," : "") + std::to_string(kb[l]);
+    vlist += (l ? "," : "") + std::to_string(vb[l]);
+  }
+  EXPECT_NE(latent->report().find("keys " + klist + ", values " + vlist), std::string::npos) << latent->report();
+  // The cache is the hand-built one, to the byte, and its KL the float64 one, within the target.
+  std::optional<KVCache> hand;
+  size_t hand_bytes = 0;
+  const double kl = kl_of(by_hand(kb, vb, &hand, &hand_bytes));
+  EXPECT_TRUE(same_cache(got, *hand));
+  EXPECT_EQ(req.stats().kv_bytes, hand_bytes);
+  EXPECT_NEAR(ab.probe_kl, kl, 1e-6 + 1e-4 * kl);
+  EXPECT_LE(kl, target);
+  // Fewer bytes than the best single pair for every layer (from plain presses, as above).
+  size_t pair_bytes = 0;
+  for (int k : kbits)
+    for (int v : vbits) {
+      const std::string s = "latent:k_rank=8,v_rank=8,k_bits=" + std::to_string(k) + ",v_bits=" + std::to_string(v);
+      if (question_kl(s, 0.0, ctx, question) <= target) {
+        const size_t b = bytes_at(s, 0.0, ctx);
+        if (pair_bytes == 0 || b < pair_bytes) pair_bytes = b;
+      }
+    }
+  ASSERT_GT(pair_bytes, 0u);
+  EXPECT_LT(req.stats().kv_bytes, pair_bytes) << "no layer was lowered: the test needs a target that lets one be";
+  // Where the search stopped: lowering any one layer's keys or values one more step exceeds the target.
+  auto narrower = [](const std::vector<int>& list, int b) {
+    int best = -1;
+    for (int c : list)
+      if (c < b && c > best) best = c;  // the lists hold 8, 4, 2 only
+    return best;
+  };
+  for (int l = 0; l < L; ++l)
+    for (int side = 0; side < 2; ++side) {
+      std::vector<int> k2 = kb, v2 = vb;
+      int& b = side ? v2[l] : k2[l];
+      b = narrower(side ? vbits : kbits, b);
+      if (b < 0) continue;
+      EXPECT_GT(kl_of(by_hand(k2, v2, nullptr, nullptr)), target) << "layer " << l << (side ? " values" : " keys");
+    }
+}
+
+TEST(AutoBudget, LatentPerLayerNeedsCandidates) {
+  try {
+    make_press("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4,per_layer=1", 0.0);
+    ADD_FAILURE() << "per_layer=1 without candidates";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("per_layer"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_press("latent:k_bits=8/4,per_layer=2", 0.0), Error);
+  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2,per_layer=1", 0.0)->describe(),
+            "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8/4,v_bits=2,scales=channel,per_layer=1");
 }

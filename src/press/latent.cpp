@@ -147,9 +147,9 @@ std::string bits_text(const std::vector<int>& b) {
 class LatentPress : public Press, public LatentBitsControl {
  public:
   LatentPress(int k_rank, int v_rank, double energy, std::vector<int> k_bits, std::vector<int> v_bits,
-              LatentScales scales, std::string file, double share, int share_max)
+              LatentScales scales, std::string file, double share, int share_max, bool per_layer)
       : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_choices_(std::move(k_bits)), v_choices_(std::move(v_bits)),
-        scales_(scales), file_(std::move(file)), share_(share), share_max_(share_max) {
+        scales_(scales), file_(std::move(file)), share_(share), share_max_(share_max), per_layer_(per_layer) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
   std::string describe() const override {
@@ -158,14 +158,25 @@ class LatentPress : public Press, public LatentBitsControl {
       std::string d = fmt::format("latent:file={},scales={}", file_, sc);
       if (k_choices_.size() > 1 || v_choices_.size() > 1)
         d += fmt::format(",k_bits={},v_bits={}", bits_text(k_choices_), bits_text(v_choices_));
+      if (per_layer_) d += ",per_layer=1";
       return d;
     }
     std::string d = fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_,
                                 v_rank_, energy_, bits_text(k_choices_), bits_text(v_choices_), sc);
     if (share_ >= 0.0) d += fmt::format(",share={},share_max={}", share_, share_max_);
+    if (per_layer_) d += ",per_layer=1";
     return d;
   }
   std::string report() const override {
+    if (!k_layer_.empty()) {
+      auto list = [](const std::vector<int>& b) {
+        std::string t;
+        for (int v : b) t += (t.empty() ? "" : ",") + std::to_string(v);
+        return t;
+      };
+      return fmt::format("latent code bits chosen per layer: keys {}, values {} (of k_bits={}, v_bits={})",
+                         list(k_layer_), list(v_layer_), bits_text(k_choices_), bits_text(v_choices_));
+    }
     if (k_set_ < 0) return {};
     return fmt::format("latent code bits chosen: keys {}, values {} (of k_bits={}, v_bits={})", k_set_, v_set_,
                        bits_text(k_choices_), bits_text(v_choices_));
@@ -186,8 +197,23 @@ class LatentPress : public Press, public LatentBitsControl {
     check("v_bits", value_bits, v_choices_);
     k_set_ = key_bits;
     v_set_ = value_bits;
+    k_layer_.clear();
+    v_layer_.clear();
   }
-  void clear_latent_bits() override { k_set_ = v_set_ = -1; }
+  void set_latent_layer_bits(const std::vector<int>& key_bits, const std::vector<int>& value_bits) override {
+    if (key_bits.empty() || key_bits.size() != value_bits.size())
+      throw Error(fmt::format("press latent: per-layer bits need one key and one value width per layer (got {} / {})",
+                              key_bits.size(), value_bits.size()));
+    for (size_t l = 0; l < key_bits.size(); ++l) set_latent_bits(key_bits[l], value_bits[l]);  // checks each
+    k_layer_ = key_bits;
+    v_layer_ = value_bits;
+  }
+  bool per_layer_bits() const override { return per_layer_; }
+  void clear_latent_bits() override {
+    k_set_ = v_set_ = -1;
+    k_layer_.clear();
+    v_layer_.clear();
+  }
 
   void apply(KVCache& cache, const Model& model, const Observation&, const Target&) override {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
@@ -196,19 +222,27 @@ class LatentPress : public Press, public LatentBitsControl {
       throw Error(fmt::format("press latent: k_bits={} / v_bits={} list candidates for the auto-budget (target_kl); "
                               "without it give one value each",
                               bits_text(k_choices_), bits_text(v_choices_)));
-    // Bits of this compression: the auto-budget's choice, else the spec's one value (or the file's).
-    const int kb = k_set_ >= 0 ? k_set_ : k_choices_[0], vb = v_set_ >= 0 ? v_set_ : v_choices_[0];
+    if (!k_layer_.empty() && k_layer_.size() != static_cast<size_t>(L))
+      throw Error(fmt::format("press latent: bits for {} layers set, the cache has {}", k_layer_.size(), L));
+    // Bits of this compression: the auto-budget's choice (per layer, or one pair), else the spec's
+    // one value (or the file's).
+    std::vector<int> kb(L, k_set_ >= 0 ? k_set_ : k_choices_[0]), vb(L, v_set_ >= 0 ? v_set_ : v_choices_[0]);
+    if (!k_layer_.empty()) {
+      kb = k_layer_;
+      vb = v_layer_;
+    }
     const bool file_bits = k_set_ < 0;
     if (!bases_ && share_ >= 0.0) apply_shared(cache, kb, vb);
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       std::vector<float> ks, vs;
       for (int64_t u = b; u < e; ++u) {
-        Segment& seg = cache.seg(static_cast<int>(u / H), static_cast<int>(u % H));
+        const int l = static_cast<int>(u / H);
+        Segment& seg = cache.seg(l, static_cast<int>(u % H));
         // With chunked prefill the first chunk fixes the bases; later entries are encoded in them.
         if (seg.size() == 0 || seg.latent()) continue;
         if (bases_) {
-          seg.to_latent(bases_->key[u], file_bits ? bases_->key_bits[u] : kb, bases_->value[u],
-                        file_bits ? bases_->value_bits[u] : vb, scales_);
+          seg.to_latent(bases_->key[u], file_bits ? bases_->key_bits[u] : kb[l], bases_->value[u],
+                        file_bits ? bases_->value_bits[u] : vb[l], scales_);
           continue;
         }
         const size_t n = seg.size();
@@ -216,8 +250,8 @@ class LatentPress : public Press, public LatentBitsControl {
         vs.resize(n * hd);
         seg.keys(0, n, ks.data());
         seg.values(0, n, vs.data());
-        seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), kb, pca_basis(vs.data(), n, hd, v_rank_, energy_),
-                      vb, scales_);
+        seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), kb[l],
+                      pca_basis(vs.data(), n, hd, v_rank_, energy_), vb[l], scales_);
       }
     });
   }
@@ -227,7 +261,7 @@ class LatentPress : public Press, public LatentBitsControl {
   // keys (and values) are grouped by measured similarity and each group gets one pooled basis,
   // which KVCache::bytes() counts once. Heads whose segments are not all fresh (non-empty, not
   // yet latent) are left to the per-segment path.
-  void apply_shared(KVCache& cache, int kb, int vb) const {
+  void apply_shared(KVCache& cache, const std::vector<int>& kb, const std::vector<int>& vb) const {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     parallel_for(H, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h) {
@@ -249,7 +283,7 @@ class LatentPress : public Press, public LatentBitsControl {
         const LatentShare sk = share_adjacent_layers(kr, hd, std::vector<int>(L, k_rank_), energy_, share_, share_max_);
         const LatentShare sv = share_adjacent_layers(vr, hd, std::vector<int>(L, v_rank_), energy_, share_, share_max_);
         for (int l = 0; l < L; ++l)
-          cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], kb, sv.basis[l], vb, scales_);
+          cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], kb[l], sv.basis[l], vb[l], scales_);
       }
     });
   }
@@ -258,10 +292,12 @@ class LatentPress : public Press, public LatentBitsControl {
   double energy_;
   std::vector<int> k_choices_, v_choices_;  ///< the spec's k_bits / v_bits (candidates when several)
   int k_set_ = -1, v_set_ = -1;              ///< bits set by the auto-budget (-1: none)
+  std::vector<int> k_layer_, v_layer_;       ///< per-layer bits set by the auto-budget (empty: none)
   LatentScales scales_;
   std::string file_;
   double share_;
   int share_max_;
+  bool per_layer_;  ///< per_layer=1: the auto-budget may choose bits per layer
   std::shared_ptr<const LatentBases> bases_;
 };
 
@@ -294,13 +330,13 @@ PressRegistrar reg([] {
   i.summary = "stores keys (after RoPE) and values as low-rank codes per (layer, KV head): bases from the context's "
               "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0) or from a calibration file; "
               "codes in f16 (bits 0), 2/4/8-bit or f32 (32), or candidates like k_bits=8/4 that the auto-budget "
-              "(--target-kl) chooses from per request; quantized codes scaled per channel (fitted on the "
+              "(--target-kl) chooses from per request (per layer with per_layer=1); quantized codes scaled per channel (fitted on the "
               "context) or per token (`scales`); `share`=TOL: adjacent layers whose pooled basis keeps within TOL of "
               "the variance their own keeps share one basis, counted once (xKV)";
   i.source = "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection, arXiv 2407.21118; xKV "
              "(cross-layer bases), arXiv 2503.18893";
   i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"},
-              {"scales", "channel"}, {"file", ""}, {"share", "off"}, {"share_max", "0"}};
+              {"scales", "channel"}, {"file", ""}, {"share", "off"}, {"share_max", "0"}, {"per_layer", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const int kr = param_int(p, "latent", "k_rank"), vr = param_int(p, "latent", "v_rank");
     const double en = param_double(p, "latent", "energy");
@@ -321,9 +357,18 @@ PressRegistrar reg([] {
     }
     const int share_max = param_int(p, "latent", "share_max");
     if (share_max < 0) throw Error(fmt::format("press latent: share_max={} must be >= 0", share_max));
-    return std::make_unique<LatentPress>(kr, vr, en, checked_bits(p, "k_bits"), checked_bits(p, "v_bits"),
+    // per_layer=1: with candidate bits, the auto-budget lowers single layers' bits after choosing
+    // one pair for all (run/auto_budget.cpp).
+    const int per_layer = param_int(p, "latent", "per_layer");
+    std::vector<int> kbits = checked_bits(p, "k_bits"), vbits = checked_bits(p, "v_bits");
+    if (per_layer != 0 && per_layer != 1)
+      throw Error(fmt::format("press latent: per_layer={} must be 0 or 1", per_layer));
+    if (per_layer == 1 && kbits.size() < 2 && vbits.size() < 2)
+      throw Error("press latent: per_layer=1 chooses among candidate bits: list several in k_bits or v_bits "
+                  "(e.g. k_bits=8/4)");
+    return std::make_unique<LatentPress>(kr, vr, en, std::move(kbits), std::move(vbits),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
-                                         param_file(p, "latent", "file"), share, share_max);
+                                         param_file(p, "latent", "file"), share, share_max, per_layer == 1);
   };
   return i;
 }());

@@ -102,11 +102,16 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   const KVCache full = session.cache();
 
   std::vector<float> last_row;  // the last probe logits of the final trial (held-out probe)
-  // Compresses the observed cache with setting s at ratio r and measures it; restores the full
-  // cache unless `keep`.
+  // Per-layer bits of the trial run next (set by the per-layer search below; empty: one pair).
+  std::vector<int> layer_k, layer_v;
+  // Compresses the observed cache with setting s (or layer_k / layer_v when set) at ratio r and
+  // measures it; restores the full cache unless `keep`.
   auto run_trial = [&](std::pair<int, int> s, double r, bool keep) {
     press.reset();
-    if (s.first >= 0) bits->set_latent_bits(s.first, s.second);
+    if (!layer_k.empty())
+      bits->set_latent_layer_bits(layer_k, layer_v);
+    else if (s.first >= 0)
+      bits->set_latent_bits(s.first, s.second);
     if (has_ratio) press.set_ratio(r);
     const double t0 = steady_seconds();
     press.compress(session.cache(), session.model(), obs);
@@ -207,6 +212,63 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
       best_c = c;
       best_t = t;
     }
+  }
+
+  // Bits per layer (the spec's per_layer=1): from the chosen pair, at the chosen ratio, lower one
+  // layer's key or value bits one step at a time (to the next narrower candidate): of the steps
+  // whose probe KL stays within the target, the one with the least KL increase per byte saved,
+  // until none is left. A step that exceeds the target is not tried again (lowering others only
+  // adds error), so this costs at most 2 x layers trials per step taken, plus 2 x layers.
+  if (bits && bits->per_layer_bits() && fidelity && best_c.budget_met && best_c.target_met && best_s.first >= 0) {
+    // Narrower = fewer bits per code (f16 codes count as 16).
+    auto width = [](int b) { return b == 0 ? 16 : b; };
+    auto narrower = [&](const std::vector<int>& choices, int b) {
+      int best = -1;
+      for (int c : choices)
+        if (width(c) < width(b) && (best < 0 || width(c) > width(best))) best = c;
+      return best;
+    };
+    const int L = session.cache().n_layer();
+    std::vector<int> cur_k(L, best_s.first), cur_v(L, best_s.second);
+    Trial cur = best_t;
+    std::vector<std::pair<int, int>> live;  // (layer, side 0 = keys / 1 = values) still worth a try
+    for (int l = 0; l < L; ++l)
+      for (int side = 0; side < 2; ++side)
+        if (narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), side ? cur_v[l] : cur_k[l]) >= 0)
+          live.emplace_back(l, side);
+    while (!live.empty()) {
+      std::vector<std::pair<int, int>> next;
+      int pick = -1;
+      double pick_score = 0;
+      Trial pick_t;
+      for (size_t i = 0; i < live.size(); ++i) {
+        const auto [l, side] = live[i];
+        layer_k = cur_k;
+        layer_v = cur_v;
+        int& b = side ? layer_v[l] : layer_k[l];
+        b = narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b);
+        const Trial t = run_trial(best_s, best_c.ratio, false);
+        if (t.kl > opt.target_kl) continue;
+        next.push_back(live[i]);
+        const double saved = static_cast<double>(cur.bytes) - static_cast<double>(t.bytes);
+        const double score = (t.kl - cur.kl) / std::max(saved, 1.0);
+        if (pick < 0 || score < pick_score) {
+          pick = static_cast<int>(next.size()) - 1;
+          pick_score = score;
+          pick_t = t;
+        }
+      }
+      if (pick < 0) break;
+      const auto [l, side] = next[pick];
+      int& b = side ? cur_v[l] : cur_k[l];
+      b = narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b);
+      cur = pick_t;
+      if (narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b) < 0)
+        next.erase(next.begin() + pick);
+      live = std::move(next);
+    }
+    layer_k = cur_k;
+    layer_v = cur_v;
   }
 
   const Trial final_trial = run_trial(best_s, best_c.ratio, true);
