@@ -70,6 +70,34 @@ size_t bytes_at(const std::string& spec, double ratio, const std::vector<Token>&
   return req.stats().kv_bytes;
 }
 
+/// Logits of `question` after `ctx` in an f16 cache whose segments are turned into latent codes by
+/// hand (per-request PCA bases of each segment's own keys / values at rank kr[l] / vr[l], energy
+/// 0.99, per-channel scales, kb[l] / vb[l] bits for layer l: the latent press's rule). `bytes`: the
+/// compressed context's; `out`: the cache after the question (as a request leaves it).
+std::vector<float> latent_by_hand(const std::vector<Token>& ctx, const std::vector<Token>& question,
+                                  const std::vector<int>& kb, const std::vector<int>& vb, const std::vector<int>& kr,
+                                  const std::vector<int>& vr, std::optional<KVCache>* out, size_t* bytes) {
+  Request r(bundled_model(), make_press("none", 0.0), opts());
+  r.set_prompt_tokens(ctx);
+  r.prefill();
+  KVCache& c = r.session().cache();
+  const int hd = c.head_dim();
+  for (int l = 0; l < c.n_layer(); ++l)
+    for (int h = 0; h < c.n_head_kv(); ++h) {
+      Segment& seg = c.seg(l, h);
+      const size_t n = seg.size();
+      std::vector<float> ks(n * hd), vs(n * hd);
+      seg.keys(0, n, ks.data());
+      seg.values(0, n, vs.data());
+      seg.to_latent(pca_basis(ks.data(), n, hd, kr[l], 0.99), kb[l], pca_basis(vs.data(), n, hd, vr[l], 0.99), vb[l],
+                    LatentScales::Channel);
+    }
+  if (bytes) *bytes = c.bytes();
+  std::vector<float> logits = r.session().forward(question, true);  // appends the question's entries
+  if (out) out->emplace(c);
+  return logits;
+}
+
 }  // namespace
 
 TEST(AutoBudget, ByteBudgetChoosesTheSmallestRatioThatFitsAndLeavesThatPressesCache) {
@@ -353,30 +381,10 @@ TEST(AutoBudget, LatentBitsPerLayerLowerSingleLayersWithinTheTarget) {
   const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
   const double target = 0.01;
   const std::vector<int> kbits = {8, 4}, vbits = {8, 4, 2};
-  // Logits of the question after the context in an f16 cache whose segments become latent codes
-  // (per-request bases, rank 8, energy 0.99, per-channel scales) at kb[l] / vb[l] for layer l.
-  // `bytes`: the compressed context's; `out`: the cache after the question (as a request leaves it).
   auto by_hand = [&](const std::vector<int>& kb, const std::vector<int>& vb, std::optional<KVCache>* out,
                      size_t* bytes) {
-    Request r(bundled_model(), make_press("none", 0.0), opts());
-    r.set_prompt_tokens(ctx);
-    r.prefill();
-    KVCache& c = r.session().cache();
-    const int hd = c.head_dim();
-    for (int l = 0; l < c.n_layer(); ++l)
-      for (int h = 0; h < c.n_head_kv(); ++h) {
-        Segment& seg = c.seg(l, h);
-        const size_t n = seg.size();
-        std::vector<float> ks(n * hd), vs(n * hd);
-        seg.keys(0, n, ks.data());
-        seg.values(0, n, vs.data());
-        seg.to_latent(pca_basis(ks.data(), n, hd, 8, 0.99), kb[l], pca_basis(vs.data(), n, hd, 8, 0.99), vb[l],
-                      LatentScales::Channel);
-      }
-    if (bytes) *bytes = c.bytes();
-    std::vector<float> logits = r.session().forward(question, true);  // appends the question's entries
-    if (out) out->emplace(c);
-    return logits;
+    return latent_by_hand(ctx, question, kb, vb, std::vector<int>(kb.size(), 8), std::vector<int>(kb.size(), 8), out,
+                          bytes);
   };
   Request full(bundled_model(), make_press("none", 0.0), opts());
   full.set_prompt_tokens(ctx);
@@ -461,4 +469,90 @@ TEST(AutoBudget, LatentPerLayerNeedsCandidates) {
   EXPECT_THROW(make_press("latent:k_bits=8/4,per_layer=2", 0.0), Error);
   EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2,per_layer=1", 0.0)->describe(),
             "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8/4,v_bits=2,scales=channel,per_layer=1");
+}
+
+// Ranks per layer (k_rank=8/6/4 with per_layer=1, bits fixed): from the largest rank, single
+// layers' key or value ranks are lowered while the target holds. Expected figures from caches
+// built by hand (per-request PCA bases at each layer's rank) with the KL in float64.
+TEST(AutoBudget, LatentRanksPerLayerLowerSingleLayersWithinTheTarget) {
+  const std::vector<Token> ctx = story_tokens(200);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  const double target = 0.01;
+  const std::vector<int> ranks = {8, 6, 4};
+  Request full(bundled_model(), make_press("none", 0.0), opts());
+  full.set_prompt_tokens(ctx);
+  full.prefill();
+  const std::vector<float> ref = full.session().forward(question, true);
+  const size_t nv = ref.size() / question.size();
+  auto kl_of = [&](const std::vector<float>& q) {
+    double s = 0;
+    for (size_t i = 0; i < question.size(); ++i) s += kl64(ref.data() + i * nv, q.data() + i * nv, nv);
+    return s / question.size();
+  };
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = target;
+  std::unique_ptr<Press> press = make_press("latent:k_rank=8/6/4,v_rank=8/6/4,k_bits=8,v_bits=8,per_layer=1", 0.0);
+  const Press* latent = press.get();
+  Request req(bundled_model(), std::move(press), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  ASSERT_TRUE(ab.target_met);
+  const KVCache& got = req.cache();
+  const int L = got.n_layer();
+  std::vector<int> kr(L), vr(L), bits8(L, 8);
+  std::string klist, vlist;
+  for (int l = 0; l < L; ++l) {
+    kr[l] = got.seg(l, 0).latent_keys().rank();
+    vr[l] = got.seg(l, 0).latent_values().rank();
+    for (int h = 0; h < got.n_head_kv(); ++h) {
+      EXPECT_EQ(got.seg(l, h).latent_keys().rank(), kr[l]);
+      EXPECT_EQ(got.seg(l, h).latent_values().rank(), vr[l]);
+      EXPECT_EQ(got.seg(l, h).latent_keys().bits(), 8);
+    }
+    klist += (l ? "," : "") + std::to_string(kr[l]);
+    vlist += (l ? "," : "") + std::to_string(vr[l]);
+  }
+  EXPECT_NE(latent->report().find("ranks per layer: keys " + klist + ", values " + vlist), std::string::npos)
+      << latent->report();
+  std::optional<KVCache> hand;
+  size_t hand_bytes = 0;
+  const double kl = kl_of(latent_by_hand(ctx, question, bits8, bits8, kr, vr, &hand, &hand_bytes));
+  EXPECT_TRUE(same_cache(got, *hand));
+  EXPECT_EQ(req.stats().kv_bytes, hand_bytes);
+  EXPECT_NEAR(ab.probe_kl, kl, 1e-6 + 1e-4 * kl);
+  EXPECT_LE(kl, target);
+  // Fewer bytes than rank 8 everywhere (the plain press), which is within the target here.
+  const std::string plain = "latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8";
+  ASSERT_LE(question_kl(plain, 0.0, ctx, question), target);
+  EXPECT_LT(req.stats().kv_bytes, bytes_at(plain, 0.0, ctx)) << "no rank was lowered: the test needs another target";
+  // Where the search stopped: any one layer's key or value rank one step lower exceeds the target.
+  for (int l = 0; l < L; ++l)
+    for (int side = 0; side < 2; ++side) {
+      std::vector<int> k2 = kr, v2 = vr;
+      int& r = side ? v2[l] : k2[l];
+      const auto it = std::find(ranks.begin(), ranks.end(), r);
+      ASSERT_NE(it, ranks.end());
+      if (it + 1 == ranks.end()) continue;
+      r = *(it + 1);
+      EXPECT_GT(kl_of(latent_by_hand(ctx, question, bits8, bits8, k2, v2, nullptr, nullptr)), target)
+          << "layer " << l << (side ? " values" : " keys");
+    }
+}
+
+TEST(AutoBudget, LatentRankCandidatesNeedPerLayerAndPerRequestBases) {
+  for (const char* bad : {"latent:k_rank=8/4", "latent:k_rank=8/0,per_layer=1", "latent:v_rank=8/8,per_layer=1"}) {
+    try {
+      make_press(bad, 0.0);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(make_press("latent:k_rank=8/6,v_rank=4,k_bits=8,v_bits=8,per_layer=1", 0.0)->describe(),
+            "latent:k_rank=8/6,v_rank=4,energy=0.99,k_bits=8,v_bits=8,scales=channel,per_layer=1");
+  // Without the auto-budget the press cannot choose.
+  Request r(bundled_model(), make_press("latent:k_rank=8/6,v_rank=8,k_bits=8,v_bits=8,per_layer=1", 0.0), opts());
+  r.set_prompt_tokens(story_tokens(64));
+  EXPECT_THROW(r.prefill(), Error);
 }

@@ -146,10 +146,14 @@ std::string bits_text(const std::vector<int>& b) {
 
 class LatentPress : public Press, public LatentBitsControl {
  public:
-  LatentPress(int k_rank, int v_rank, double energy, std::vector<int> k_bits, std::vector<int> v_bits,
-              LatentScales scales, std::string file, double share, int share_max, bool per_layer)
-      : k_rank_(k_rank), v_rank_(v_rank), energy_(energy), k_choices_(std::move(k_bits)), v_choices_(std::move(v_bits)),
-        scales_(scales), file_(std::move(file)), share_(share), share_max_(share_max), per_layer_(per_layer) {
+  LatentPress(std::vector<int> k_ranks, std::vector<int> v_ranks, double energy, std::vector<int> k_bits,
+              std::vector<int> v_bits, LatentScales scales, std::string file, double share, int share_max,
+              bool per_layer)
+      : k_ranks_(std::move(k_ranks)), v_ranks_(std::move(v_ranks)),
+        k_rank_(*std::max_element(k_ranks_.begin(), k_ranks_.end())),
+        v_rank_(*std::max_element(v_ranks_.begin(), v_ranks_.end())), energy_(energy), k_choices_(std::move(k_bits)),
+        v_choices_(std::move(v_bits)), scales_(scales), file_(std::move(file)), share_(share), share_max_(share_max),
+        per_layer_(per_layer) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
   std::string describe() const override {
@@ -161,8 +165,9 @@ class LatentPress : public Press, public LatentBitsControl {
       if (per_layer_) d += ",per_layer=1";
       return d;
     }
-    std::string d = fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}", k_rank_,
-                                v_rank_, energy_, bits_text(k_choices_), bits_text(v_choices_), sc);
+    std::string d = fmt::format("latent:k_rank={},v_rank={},energy={},k_bits={},v_bits={},scales={}",
+                                bits_text(k_ranks_), bits_text(v_ranks_), energy_, bits_text(k_choices_),
+                                bits_text(v_choices_), sc);
     if (share_ >= 0.0) d += fmt::format(",share={},share_max={}", share_, share_max_);
     if (per_layer_) d += ",per_layer=1";
     return d;
@@ -174,8 +179,12 @@ class LatentPress : public Press, public LatentBitsControl {
         for (int v : b) t += (t.empty() ? "" : ",") + std::to_string(v);
         return t;
       };
-      return fmt::format("latent code bits chosen per layer: keys {}, values {} (of k_bits={}, v_bits={})",
-                         list(k_layer_), list(v_layer_), bits_text(k_choices_), bits_text(v_choices_));
+      std::string r = fmt::format("latent code bits chosen per layer: keys {}, values {} (of k_bits={}, v_bits={})",
+                                  list(k_layer_), list(v_layer_), bits_text(k_choices_), bits_text(v_choices_));
+      if (!kr_layer_.empty())
+        r += fmt::format("; ranks per layer: keys {}, values {} (of k_rank={}, v_rank={})", list(kr_layer_),
+                         list(vr_layer_), bits_text(k_ranks_), bits_text(v_ranks_));
+      return r;
     }
     if (k_set_ < 0) return {};
     return fmt::format("latent code bits chosen: keys {}, values {} (of k_bits={}, v_bits={})", k_set_, v_set_,
@@ -199,20 +208,39 @@ class LatentPress : public Press, public LatentBitsControl {
     v_set_ = value_bits;
     k_layer_.clear();
     v_layer_.clear();
+    kr_layer_.clear();
+    vr_layer_.clear();
   }
-  void set_latent_layer_bits(const std::vector<int>& key_bits, const std::vector<int>& value_bits) override {
-    if (key_bits.empty() || key_bits.size() != value_bits.size())
-      throw Error(fmt::format("press latent: per-layer bits need one key and one value width per layer (got {} / {})",
-                              key_bits.size(), value_bits.size()));
-    for (size_t l = 0; l < key_bits.size(); ++l) set_latent_bits(key_bits[l], value_bits[l]);  // checks each
-    k_layer_ = key_bits;
-    v_layer_ = value_bits;
+  const std::vector<int>& key_rank_choices() const override { return k_ranks_; }
+  const std::vector<int>& value_rank_choices() const override { return v_ranks_; }
+  void set_latent_layers(const Layers& s) override {
+    const size_t L = s.key_bits.size();
+    if (L == 0 || s.value_bits.size() != L || (!s.key_rank.empty() && s.key_rank.size() != L) ||
+        s.key_rank.size() != s.value_rank.size())
+      throw Error(fmt::format("press latent: per-layer settings need one key and one value width (and rank) per "
+                              "layer (got {} / {} bits, {} / {} ranks)",
+                              L, s.value_bits.size(), s.key_rank.size(), s.value_rank.size()));
+    for (size_t l = 0; l < L; ++l) set_latent_bits(s.key_bits[l], s.value_bits[l]);  // checks each
+    auto check = [](const char* name, int v, const std::vector<int>& list) {
+      if (std::find(list.begin(), list.end(), v) == list.end())
+        throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
+    };
+    for (size_t l = 0; l < s.key_rank.size(); ++l) {
+      check("k_rank", s.key_rank[l], k_ranks_);
+      check("v_rank", s.value_rank[l], v_ranks_);
+    }
+    k_layer_ = s.key_bits;
+    v_layer_ = s.value_bits;
+    kr_layer_ = s.key_rank;
+    vr_layer_ = s.value_rank;
   }
   bool per_layer_bits() const override { return per_layer_; }
   void clear_latent_bits() override {
     k_set_ = v_set_ = -1;
     k_layer_.clear();
     v_layer_.clear();
+    kr_layer_.clear();
+    vr_layer_.clear();
   }
 
   void apply(KVCache& cache, const Model& model, const Observation&, const Target&) override {
@@ -222,6 +250,10 @@ class LatentPress : public Press, public LatentBitsControl {
       throw Error(fmt::format("press latent: k_bits={} / v_bits={} list candidates for the auto-budget (target_kl); "
                               "without it give one value each",
                               bits_text(k_choices_), bits_text(v_choices_)));
+    if (k_set_ < 0 && (k_ranks_.size() > 1 || v_ranks_.size() > 1))
+      throw Error(fmt::format("press latent: k_rank={} / v_rank={} list candidates for the auto-budget's per-layer "
+                              "search (per_layer=1 with target_kl); without it give one value each",
+                              bits_text(k_ranks_), bits_text(v_ranks_)));
     if (!k_layer_.empty() && k_layer_.size() != static_cast<size_t>(L))
       throw Error(fmt::format("press latent: bits for {} layers set, the cache has {}", k_layer_.size(), L));
     // Bits of this compression: the auto-budget's choice (per layer, or one pair), else the spec's
@@ -231,8 +263,15 @@ class LatentPress : public Press, public LatentBitsControl {
       kb = k_layer_;
       vb = v_layer_;
     }
+    std::vector<int> kr(L, k_rank_), vr(L, v_rank_);  // per-request bases' ranks
+    if (!kr_layer_.empty()) {
+      if (kr_layer_.size() != static_cast<size_t>(L))
+        throw Error(fmt::format("press latent: ranks for {} layers set, the cache has {}", kr_layer_.size(), L));
+      kr = kr_layer_;
+      vr = vr_layer_;
+    }
     const bool file_bits = k_set_ < 0;
-    if (!bases_ && share_ >= 0.0) apply_shared(cache, kb, vb);
+    if (!bases_ && share_ >= 0.0) apply_shared(cache, kb, vb, kr, vr);
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       std::vector<float> ks, vs;
       for (int64_t u = b; u < e; ++u) {
@@ -250,8 +289,8 @@ class LatentPress : public Press, public LatentBitsControl {
         vs.resize(n * hd);
         seg.keys(0, n, ks.data());
         seg.values(0, n, vs.data());
-        seg.to_latent(pca_basis(ks.data(), n, hd, k_rank_, energy_), kb[l],
-                      pca_basis(vs.data(), n, hd, v_rank_, energy_), vb[l], scales_);
+        seg.to_latent(pca_basis(ks.data(), n, hd, kr[l], energy_), kb[l], pca_basis(vs.data(), n, hd, vr[l], energy_),
+                      vb[l], scales_);
       }
     });
   }
@@ -261,7 +300,8 @@ class LatentPress : public Press, public LatentBitsControl {
   // keys (and values) are grouped by measured similarity and each group gets one pooled basis,
   // which KVCache::bytes() counts once. Heads whose segments are not all fresh (non-empty, not
   // yet latent) are left to the per-segment path.
-  void apply_shared(KVCache& cache, const std::vector<int>& kb, const std::vector<int>& vb) const {
+  void apply_shared(KVCache& cache, const std::vector<int>& kb, const std::vector<int>& vb, const std::vector<int>& krank,
+                    const std::vector<int>& vrank) const {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     parallel_for(H, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h) {
@@ -280,19 +320,21 @@ class LatentPress : public Press, public LatentBitsControl {
           kr[l] = {ks[l].data(), n};
           vr[l] = {vs[l].data(), n};
         }
-        const LatentShare sk = share_adjacent_layers(kr, hd, std::vector<int>(L, k_rank_), energy_, share_, share_max_);
-        const LatentShare sv = share_adjacent_layers(vr, hd, std::vector<int>(L, v_rank_), energy_, share_, share_max_);
+        const LatentShare sk = share_adjacent_layers(kr, hd, krank, energy_, share_, share_max_);
+        const LatentShare sv = share_adjacent_layers(vr, hd, vrank, energy_, share_, share_max_);
         for (int l = 0; l < L; ++l)
           cache.seg(l, static_cast<int>(h)).to_latent(sk.basis[l], kb[l], sv.basis[l], vb[l], scales_);
       }
     });
   }
 
-  int k_rank_, v_rank_;
+  std::vector<int> k_ranks_, v_ranks_;  ///< the spec's k_rank / v_rank (candidates when several)
+  int k_rank_, v_rank_;                   ///< the largest of each (used unless set per layer)
   double energy_;
   std::vector<int> k_choices_, v_choices_;  ///< the spec's k_bits / v_bits (candidates when several)
   int k_set_ = -1, v_set_ = -1;              ///< bits set by the auto-budget (-1: none)
   std::vector<int> k_layer_, v_layer_;       ///< per-layer bits set by the auto-budget (empty: none)
+  std::vector<int> kr_layer_, vr_layer_;     ///< per-layer ranks set by the auto-budget (empty: the largest)
   LatentScales scales_;
   std::string file_;
   double share_;
@@ -324,11 +366,35 @@ std::vector<int> checked_bits(const PressParams& p, const std::string& key) {
   }
 }
 
+// k_rank / v_rank: one value >= 0 (0: by energy), or distinct candidates > 0 separated by '/' for
+// the auto-budget's per-layer search.
+std::vector<int> checked_ranks(const PressParams& p, const std::string& key) {
+  const std::string s = param_str(p, "latent", key);
+  std::vector<int> out;
+  size_t b = 0;
+  for (;;) {
+    const size_t e = s.find('/', b);
+    const std::string tok = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    int v = -1;
+    const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    const bool several = e != std::string::npos || !out.empty();
+    const bool ok = !tok.empty() && r.ec == std::errc() && r.ptr == tok.data() + tok.size() &&
+                    (several ? v > 0 : v >= 0) && std::find(out.begin(), out.end(), v) == out.end();
+    if (!ok)
+      throw Error(fmt::format("press latent: {}={} must be a rank >= 0 (0: chosen by energy), or distinct ranks > 0 "
+                              "separated by '/' for the auto-budget's per-layer search (e.g. 8/6/4)",
+                              key, s));
+    out.push_back(v);
+    if (e == std::string::npos) return out;
+    b = e + 1;
+  }
+}
+
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "latent";
   i.summary = "stores keys (after RoPE) and values as low-rank codes per (layer, KV head): bases from the context's "
-              "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0) or from a calibration file; "
+              "own PCA (rank by k_rank/v_rank, or by the kept variance `energy` when 0, or candidates like 8/6/4 chosen per layer with per_layer=1) or from a calibration file; "
               "codes in f16 (bits 0), 2/4/8-bit or f32 (32), or candidates like k_bits=8/4 that the auto-budget "
               "(--target-kl) chooses from per request (per layer with per_layer=1); quantized codes scaled per channel (fitted on the "
               "context) or per token (`scales`); `share`=TOL: adjacent layers whose pooled basis keeps within TOL of "
@@ -338,9 +404,9 @@ PressRegistrar reg([] {
   i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"},
               {"scales", "channel"}, {"file", ""}, {"share", "off"}, {"share_max", "0"}, {"per_layer", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
-    const int kr = param_int(p, "latent", "k_rank"), vr = param_int(p, "latent", "v_rank");
+    std::vector<int> kranks = checked_ranks(p, "k_rank"), vranks = checked_ranks(p, "v_rank");
+    const int kr = kranks[0], vr = vranks[0];
     const double en = param_double(p, "latent", "energy");
-    if (kr < 0 || vr < 0) throw Error(fmt::format("press latent: k_rank={} and v_rank={} must be >= 0", kr, vr));
     if ((kr == 0 || vr == 0) && !(en > 0.0 && en < 1.0))
       throw Error(fmt::format("press latent: energy={} must be in (0, 1) when a rank is 0 (chosen by energy)", en));
     const std::string sc = param_str(p, "latent", "scales");
@@ -363,10 +429,15 @@ PressRegistrar reg([] {
     std::vector<int> kbits = checked_bits(p, "k_bits"), vbits = checked_bits(p, "v_bits");
     if (per_layer != 0 && per_layer != 1)
       throw Error(fmt::format("press latent: per_layer={} must be 0 or 1", per_layer));
-    if (per_layer == 1 && kbits.size() < 2 && vbits.size() < 2)
-      throw Error("press latent: per_layer=1 chooses among candidate bits: list several in k_bits or v_bits "
-                  "(e.g. k_bits=8/4)");
-    return std::make_unique<LatentPress>(kr, vr, en, std::move(kbits), std::move(vbits),
+    const bool rank_candidates = kranks.size() > 1 || vranks.size() > 1;
+    if (per_layer == 1 && kbits.size() < 2 && vbits.size() < 2 && !rank_candidates)
+      throw Error("press latent: per_layer=1 chooses among candidate bits or ranks: list several in k_bits, v_bits, "
+                  "k_rank or v_rank (e.g. k_bits=8/4)");
+    if (rank_candidates && per_layer != 1)
+      throw Error("press latent: k_rank / v_rank candidates (with '/') are chosen only per layer: add per_layer=1");
+    if (rank_candidates && !param_file(p, "latent", "file").empty())
+      throw Error("press latent: k_rank / v_rank candidates need per-request bases (a file's bases fix the ranks)");
+    return std::make_unique<LatentPress>(std::move(kranks), std::move(vranks), en, std::move(kbits), std::move(vbits),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
                                          param_file(p, "latent", "file"), share, share_max, per_layer == 1);
   };

@@ -69,22 +69,23 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   // (key, value) pair is a setting with its own ratio; (-1, -1) is the press as specified.
   LatentBitsControl* bits = latent_bits_control(press);
   std::vector<std::pair<int, int>> settings;
-  if (bits && (bits->key_bit_choices().size() > 1 || bits->value_bit_choices().size() > 1)) {
+  if (bits && (bits->key_bit_choices().size() > 1 || bits->value_bit_choices().size() > 1 ||
+               bits->key_rank_choices().size() > 1 || bits->value_rank_choices().size() > 1)) {
     if (!fidelity)
-      throw Error("auto-budget: the press's latent stage lists several code bits (k_bits / v_bits with '/'): "
-                  "choosing among them needs a fidelity target (target_kl > 0)");
+      throw Error("auto-budget: the press's latent stage lists several code bits or ranks (k_bits / v_bits / k_rank / "
+                  "v_rank with '/'): choosing among them needs a fidelity target (target_kl > 0)");
     for (int kb : bits->key_bit_choices())
       for (int vb : bits->value_bit_choices()) settings.emplace_back(kb, vb);
   } else {
     settings.emplace_back(-1, -1);
   }
-  // Fails before any work when the press has no ratio to set, unless there are bits to choose
-  // (a latent press alone: only its bits are chosen, at ratio 0).
+  // Fails before any work when the press has no ratio to set, unless there are bits or ranks to
+  // choose (a latent press alone: only those are chosen, at ratio 0).
   bool has_ratio = true;
   try {
     press.set_ratio(0.0);
   } catch (const Error&) {
-    if (settings.size() == 1) throw;
+    if (settings.size() == 1 && !(bits && bits->per_layer_bits())) throw;
     has_ratio = false;
   }
 
@@ -102,14 +103,15 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   const KVCache full = session.cache();
 
   std::vector<float> last_row;  // the last probe logits of the final trial (held-out probe)
-  // Per-layer bits of the trial run next (set by the per-layer search below; empty: one pair).
-  std::vector<int> layer_k, layer_v;
+  // Per-layer bits (and ranks) of the trial run next (set by the per-layer search below; empty:
+  // one pair).
+  LatentBitsControl::Layers layers;
   // Compresses the observed cache with setting s (or layer_k / layer_v when set) at ratio r and
   // measures it; restores the full cache unless `keep`.
   auto run_trial = [&](std::pair<int, int> s, double r, bool keep) {
     press.reset();
-    if (!layer_k.empty())
-      bits->set_latent_layer_bits(layer_k, layer_v);
+    if (!layers.key_bits.empty())
+      bits->set_latent_layers(layers);
     else if (s.first >= 0)
       bits->set_latent_bits(s.first, s.second);
     if (has_ratio) press.set_ratio(r);
@@ -214,44 +216,67 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     }
   }
 
-  // Bits per layer (the spec's per_layer=1): from the chosen pair, at the chosen ratio, lower one
-  // layer's key or value bits one step at a time (to the next narrower candidate): of the steps
-  // whose probe KL stays within the target, the one with the least KL increase per byte saved,
-  // until none is left. A step that exceeds the target is not tried again (lowering others only
-  // adds error), so this costs at most 2 x layers trials per step taken, plus 2 x layers.
+  // Bits and ranks per layer (the spec's per_layer=1): from the chosen pair (and the largest
+  // listed ranks), at the chosen ratio, lower one layer's key or value bits or rank one step at a
+  // time (to the next narrower candidate): of the steps whose probe KL stays within the target, the
+  // one with the least KL increase per byte saved, until none is left. A step that exceeds the
+  // target is not tried again (lowering others only adds error), so this costs at most 4 x layers
+  // trials per step taken, plus 4 x layers.
   if (bits && bits->per_layer_bits() && fidelity && best_c.budget_met && best_c.target_met && best_s.first >= 0) {
-    // Narrower = fewer bits per code (f16 codes count as 16).
+    // Narrower = fewer bits per code (f16 codes count as 16), or a smaller rank.
     auto width = [](int b) { return b == 0 ? 16 : b; };
-    auto narrower = [&](const std::vector<int>& choices, int b) {
+    auto narrower_bits = [&](const std::vector<int>& choices, int b) {
       int best = -1;
       for (int c : choices)
         if (width(c) < width(b) && (best < 0 || width(c) > width(best))) best = c;
       return best;
     };
+    auto narrower_rank = [](const std::vector<int>& choices, int r) {
+      int best = -1;
+      for (int c : choices)
+        if (c < r && c > best) best = c;
+      return best;
+    };
+    const bool ranks = bits->key_rank_choices().size() > 1 || bits->value_rank_choices().size() > 1;
     const int L = session.cache().n_layer();
-    std::vector<int> cur_k(L, best_s.first), cur_v(L, best_s.second);
-    Trial cur = best_t;
-    std::vector<std::pair<int, int>> live;  // (layer, side 0 = keys / 1 = values) still worth a try
+    LatentBitsControl::Layers cur;
+    cur.key_bits.assign(L, best_s.first);
+    cur.value_bits.assign(L, best_s.second);
+    if (ranks) {
+      cur.key_rank.assign(L, *std::max_element(bits->key_rank_choices().begin(), bits->key_rank_choices().end()));
+      cur.value_rank.assign(L,
+                            *std::max_element(bits->value_rank_choices().begin(), bits->value_rank_choices().end()));
+    }
+    // A step: (layer, axis) with axis 0 / 1 = key / value bits, 2 / 3 = key / value rank; applies
+    // it to `s` and returns false when that axis has no narrower candidate.
+    auto step = [&](LatentBitsControl::Layers& s, int l, int axis) {
+      int& v = axis == 0 ? s.key_bits[l] : axis == 1 ? s.value_bits[l] : axis == 2 ? s.key_rank[l] : s.value_rank[l];
+      const int n = axis < 2 ? narrower_bits(axis ? bits->value_bit_choices() : bits->key_bit_choices(), v)
+                             : narrower_rank(axis == 3 ? bits->value_rank_choices() : bits->key_rank_choices(), v);
+      if (n < 0) return false;
+      v = n;
+      return true;
+    };
+    Trial now = best_t;
+    std::vector<std::pair<int, int>> live;  // (layer, axis) still worth a try
     for (int l = 0; l < L; ++l)
-      for (int side = 0; side < 2; ++side)
-        if (narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), side ? cur_v[l] : cur_k[l]) >= 0)
-          live.emplace_back(l, side);
+      for (int axis = 0; axis < (ranks ? 4 : 2); ++axis) {
+        LatentBitsControl::Layers probe_s = cur;
+        if (step(probe_s, l, axis)) live.emplace_back(l, axis);
+      }
     while (!live.empty()) {
       std::vector<std::pair<int, int>> next;
       int pick = -1;
       double pick_score = 0;
       Trial pick_t;
-      for (size_t i = 0; i < live.size(); ++i) {
-        const auto [l, side] = live[i];
-        layer_k = cur_k;
-        layer_v = cur_v;
-        int& b = side ? layer_v[l] : layer_k[l];
-        b = narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b);
+      for (const auto& [l, axis] : live) {
+        layers = cur;
+        step(layers, l, axis);
         const Trial t = run_trial(best_s, best_c.ratio, false);
         if (t.kl > opt.target_kl) continue;
-        next.push_back(live[i]);
-        const double saved = static_cast<double>(cur.bytes) - static_cast<double>(t.bytes);
-        const double score = (t.kl - cur.kl) / std::max(saved, 1.0);
+        next.emplace_back(l, axis);
+        const double saved = static_cast<double>(now.bytes) - static_cast<double>(t.bytes);
+        const double score = (t.kl - now.kl) / std::max(saved, 1.0);
         if (pick < 0 || score < pick_score) {
           pick = static_cast<int>(next.size()) - 1;
           pick_score = score;
@@ -259,16 +284,14 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
         }
       }
       if (pick < 0) break;
-      const auto [l, side] = next[pick];
-      int& b = side ? cur_v[l] : cur_k[l];
-      b = narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b);
-      cur = pick_t;
-      if (narrower(side ? bits->value_bit_choices() : bits->key_bit_choices(), b) < 0)
-        next.erase(next.begin() + pick);
+      const auto [l, axis] = next[pick];
+      step(cur, l, axis);
+      now = pick_t;
+      LatentBitsControl::Layers further = cur;
+      if (!step(further, l, axis)) next.erase(next.begin() + pick);
       live = std::move(next);
     }
-    layer_k = cur_k;
-    layer_v = cur_v;
+    layers = cur;
   }
 
   const Trial final_trial = run_trial(best_s, best_c.ratio, true);
