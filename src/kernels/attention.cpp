@@ -272,7 +272,7 @@ struct BlockRef {
 // tile): the scores of a key register (8 entries) for the 8 rows are 8 accumulators, transposed
 // at the end into one register per entry holding the 8 rows, so the softmax runs on all rows at
 // once with lane-wise operations. f16 keys and values are converted in the loops that use them
-// when there are at most 8 rows (each block is then read once). Every sum is formed in the order
+// (read straight from the cache, never into f32 buffers). Every sum is formed in the order
 // of the kernel above (scores: one fma per channel in channel order; probabilities: vexp_v; row
 // sums: hsum16's tree, lane-wise; a new running max: std::exp and the same rescaling; values: one
 // fma per entry in entry order), so the AVX2 level gives the same bits as before.
@@ -316,9 +316,9 @@ KV_AVX2_INLINE void transpose8(__m256* x) {
 }
 
 // ST[j * 8 + i] = sum_d Q[i][d] * kt[d][j] for R rows (lanes i >= R: 0) and the 16 entries of a tile.
-// f32 keys (prefill): rows 4 at a time against both key registers of a channel, so that each
+// f32 keys (decoded codecs): rows 4 at a time against both key registers of a channel, so that each
 // broadcast query value feeds two fmas (6 loads per 8 fmas instead of 9: the loop was bound by
-// loads); f16 keys (decode) are converted once per channel and register, 8 rows per key register.
+// loads); f16 keys are converted once per channel and register, 8 rows per key register.
 // Each score is the same chain of fmas over the channels in order either way.
 template <int R, class KT>
 KV_AVX2_INLINE void scores_t8(const float* Q, int hd, const KT* kt, float* ST) {
@@ -671,24 +671,29 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
 
 // One pair of blocks for a group of R rows: scores, softmax, values. raw (when non-null): the
 // group's rows of the raw-score matrix, [R][n].
+// fetch: prefetch the next pair of f16 tiles (the call's first group does it for all).
 template <int R>
 __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairData& pd, const BlockRef* blk,
                                                                     const float* Q, int hd, const int32_t* vis,
-                                                                    float* m, float* l, float* O, float* raw, size_t n) {
+                                                                    float* m, float* l, float* O, float* raw, size_t n,
+                                                                    bool fetch) {
   alignas(32) float ST[32 * 8];
   // A group of 8 rows against a pair of tiles: the 12-chain kernels above.
   // (Both tiles f16 from the cache or both decoded: a pair across the KIVI part's end mixes them.)
   const bool pair8 = R == 8 && pd.nt == 2 && hd % 32 == 0 && !pd.k16[0] == !pd.k16[1];
   if (pair8) {
     if (pd.k16[0] && pd.k16[1]) {
-      // Decode reads f16 straight from the cache: the next pair of tiles (keys and values each
-      // contiguous in store order, so two tiles on) is fetched while this one is computed,
-      // hiding the memory latency that the hardware prefetchers leave at every 4 KiB page (one
-      // pair of tiles per page at head_dim 64).
-      const char* pf[4] = {reinterpret_cast<const char*>(pd.k16[0] + 32 * hd),
-                           reinterpret_cast<const char*>(pd.k16[1] + 32 * hd),
-                           pd.v16[0] ? reinterpret_cast<const char*>(pd.v16[0] + 32 * hd) : nullptr,
-                           pd.v16[1] ? reinterpret_cast<const char*>(pd.v16[1] + 32 * hd) : nullptr};
+      // f16 straight from the cache: the next pair of tiles (keys and values each contiguous in
+      // store order, so two tiles on) is fetched while this one is computed, hiding the memory
+      // latency that the hardware prefetchers leave at every 4 KiB page (one pair of tiles per
+      // page at head_dim 64).
+      const char* pf[4] = {nullptr, nullptr, nullptr, nullptr};
+      if (fetch) {
+        pf[0] = reinterpret_cast<const char*>(pd.k16[0] + 32 * hd);
+        pf[1] = reinterpret_cast<const char*>(pd.k16[1] + 32 * hd);
+        if (pd.v16[0]) pf[2] = reinterpret_cast<const char*>(pd.v16[0] + 32 * hd);
+        if (pd.v16[1]) pf[3] = reinterpret_cast<const char*>(pd.v16[1] + 32 * hd);
+      }
       scores_pair8(Q, hd, pd.k16, ST, pf);
     } else {
       const char* pf[4] = {nullptr, nullptr, nullptr, nullptr};
@@ -730,7 +735,7 @@ __attribute__((target("arch=x86-64-v3"))) void pair_groups(const PairData& pd, c
     float* rg = raw ? raw + static_cast<size_t>(r0) * n : nullptr;
     switch (std::min(8, rows - r0)) {
 #define KV_CASE(R) \
-  case R: pair_group<R>(pd, blk, Qg, hd, vis + r0, m + r0, l + r0, Og, rg, n); break;
+  case R: pair_group<R>(pd, blk, Qg, hd, vis + r0, m + r0, l + r0, Og, rg, n, r0 == 0); break;
       KV_CASE(8) KV_CASE(7) KV_CASE(6) KV_CASE(5) KV_CASE(4) KV_CASE(3) KV_CASE(2) KV_CASE(1)
 #undef KV_CASE
     }
@@ -761,9 +766,11 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   std::fill(O, O + static_cast<size_t>(rows) * hd, 0.0f);
   std::fill(sc.m.begin(), sc.m.end(), -INFINITY);
   std::fill(sc.l.begin(), sc.l.end(), 0.0f);
-  // Decode (at most 8 rows) reads each block once: f16 keys and values are converted in the
-  // group kernels' loops rather than into buffers first.
-  const bool direct16 = kGroups8 && rows <= 8;
+  // f16 keys and values are read straight from the cache and converted in the group kernels'
+  // loops (exactly, so with the same bits) rather than into f32 buffers first: decode reads each
+  // block once, and a prefill tile keeps the pair's 8 KiB of f16 in the L1 cache for all its
+  // groups instead of 16 KiB of f32 (and skips the conversion pass).
+  const bool direct16 = kGroups8;
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
