@@ -274,6 +274,40 @@ TEST(EvalE2E, RetrievalModelSweepFullCacheRetrievesAndEvictionLosesTheNeedle) {
   }
 }
 
+// A full cache holds every token run through the model: at the end of a run its entries are
+// (context + question + generated - 1) x layers x KV heads (the last sampled token is never run)
+// and its memory ratio is exactly 1, however the answer ended. The retrieval model answers the
+// vt, cwe and fwe tasks with a token or two and then end-of-generation, a token the answer
+// callback never sees: it was left out of the count, and the full cache read 1.002
+// (`kvslim eval ruler --tasks vt`: 1322 entries against 1320).
+TEST(EvalE2E, FullCacheEndsAtMemoryRatioOneWhenTheAnswerStopsAtEndOfGeneration) {
+  struct stat st;
+  if (stat(kRetrieval.c_str(), &st) != 0) GTEST_SKIP() << kRetrieval << " does not exist yet";
+  auto model = Model::load(kRetrieval);
+  const size_t LH = size_t(model->hparams().n_layer) * model->hparams().n_head_kv;
+  TaskSweep sw;
+  sw.tasks = {"vt", "cwe", "fwe", "niah_single"};
+  sw.lengths = {512};
+  sw.samples = 1;
+  sw.seed = 1;
+  sw.text = TaskText::from_json_file(kRetrievalText);
+  std::vector<TaskRecord> recs;
+  run_task_sweep(*model, expand_runs({}, {}, true), sw, [&](const TaskRecord& r) { recs.push_back(r); });
+  ASSERT_EQ(recs.size(), 4u);
+  int ended_early = 0;  // answers that stopped at end-of-generation, well before the task's n_predict (>= 24)
+  for (const TaskRecord& r : recs) {
+    const TaskOutcome& o = r.outcome;
+    const size_t run = o.cache.context_tokens + o.question_tokens + o.generated_tokens - 1;
+    EXPECT_EQ(o.end.tokens, int(run)) << r.task;
+    EXPECT_EQ(o.end.entries, run * LH) << r.task;
+    EXPECT_EQ(o.end.entries_total, run * LH) << r.task;
+    EXPECT_EQ(o.end.kv_bytes, o.end.full_f16_bytes) << r.task;
+    EXPECT_EQ(o.end.memory_ratio(), 1.0) << r.task;
+    ended_early += o.generated_tokens < 8;
+  }
+  EXPECT_GE(ended_early, 1) << "no answer ended at end-of-generation: the case this test is for did not occur";
+}
+
 TEST(EvalE2E, CliWritesResultsAndPlots) {
   const std::string dir = ::testing::TempDir() + "kvslim_eval_cli_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);

@@ -159,11 +159,13 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
   req.prefill();
   out.question_tokens = static_cast<int>(toks.question.size());
   req.run([&](const TokenEvent& e) {
-    ++out.generated_tokens;
     out.answer += e.piece;
     return !cut_at_stop(out.answer, stop);
   });
   const RequestStats& st = req.stats();
+  // Every sampled token, an end-of-generation token included (the callback does not see that one),
+  // as generate and serve count them.
+  out.generated_tokens = st.generated_tokens;
   out.press_seconds = st.press_seconds;
   out.prefill_seconds = st.prefill_seconds;
   out.decode_seconds = st.decode_seconds;
