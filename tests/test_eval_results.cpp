@@ -221,6 +221,49 @@ TEST(EvalResults, PlotsUseTheAchievedRatioWithBaselineAndIntervals) {
   std::filesystem::remove_all(temp_dir("plots"));
 }
 
+// Regression: a heat map of one row (a sweep of a single length, as the README's tour runs) was
+// blank: gnuplot's `with image` needs a grid of at least 2 x 2 and silently drew no cell. Each
+// cell is now a filled box in the palette's colour for its value: 0 -> #b2182b = rgb(178, 24, 43),
+// 1 -> #1a9850 = rgb(26, 152, 80). Counted: the SVG's polygons of that colour larger than 1,000
+// square pixels (a cell of these maps is over 170 x 190; the colour box's bands are 26 x 3).
+TEST(EvalResults, HeatMapOfOneRowDrawsEveryCell) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not on PATH";
+  const std::string dir = temp_dir("heat1");
+  std::filesystem::create_directories(dir);
+  auto cells = [](const std::string& svg, const std::string& rgb) {
+    const std::string head = "<polygon fill = '" + rgb + "' points = '";
+    size_t n = 0;
+    for (size_t p = svg.find(head); p != std::string::npos; p = svg.find(head, p + 1)) {
+      std::istringstream pts(svg.substr(p + head.size(), svg.find('\'', p + head.size()) - p - head.size()));
+      double x0 = 1e9, x1 = -1e9, y0 = 1e9, y1 = -1e9, x, y;
+      char comma;
+      while (pts >> x >> comma >> y) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+      n += (x1 - x0) * (y1 - y0) > 1000;
+    }
+    return n;
+  };
+  const std::string red = "rgb(178,  24,  43)", green = "rgb( 26, 152,  80)";
+  std::string why;
+  // One row, three columns: two cells at 1, one at 0.
+  ASSERT_TRUE(plot_heatmap({{1.0, 0.0, 1.0}}, {"512"}, {"0", "0.5", "1"}, "t", "depth", "tokens", dir + "/row.svg",
+                           "svg", &why, "score"))
+      << why;
+  const std::string row = read(dir + "/row.svg");
+  EXPECT_EQ(cells(row, green), 2u) << row;
+  EXPECT_EQ(cells(row, red), 1u) << row;
+  // One column of two rows; and a 2 x 2 map (which `with image` did draw).
+  ASSERT_TRUE(plot_heatmap({{0.0}, {0.0}}, {"256", "512"}, {"0.5"}, "t", "depth", "tokens", dir + "/col.svg", "svg",
+                           &why, "score"))
+      << why;
+  EXPECT_EQ(cells(read(dir + "/col.svg"), red), 2u);
+  ASSERT_TRUE(plot_heatmap({{1.0, 1.0}, {1.0, 0.0}}, {"256", "512"}, {"0", "1"}, "t", "depth", "tokens",
+                           dir + "/sq.svg", "svg", &why, "score"))
+      << why;
+  EXPECT_EQ(cells(read(dir + "/sq.svg"), green), 3u);
+  EXPECT_EQ(cells(read(dir + "/sq.svg"), red), 1u);
+  std::filesystem::remove_all(dir);
+}
+
 // The configuration a sweep records (and that shards must share), written out by hand.
 TEST(EvalResults, SweepConfigRecordsEverySetting) {
   const std::vector<PressRun> runs = {{"none", 0.0}, {"snapkv", 0.5}};

@@ -572,7 +572,10 @@ bool plot_heatmap(const std::vector<std::vector<double>>& z, const std::vector<s
   s += fmt::format("set xtics ({})\nset ytics ({})\n$grid << EOD\n", xt, yt);
   for (size_t r = 0; r < z.size(); ++r)
     for (size_t c = 0; c < z[r].size(); ++c) s += fmt::format("{} {} {}\n", c, r, z[r][c]);
-  s += "EOD\nplot $grid using 1:2:3 with image notitle, $grid using 1:2:(sprintf(\"%.2f\",$3)) with labels notitle\n";
+  // One filled box per cell (half-widths 0.5): gnuplot's `with image` draws nothing for a grid
+  // of one row or one column ("Image grid must be at least 4 points"), e.g. a single length.
+  s += "EOD\nplot $grid using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder fc palette notitle, "
+       "$grid using 1:2:(sprintf(\"%.2f\",$3)) with labels notitle\n";
   return run_gnuplot(s, out_path, why);
 }
 
