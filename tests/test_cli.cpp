@@ -121,6 +121,35 @@ TEST(CliErrors, CompressionRatioThePressIgnoresIsRefused) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// bench builds each press once (before the model loads) and reads from that build both whether
+// --compression-ratio is used by some press of the table (else an error, as in generate) and
+// whether its footer names the ratio.
+TEST(CliErrors, BenchChecksTheRatioAgainstThePressesOfItsTable) {
+  const std::string bench = "bench -m " + quote(kModel) + " -p 8 -n 0 -t 1 --no-progress ";
+  expect_clean_failure(bench + "--press think --compression-ratio 0.5",
+                       {"error: --compression-ratio 0.5: press 'think' does not keep its entries by a compression ratio"});
+  // The last press other than none is named.
+  expect_clean_failure(bench + "--press none --press think --press simlayerkv --compression-ratio 0.25",
+                       {"error: --compression-ratio 0.25: press 'simlayerkv' does not keep"});
+  expect_clean_failure(bench + "--press none --compression-ratio 0.5", {"error: --compression-ratio 0.5 needs a press"});
+  // A bad spec fails before the model is opened: the error names the press, not the file.
+  Result bad = run_cli("bench -m /nonexistent/m.gguf --press no_such_press");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("unknown press 'no_such_press'"), std::string::npos) << bad.err;
+  // One press of the table that takes the ratio is enough; the footer names it.
+  Result mixed = run_cli(bench + "--press snapkv --press think --compression-ratio 0.25");
+  ASSERT_EQ(mixed.rc, 0) << mixed.err;
+  EXPECT_NE(mixed.out.find(", compression ratio 0.25"), std::string::npos) << mixed.out;
+  EXPECT_NE(mixed.out.find("| think"), std::string::npos) << mixed.out;
+  // Presses that take no ratio: the (default) ratio meant nothing and is not printed.
+  Result free = run_cli(bench + "--press none --press think");
+  ASSERT_EQ(free.rc, 0) << free.err;
+  EXPECT_EQ(free.out.find("compression ratio"), std::string::npos) << free.out;
+  Result snap = run_cli(bench + "--press snapkv");
+  ASSERT_EQ(snap.rc, 0) << snap.err;
+  EXPECT_NE(snap.out.find(", compression ratio 0.5"), std::string::npos) << snap.out;
+}
+
 // Regression: the human report showed only the cache right after compression; the cache a request
 // ends with (decoded entries added) was only in --json. stories260K: 5 layers x 4 KV heads x (8 x
 // 2 B keys + 8 x 2 B values + a 4-byte position) = 720 B per token in f16; 4 generated tokens of

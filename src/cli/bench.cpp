@@ -150,22 +150,22 @@ int run(BenchArgs a) {
   for (int d : a.depths)
     if (d < 0) throw Error(fmt::format("bench: --depth {} must be >= 0", d));
   check_ratio(a.ratio, "--compression-ratio");
-  for (const std::string& spec : a.presses) make_press(spec, a.ratio);  // reject bad specs before loading
   if (a.ratio_given && std::all_of(a.presses.begin(), a.presses.end(), [](const std::string& p) { return p == "none"; }))
     throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
-  if (a.ratio_given && a.ratio > 0.0) {
-    // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
-    std::string last;
-    bool any = false;
-    for (const std::string& spec : a.presses) {
-      if (spec == "none") continue;
-      bool used = false;
-      make_press(spec, a.ratio, used);
-      any = any || used;
-      last = spec;
-    }
-    if (!any) check_ratio_used(last, a.ratio, "--compression-ratio");
+  // Every spec built once, before the model loads (a bad spec fails first), with whether it keeps
+  // its entries by the ratio.
+  std::vector<std::unique_ptr<Press>> presses;
+  bool ratio_used = false;  // by any press of the table
+  std::string last_press;   // the last spec other than none
+  for (const std::string& spec : a.presses) {
+    bool used = false;
+    presses.push_back(make_press(spec, a.ratio, used));
+    if (spec == "none") continue;
+    ratio_used = ratio_used || used;
+    last_press = spec;
   }
+  // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
+  if (a.ratio_given) check_ratio_used(last_press, a.ratio, ratio_used, "--compression-ratio");
   check_json_output(a.json);  // an unwritable output fails before a long run, not after it
   a.threads = apply_threads(a.threads);
   // The table is the result (stdout); with --json - stdout holds only the JSON and the table moves to stderr.
@@ -217,11 +217,10 @@ int run(BenchArgs a) {
     ro.session.on_batch_done = [&](int32_t pos) {
       progress.update(results.size(), n_tests, fmt::format("{} at position {}", current, pos));
     };
-  for (const std::string& spec : a.presses) {
-    std::unique_ptr<Press> press = make_press(spec, a.ratio);
+  for (const std::unique_ptr<Press>& press : presses) {
     const std::string pname = press->describe();
     if (a.n_prompt > 0) {
-      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0};
+      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0, {}};
       report(pname, r.test);
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
@@ -240,14 +239,14 @@ int run(BenchArgs a) {
     }
     if (a.n_gen > 0)
       for (int depth : a.depths) {
-        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0};
+        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0, {}};
         report(pname, r.test);
         reset_peak_rss();
         Request req(*model, *press, ro);
         if (depth > 0) {
           // The fill itself is a prefill of `depth` tokens (with compression after every chunk
           // when --chunk-size is set): reported as its own row, as it is the long-prompt cost.
-          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0};
+          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0, {}};
           req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng));
           const auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
@@ -312,12 +311,6 @@ int run(BenchArgs a) {
   if (!per_cpu.empty())
     fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
-  bool ratio_used = false;
-  for (const std::string& spec : a.presses) {
-    bool used = false;
-    if (spec != "none") make_press(spec, a.ratio, used);
-    ratio_used = ratio_used || used;
-  }
   fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
              qdot::level_name(qdot::detected_level()), a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant),

@@ -69,8 +69,9 @@ int run(const GenerateArgs& a) {
       throw Error("--target-kl / --kv-budget choose the compression ratio: drop --compression-ratio");
     if (a.chunk_given) throw Error("--target-kl / --kv-budget need the context compressed once: drop --chunk-size");
   }
-  std::unique_ptr<Press> press = make_press(a.press, a.ratio);
-  if (a.ratio_given) check_ratio_used(a.press, a.ratio, "--compression-ratio");
+  bool ratio_used = false;
+  std::unique_ptr<Press> press = make_press(a.press, a.ratio, ratio_used);
+  if (a.ratio_given) check_ratio_used(a.press, a.ratio, ratio_used, "--compression-ratio");
   check_json_output(a.json);
   GenerateOptions opt;
   opt.auto_budget = auto_budget;
@@ -160,9 +161,10 @@ int run(const GenerateArgs& a) {
     // tokens the cache has seen: the last generated token is sampled, never run through the model.
     const size_t seen = st.context_tokens + st.question_tokens + st.generated_tokens - 1;
     const size_t full_seen = st.full_f16_bytes / st.context_tokens * seen;
-    fmt::print(stderr, "KV bytes at end  {} ({} B after {} decoded tokens; a full f16 cache of the {} tokens run {} B; "
+    fmt::print(stderr, "KV bytes at end  {} ({} B after {} decoded token{}; a full f16 cache of the {} tokens run {} B; "
                        "memory ratio {:.3f})\n",
-               human_bytes(st.final_kv_bytes), st.final_kv_bytes, st.generated_tokens, seen, full_seen,
+               human_bytes(st.final_kv_bytes), st.final_kv_bytes, st.generated_tokens,
+               st.generated_tokens == 1 ? "" : "s", seen, full_seen,
                double(st.final_kv_bytes) / std::max<size_t>(1, full_seen));
   }
   double bits_per_entry = 0;

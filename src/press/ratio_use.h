@@ -17,6 +17,10 @@ std::unique_ptr<Press> make_press(const std::string& spec, double ratio, bool& r
 
 /// Throws kvslim::Error naming `what` (the flag or field, e.g. "--compression-ratio") when
 /// `ratio` > 0 and the press of `spec` would ignore it, instead of running it silently unused.
+/// Builds the press to find out; a caller that has built it passes the flag instead (below).
 void check_ratio_used(const std::string& spec, double ratio, const std::string& what);
+
+/// The same check with `ratio_used` as make_press(spec, ratio, ratio_used) set it (no second build).
+void check_ratio_used(const std::string& spec, double ratio, bool ratio_used, const std::string& what);
 
 }  // namespace kvslim

@@ -335,7 +335,11 @@ void check_ratio_used(const std::string& spec, double ratio, const std::string& 
   if (ratio <= 0.0) return;
   bool used = false;
   make_press(spec, ratio, used);
-  if (!used)
+  check_ratio_used(spec, ratio, used, what);
+}
+
+void check_ratio_used(const std::string& spec, double ratio, bool ratio_used, const std::string& what) {
+  if (ratio > 0.0 && !ratio_used)
     throw Error(fmt::format("{} {}: press '{}' does not keep its entries by a compression ratio, so it would be "
                             "ignored; drop it, or set the press's own parameters (`kvslim presses` lists them)",
                             what, ratio, printable(spec, 200)));
