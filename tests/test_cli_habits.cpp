@@ -221,6 +221,26 @@ TEST(CliHabits, OneDefaultPerFlagAcrossSubcommands) {
   EXPECT_TRUE(contains(r.err, "--model")) << r.err;
 }
 
+// The subcommands that learn a file from text take the text as -f/--file and write -o/--out
+// (kvzap-train's --corpus and latent-calibrate's --text were the only other spellings; they stay
+// accepted as aliases).
+TEST(CliHabits, TrainersTakeTheirTextAsDashF) {
+  for (const std::string sub : {"kvzap-train", "fastkvzip-train", "restorekv-train", "latent-calibrate",
+                                "qfilter-calibrate", "lukv-curve", "ea-stats"}) {
+    SCOPED_TRACE(sub);
+    Result help = run_cli(sub + " --help");
+    ASSERT_EQ(help.rc, 0) << help.err;
+    EXPECT_TRUE(contains(help.out, "-f,--file")) << help.out;
+    EXPECT_TRUE(contains(help.out, "-o,--out")) << help.out;
+  }
+  for (const std::string sub : {"kvzap-train -f", "kvzap-train --corpus", "latent-calibrate -f", "latent-calibrate --text"}) {
+    SCOPED_TRACE(sub);
+    Result r = run_cli(sub + " /nonexistent/text.txt -m " + quote(kModel) + " -o " + quote(temp_path("trainer_out.gguf")));
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_TRUE(contains(r.err, "/nonexistent/text.txt")) << r.err;
+  }
+}
+
 TEST(CliHabits, NoProgressLineWhenStderrIsNotATerminal) {
   Result r = run_cli("bench -m " + quote(kModel) + " -p 64 -n 4 -r 2");
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/ea_stats.h"
 
@@ -19,14 +20,10 @@ namespace kvslim::cli {
 
 namespace {
 
-struct EAStatsArgs {
-  std::string model, out, json;
-  std::vector<std::string> text;
+struct EAStatsArgs : TrainerArgs {
   int chars = 1000;
   int samples = 100;
   int n_sink = 4;
-  int threads = 0;
-  bool no_progress = false;
 };
 
 int run(const EAStatsArgs& a) {
@@ -76,18 +73,14 @@ void add_ea_stats(CLI::App& app, Action& action) {
   auto a = std::make_shared<EAStatsArgs>();
   auto* sub = app.add_subcommand("ea-stats",
                                  "compute Expected Attention's query statistics (mean, covariance) from text files");
-  add_model_option(sub, a->model);
-  sub->add_option("-f,--file", a->text, "text files to compute the statistics from")->required()->expected(1, -1);
-  sub->add_option("-o,--out", a->out, "statistics file to write (GGUF)")->required();
+  add_trainer_io_options(sub, *a, "text files to compute the statistics from", "statistics file to write (GGUF)");
   sub->add_option("--chars", a->chars, "characters per sample (kvpress: sample_seq_len)")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--samples", a->samples, "samples at most (kvpress: num_samples)")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--n-sink", a->n_sink, "first tokens of each sample left out")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  add_threads_option(sub, a->threads);
-  add_json_option(sub, a->json);
-  add_no_progress_flag(sub, a->no_progress);
+  add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

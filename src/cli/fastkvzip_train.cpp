@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/fastkvzip.h"
 #include "press/kvzap_train.h"
@@ -19,16 +20,12 @@ namespace kvslim::cli {
 
 namespace {
 
-struct FastKVzipArgs {
-  std::string model, out, json;
-  std::vector<std::string> text;
+struct FastKVzipArgs : TrainerArgs {
   int doc_tokens = 256;
   int max_docs = 64;
   FastKVzipTrainOptions opt;
   int kvzip_chunk = 2048;
   bool plus = false;
-  int threads = 0;
-  bool no_progress = false;
 };
 
 double mean(const std::vector<double>& v) {
@@ -92,9 +89,7 @@ void add_fastkvzip_train(CLI::App& app, Action& action) {
   auto a = std::make_shared<FastKVzipArgs>();
   auto* sub = app.add_subcommand("fastkvzip-train",
                                  "train Fast KVzip's gates (predicted KVzip scores) from text files and save them");
-  add_model_option(sub, a->model);
-  sub->add_option("-f,--file", a->text, "text files to learn from")->required()->expected(1, -1);
-  sub->add_option("-o,--out", a->out, "gates file to write (GGUF)")->required();
+  add_trainer_io_options(sub, *a, "text files to learn from", "gates file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per training document")->capture_default_str()
       ->check(CLI::Range(16, 1 << 20));
   sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
@@ -110,9 +105,7 @@ void add_fastkvzip_train(CLI::App& app, Action& action) {
       ->check(CLI::Range(16, 1 << 20));
   sub->add_flag("--plus", a->plus, "train on KVzip+ scores (default: plain KVzip, as the authors)");
   sub->add_option("-s,--seed", a->opt.seed, "random seed (initialisation, shuffling)")->capture_default_str();
-  add_threads_option(sub, a->threads);
-  add_json_option(sub, a->json);
-  add_no_progress_flag(sub, a->no_progress);
+  add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

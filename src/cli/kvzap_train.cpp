@@ -62,7 +62,7 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
     auto model = Model::load(a.model);
     return bench_only(a, *model);
   }
-  if (a.corpus.empty()) throw Error("give at least one --corpus FILE");
+  if (a.corpus.empty()) throw Error("give at least one text file: -f FILE (also --corpus)");
   if (a.out.empty()) throw Error("give --out SURROGATE.gguf");
   if (a.type != "mlp" && a.type != "linear") throw Error(fmt::format("--type '{}' must be mlp or linear", a.type));
   apply_threads(a.threads);
@@ -70,7 +70,7 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   const HParams& hp = model->hparams();
 
   const std::vector<std::vector<Token>> docs =
-      kvzap_documents_from_files(model->tokenizer(), a.corpus, "--corpus", a.doc_tokens, a.max_docs);
+      kvzap_documents_from_files(model->tokenizer(), a.corpus, "-f", a.doc_tokens, a.max_docs);
   KVzapTrainOptions to;
   to.per_doc = a.per_doc;
   to.test_fraction = a.test_fraction;
@@ -144,7 +144,7 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("kvzap-train",
                                  "train a KVzap surrogate of KVzip+ scores from text files (ridge and MLP) and save it");
   add_model_option(sub, a->model);
-  sub->add_option("--corpus", a->corpus, "text files to learn from")->expected(1, -1);
+  sub->add_option("-f,--file,--corpus", a->corpus, "text files to learn from (-f as the other trainers)")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "surrogate file to write (GGUF)");
   sub->add_option("--type", a->type, "surrogate to save: mlp or linear (both are fitted and reported)")
       ->capture_default_str();

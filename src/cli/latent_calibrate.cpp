@@ -32,7 +32,7 @@ struct CalibArgs {
 };
 
 int run(const CalibArgs& a) {
-  if (a.text.empty()) throw Error("give at least one --text FILE");
+  if (a.text.empty()) throw Error("give at least one calibration text file: -f FILE (also --text)");
   if (a.out.empty()) throw Error("give --out BASES.gguf");
   if (!(a.opt.energy > 0.0 && a.opt.energy <= 1.0))
     throw Error(fmt::format("--energy {} must be in (0, 1]", a.opt.energy));
@@ -46,7 +46,7 @@ int run(const CalibArgs& a) {
   const Tokenizer& tok = model->tokenizer();
   std::vector<std::vector<Token>> docs;
   for (const std::string& path : a.text) {
-    std::vector<Token> all = tok.encode(read_text_file(path, "--text"), false, false);
+    std::vector<Token> all = tok.encode(read_text_file(path, "-f"), false, false);
     for (size_t b = 0; b < all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
       std::vector<Token> doc;
       if (tok.add_bos_default() && tok.bos() >= 0) doc.push_back(tok.bos());
@@ -124,7 +124,7 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("latent-calibrate",
                                  "fit low-rank (latent) bases of keys and values on calibration text for the latent press");
   add_model_option(sub, a->model);
-  sub->add_option("--text", a->text, "calibration text files")->expected(1, -1);
+  sub->add_option("-f,--file,--text", a->text, "calibration text files (-f as the other trainers)")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "bases file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per calibration document (each run from position 0)")
       ->capture_default_str()->check(CLI::Range(2, 1 << 20));

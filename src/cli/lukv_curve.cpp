@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/kvzap_train.h"
 #include "press/lukv.h"
@@ -18,14 +19,11 @@ namespace kvslim::cli {
 
 namespace {
 
-struct LUKVArgs {
-  std::string model, out, json, scorer = "expected_attention:epsilon=0.02";
-  std::vector<std::string> text;
+struct LUKVArgs : TrainerArgs {
+  std::string scorer = "expected_attention:epsilon=0.02";
   int doc_tokens = 512;
   int max_docs = 32;
   double context_fraction = 0.75;
-  int threads = 0;
-  bool no_progress = false;
 };
 
 int run(const LUKVArgs& a) {
@@ -69,9 +67,7 @@ int run(const LUKVArgs& a) {
 void add_lukv_curve(CLI::App& app, Action& action) {
   auto a = std::make_shared<LUKVArgs>();
   auto* sub = app.add_subcommand("lukv-curve", "compute a LU-KV budget curve (per-head prune ratios) from text files");
-  add_model_option(sub, a->model);
-  sub->add_option("-f,--file", a->text, "text files to profile on")->required()->expected(1, -1);
-  sub->add_option("-o,--out", a->out, "curve file to write (GGUF)")->required();
+  add_trainer_io_options(sub, *a, "text files to profile on", "curve file to write (GGUF)");
   sub->add_option("--scorer", a->scorer, "scorer press whose ranking is profiled")->capture_default_str();
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per document")->capture_default_str()
       ->check(CLI::Range(16, 1 << 20));
@@ -79,9 +75,7 @@ void add_lukv_curve(CLI::App& app, Action& action) {
   sub->add_option("--context-fraction", a->context_fraction,
                   "share of each document used as the context; the rest's attention is the utility")
       ->capture_default_str()->check(finite_range(0.01, 0.99));
-  add_threads_option(sub, a->threads);
-  add_json_option(sub, a->json);
-  add_no_progress_flag(sub, a->no_progress);
+  add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

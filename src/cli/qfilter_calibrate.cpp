@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/qfilter.h"
 
@@ -18,13 +19,9 @@ namespace kvslim::cli {
 
 namespace {
 
-struct QFilterArgs {
-  std::string model, out, json;
-  std::vector<std::string> text;
+struct QFilterArgs : TrainerArgs {
   int doc_tokens = 2048;
   int max_docs = 64;
-  int threads = 0;
-  bool no_progress = false;
 };
 
 int run(const QFilterArgs& a) {
@@ -83,15 +80,11 @@ void add_qfilter_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<QFilterArgs>();
   auto* sub = app.add_subcommand("qfilter-calibrate",
                                  "compute Q-Filters (the queries' principal direction per KV head) from text files");
-  add_model_option(sub, a->model);
-  sub->add_option("-f,--file", a->text, "text files to compute the filters from")->required()->expected(1, -1);
-  sub->add_option("-o,--out", a->out, "filters file to write (GGUF)")->required();
+  add_trainer_io_options(sub, *a, "text files to compute the filters from", "filters file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per document")->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
-  add_threads_option(sub, a->threads);
-  add_json_option(sub, a->json);
-  add_no_progress_flag(sub, a->no_progress);
+  add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "train/restorekv_train.h"
 #include "util/clock.h"
@@ -19,18 +20,15 @@ namespace kvslim::cli {
 
 namespace {
 
-struct RestoreKVArgs {
-  std::string model, text, out, json;
+struct RestoreKVArgs : TrainerArgs {
   RestoreKVTrainOptions opt;
-  int threads = 0;
-  bool no_progress = false;
 };
 
 int run(RestoreKVArgs a) {
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  const std::vector<Token> tokens = model->tokenizer().encode(read_text_file(a.text, "-f"), false, false);
+  const std::vector<Token> tokens = model->tokenizer().encode(read_text_file(a.text.front(), "-f"), false, false);
   Progress progress(!a.no_progress);
   RestoreKVTrainReport r;
   const double t0 = steady_seconds();
@@ -70,9 +68,7 @@ void add_restorekv_train(CLI::App& app, Action& action) {
   auto a = std::make_shared<RestoreKVArgs>();
   auto* sub = app.add_subcommand("restorekv-train",
                                  "fit RestoreKV's restore embeddings and LoRA adapter by self-distillation and save them");
-  add_model_option(sub, a->model);
-  sub->add_option("-f,--file", a->text, "text to learn from")->required();
-  sub->add_option("-o,--out", a->out, "RestoreKV file to write (GGUF)")->required();
+  add_trainer_io_options(sub, *a, "text file to learn from", "RestoreKV file to write (GGUF)")->expected(1);
   sub->add_option("--tokens", a->opt.n_tokens, "restore tokens R")->capture_default_str()->check(CLI::Range(1, 1024));
   sub->add_option("--rank", a->opt.rank, "LoRA rank")->capture_default_str()->check(CLI::Range(1, 1024));
   sub->add_option("--alpha", a->opt.alpha, "LoRA alpha")->capture_default_str()->check(finite_range(1e-6, 1e6));
@@ -88,9 +84,7 @@ void add_restorekv_train(CLI::App& app, Action& action) {
   sub->add_option("--holdout", a->opt.holdout, "share of samples held out")->capture_default_str()
       ->check(finite_range(1e-6, 0.999999));
   sub->add_option("-s,--seed", a->opt.seed, "random seed (initialisation)")->capture_default_str();
-  add_threads_option(sub, a->threads);
-  add_json_option(sub, a->json);
-  add_no_progress_flag(sub, a->no_progress);
+  add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 
