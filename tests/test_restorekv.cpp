@@ -190,6 +190,17 @@ SessionOptions f32_session(bool exact) {
   return o;
 }
 
+/// Runs `f`, which must throw kvslim::Error with every one of `parts` in its message.
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
 /// The entry of segment (l, h) at position p: key and value.
 void entry_at(const KVCache& c, int l, int h, int32_t p, std::vector<float>& k, std::vector<float>& v) {
   const Segment& s = c.seg(l, h);
@@ -376,22 +387,11 @@ TEST(RestoreKVFile, RoundTripAndMismatchesNameTheFileAndTensor) {
   // Another model's width: check() names the file and what differs.
   HParams other = hp;
   other.n_embd = hp.n_embd * 2;
-  try {
-    back.check(other, path);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("n_embd"), std::string::npos) << e.what();
-  }
+  expect_error([&] { back.check(other, path); }, {path, "n_embd"});
   // A factor of the wrong width for this model: the message names the tensor.
   RestoreKVWeights bad = w;
   bad.lora.layers[2][static_cast<int>(LoraTarget::Down)].a.resize(8 * (hp.n_ff - 1));
-  try {
-    bad.check(hp, path);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("restorekv.2.down.lora_a"), std::string::npos) << e.what();
-  }
+  expect_error([&] { bad.check(hp, path); }, {"restorekv.2.down.lora_a"});
   // A file whose embeddings tensor is short: load() names the file and the tensor.
   GGUFWriter gw;
   gw.set("general.architecture", GGUFValue::str("restorekv"));
@@ -402,13 +402,7 @@ TEST(RestoreKVFile, RoundTripAndMismatchesNameTheFileAndTensor) {
   gw.add_tensor_f32("restorekv.embeddings", GGMLType::F32, {hp.n_embd, 7}, std::vector<float>(7 * hp.n_embd, 0.0f));
   const std::string short_path = temp_path("restorekv_short.gguf");
   gw.write(short_path);
-  try {
-    RestoreKVWeights::load(short_path);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(short_path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'restorekv.embeddings'"), std::string::npos) << e.what();
-  }
+  expect_error([&] { RestoreKVWeights::load(short_path); }, {short_path, "'restorekv.embeddings'"});
   // Not a RestoreKV file at all.
   EXPECT_THROW(RestoreKVWeights::load(std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf"), Error);
   std::remove(path.c_str());
@@ -419,16 +413,37 @@ TEST(RestoreKVFile, RoundTripAndMismatchesNameTheFileAndTensor) {
 
 namespace {
 
-struct PressRun {
-  std::unique_ptr<Request> req;
-};
-
 RequestOptions press_options() {
   RequestOptions o;
   o.n_predict = 0;
   o.sampling.temp = 0;
   o.session.key_codec = o.session.value_codec = KVCodec::F32;
   return o;
+}
+
+/// A RestoreKV file of random weights (R = 8 restore tokens) for the bundled model, under a
+/// per-process temporary name; removed when it goes out of scope.
+struct WeightsFile {
+  RestoreKVWeights w;
+  std::string path;
+  WeightsFile(uint32_t seed, const std::string& name)
+      : w(random_weights(bundled_model().hparams(), 8, seed)), path(temp_path(name)) {
+    w.save(path, "stories260K");
+  }
+  ~WeightsFile() { std::remove(path.c_str()); }
+  WeightsFile(const WeightsFile&) = delete;
+  WeightsFile& operator=(const WeightsFile&) = delete;
+};
+
+/// A request of the bundled model with the press `spec` at `ratio` over the first `n` story
+/// tokens (and `question`), prefilled: the context compressed, the question appended.
+std::unique_ptr<Request> prefilled(const std::string& spec, double ratio, size_t n,
+                                   const std::vector<Token>& question = {}, const RequestOptions& o = press_options()) {
+  const Model& m = bundled_model();
+  auto req = std::make_unique<Request>(m, make_press(spec, ratio), o);
+  req->set_prompt_tokens(story_tokens(m, n), question);
+  req->prefill();
+  return req;
 }
 
 }  // namespace
@@ -445,18 +460,15 @@ TEST(RestoreKVPress, BudgetAndPositionsAsTheReference) {
   const Model& m = bundled_model();
   const HParams& hp = m.hparams();
   ASSERT_EQ(hp.n_layer * hp.n_head_kv, 20);
-  const RestoreKVWeights w = random_weights(hp, 8, 31);
-  const std::string path = temp_path("restorekv_press.gguf");
-  w.save(path, "stories260K");
+  const WeightsFile f(31, "restorekv_press.gguf");
+  const RestoreKVWeights& w = f.w;
   const std::vector<Token> ctx = story_tokens(m, 64);
   const std::vector<Token> question = {ctx[20], ctx[21], ctx[22]};
 
-  Request req(m, make_press("restorekv:file=" + path, 0.33), press_options());
-  req.set_prompt_tokens(ctx, question);
-  req.prefill();
-  const KVCache& c = req.cache();
+  const auto req = prefilled("restorekv:file=" + f.path, 0.33, 64, question);
+  const KVCache& c = req->cache();
   EXPECT_EQ(c.entries(), 918u);
-  EXPECT_EQ(req.position(), 75);
+  EXPECT_EQ(req->position(), 75);
   size_t context_kept = 0;
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
@@ -487,47 +499,29 @@ TEST(RestoreKVPress, BudgetAndPositionsAsTheReference) {
           ASSERT_NEAR(v1[e], v2[e], 1e-5);
         }
       }
-  std::remove(path.c_str());
 }
 
 // A second case with an exact product: n = 64, R = 8, ratio 0.5 -> 0.625; 1280 x 0.625 = 800
 // pruned, 480 context entries + 160 restore entries (no question).
 TEST(RestoreKVPress, BudgetExactProduct) {
-  const Model& m = bundled_model();
-  const RestoreKVWeights w = random_weights(m.hparams(), 8, 41);
-  const std::string path = temp_path("restorekv_press2.gguf");
-  w.save(path, "stories260K");
-  Request req(m, make_press("RestoreKVPress:compression_ratio=0.5,file=" + path, 0.0), press_options());
-  req.set_prompt_tokens(story_tokens(m, 64));
-  req.prefill();
-  EXPECT_EQ(req.cache().entries(), 640u);
-  EXPECT_EQ(req.position(), 72);
+  const WeightsFile f(41, "restorekv_press2.gguf");
+  const auto req = prefilled("RestoreKVPress:compression_ratio=0.5,file=" + f.path, 0.0, 64);
+  EXPECT_EQ(req->cache().entries(), 640u);
+  EXPECT_EQ(req->position(), 72);
   // Ratio + R / n above 1: every context entry the rules allow leaves (kvpress: all of them; kvslim
   // keeps the 4 sinks of each segment): n = 16, ratio 0.6 -> min(1, 0.6 + 0.5) = 1.
-  Request all(m, make_press("restorekv:file=" + path, 0.6), press_options());
-  all.set_prompt_tokens(story_tokens(m, 16));
-  all.prefill();
-  EXPECT_EQ(all.cache().entries(), 20u * (4 + 8));
-  std::remove(path.c_str());
+  EXPECT_EQ(prefilled("restorekv:file=" + f.path, 0.6, 16)->cache().entries(), 20u * (4 + 8));
 }
 
 // Ratio 0 runs nothing (kvpress skips scoring and the restore pass): the cache and logits are
 // those of no press. The spec parses back, and kvpress's names are accepted.
 TEST(RestoreKVPress, RatioZeroIsNoPressAndSpecsParseBack) {
-  const Model& m = bundled_model();
-  const RestoreKVWeights w = random_weights(m.hparams(), 8, 51);
-  const std::string path = temp_path("restorekv_press3.gguf");
-  w.save(path, "stories260K");
-  const std::vector<Token> ctx = story_tokens(m, 40);
-  Request a(m, make_press("restorekv:file=" + path, 0.0), press_options());
-  Request b(m, make_press("none", 0.0), press_options());
-  a.set_prompt_tokens(ctx);
-  b.set_prompt_tokens(ctx);
-  a.prefill();
-  b.prefill();
-  EXPECT_EQ(a.logits(), b.logits());
-  EXPECT_TRUE(press_test::same_cache(a.cache(), b.cache()));
-  EXPECT_EQ(a.position(), 40);
+  const WeightsFile f(51, "restorekv_press3.gguf");
+  const std::string& path = f.path;
+  const auto a = prefilled("restorekv:file=" + path, 0.0, 40), b = prefilled("none", 0.0, 40);
+  EXPECT_EQ(a->logits(), b->logits());
+  EXPECT_TRUE(press_test::same_cache(a->cache(), b->cache()));
+  EXPECT_EQ(a->position(), 40);
 
   auto p = make_press("RestoreKVPress:compression_ratio=0.25,kvzip_plus_normalization=1,file=" + path, 0.0);
   const std::string spec = p->describe();
@@ -536,7 +530,6 @@ TEST(RestoreKVPress, RatioZeroIsNoPressAndSpecsParseBack) {
   // Its budget is its own: a policy over it is refused when the spec is parsed.
   EXPECT_THROW(make_press("adakv(restorekv:file=" + path + ")", 0.5), Error);
   EXPECT_THROW(make_press("restorekv", 0.5), Error);  // no file
-  std::remove(path.c_str());
 }
 
 // The restore pass runs once over the whole context (kvpress has no chunked prefill): a context
@@ -544,54 +537,29 @@ TEST(RestoreKVPress, RatioZeroIsNoPressAndSpecsParseBack) {
 // naming the file.
 TEST(RestoreKVPress, ChunkedPrefillAndOtherModelsAreRefused) {
   const Model& m = bundled_model();
-  const RestoreKVWeights w = random_weights(m.hparams(), 8, 61);
-  const std::string path = temp_path("restorekv_press4.gguf");
-  w.save(path, "stories260K");
+  const WeightsFile f(61, "restorekv_press4.gguf");
   RequestOptions o = press_options();
   o.chunk_size = 32;
-  Request req(m, make_press("restorekv:file=" + path, 0.5), o);
-  req.set_prompt_tokens(story_tokens(m, 64));
-  try {
-    req.prefill();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("more than one prefill step"), std::string::npos) << e.what();
-  }
+  expect_error([&] { prefilled("restorekv:file=" + f.path, 0.5, 64, {}, o); }, {"more than one prefill step"});
 
   HParams hp = m.hparams();
   hp.n_embd *= 2;
-  RestoreKVWeights wide = w;
+  RestoreKVWeights wide = f.w;
   wide.n_embd = hp.n_embd;
   wide.embeddings.assign(static_cast<size_t>(8) * hp.n_embd, 0.0f);
   wide.lora = LoraAdapter{};
   const std::string wide_path = temp_path("restorekv_wide.gguf");
   wide.save(wide_path, "wider");
-  Request r2(m, make_press("restorekv:file=" + wide_path, 0.5), press_options());
-  r2.set_prompt_tokens(story_tokens(m, 64));
-  try {
-    r2.prefill();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(wide_path), std::string::npos) << e.what();
-  }
-  std::remove(path.c_str());
+  expect_error([&] { prefilled("restorekv:file=" + wide_path, 0.5, 64); }, {wide_path});
   std::remove(wide_path.c_str());
 }
 
 // Composes like kvzip: a later stage compresses what restorekv left (restore entries included).
 TEST(RestoreKVPress, Composes) {
-  const Model& m = bundled_model();
-  const RestoreKVWeights w = random_weights(m.hparams(), 8, 71);
-  const std::string path = temp_path("restorekv_press5.gguf");
-  w.save(path, "stories260K");
-  Request alone(m, make_press("restorekv:file=" + path, 0.33), press_options());
-  Request both(m, make_press("restorekv:file=" + path + "+knorm", 0.33), press_options());
-  alone.set_prompt_tokens(story_tokens(m, 64));
-  both.set_prompt_tokens(story_tokens(m, 64));
-  alone.prefill();
-  both.prefill();
-  EXPECT_EQ(alone.cache().entries(), 858u);  // 698 + 160, as above without the question
-  EXPECT_LT(both.cache().entries(), alone.cache().entries());
-  EXPECT_EQ(both.position(), 72);
-  std::remove(path.c_str());
+  const WeightsFile f(71, "restorekv_press5.gguf");
+  const auto alone = prefilled("restorekv:file=" + f.path, 0.33, 64);
+  const auto both = prefilled("restorekv:file=" + f.path + "+knorm", 0.33, 64);
+  EXPECT_EQ(alone->cache().entries(), 858u);  // 698 + 160, as above without the question
+  EXPECT_LT(both->cache().entries(), alone->cache().entries());
+  EXPECT_EQ(both->position(), 72);
 }
