@@ -81,10 +81,12 @@ void Engine::submit(const std::shared_ptr<Job>& job) {
     ++m_.requests_rejected;
     throw ApiError(503,
                    fmt::format("the request needs {} bytes of KV cache ({} prompt tokens, up to {} more) but the "
-                               "server's whole KV budget is {} bytes; use a press, a cheaper cache type or fewer tokens",
+                               "server's whole KV budget is {} bytes; use fewer tokens, a cheaper cache type, or a "
+                               "press (it lowers the peak only for prompts longer than the server's --chunk-size, "
+                               "{} tokens: each chunk is held uncompressed until the press acts)",
                                job->reservation, job->context.size() + job->question.size(),
                                job->max_tokens < 0 ? std::string("context-size") : std::to_string(job->max_tokens),
-                               opt_.kv_budget),
+                               opt_.kv_budget, opt_.chunk_size),
                    "", "server_error", "kv_budget_exceeded");
   }
   if (static_cast<int>(queue_.size()) >= opt_.max_queue && !(queue_.empty() && can_admit_locked())) {

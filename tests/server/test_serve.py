@@ -429,6 +429,8 @@ class Limits(unittest.TestCase):
             self.assertEqual(status, 503, j)
             self.assertEqual(j["error"]["code"], "kv_budget_exceeded")
             self.assertIn("budget", j["error"]["message"])
+            # A press cannot lower the peak of a prompt that fits one chunk: the message says when it can.
+            self.assertIn("prompts longer than the server's --chunk-size, 16 tokens", j["error"]["message"])
             status, j = post(srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8})
             self.assertEqual(status, 200, j)
             # The same long request fits once a press shrinks what it keeps.
