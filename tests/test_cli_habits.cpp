@@ -239,6 +239,9 @@ TEST(CliHabits, TrainersTakeTheirTextAsDashF) {
     EXPECT_EQ(r.rc, 1) << r.err;
     EXPECT_TRUE(contains(r.err, "/nonexistent/text.txt")) << r.err;
   }
+  // synth writes its file with -o/--out too (--output, its only other spelling, stays).
+  Result synth = run_cli("synth --help");
+  EXPECT_TRUE(contains(synth.out, "-o,--out,--output")) << synth.out;
 }
 
 TEST(CliHabits, NoProgressLineWhenStderrIsNotATerminal) {

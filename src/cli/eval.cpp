@@ -435,7 +435,7 @@ void add_eval(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 1 << 24));
   ns->add_option("--depths", n->depths, "needle depths in [0, 1]")->delimiter(',')->capture_default_str()
       ->check(finite_range(0.0, 1.0));
-  ns->add_option("--text-config", n->text_config, "JSON file overriding the task text pieces (see TaskText)");
+  ns->add_option("--text-config", n->text_config, "JSON file overriding the task text pieces (filler, needle, question, ...: docs/EVAL.md, Task text)");
   ns->add_option("-n,--n-predict", n->n_predict, "tokens to decode per answer (0 = 24)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   ns->callback([n, &action] { action = [n] { return run_task_cmd(*n, true); }; });
@@ -451,7 +451,7 @@ void add_eval(CLI::App& app, Action& action) {
       ->check(CLI::Range(1, 1 << 24));
   rs->add_option("--depths", r->depths, "depths of the asked needle (default: random per sample)")->delimiter(',')
       ->check(finite_range(0.0, 1.0));
-  rs->add_option("--text-config", r->text_config, "JSON file overriding the task text pieces (see TaskText)");
+  rs->add_option("--text-config", r->text_config, "JSON file overriding the task text pieces (filler, needle, question, ...: docs/EVAL.md, Task text)");
   rs->add_option("-n,--n-predict", r->n_predict, "tokens to decode per answer (0 = the task's default)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   rs->add_option("--multi-keys", r->ruler.multi_keys, "niah_multikey: needles in all")->capture_default_str()

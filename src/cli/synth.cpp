@@ -52,7 +52,7 @@ void add_synth(CLI::App& app, Action& action) {
   sub->add_option("--type", a->opt.type, "weight type: " + types)->required();
   sub->add_option("--vocab-from", a->opt.vocab_from, "GGUF whose tokenizer metadata (and vocab size) is copied")
       ->required();
-  sub->add_option("-o,--output", a->opt.output, "GGUF file to write")->required();
+  sub->add_option("-o,--out,--output", a->opt.output, "GGUF file to write")->required();
   sub->add_option("-s,--seed", a->opt.seed, "random seed")->capture_default_str();
   sub->add_option("--layers", a->opt.layers, "blocks to write (0 = the shape's; fewer for small test files)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

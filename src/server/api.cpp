@@ -115,7 +115,6 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
       r.messages.push_back({rs, message_content(*content, f + ".content")});
     }
     if (j.contains("tools") && !j["tools"].is_null()) throw bad("tools", "'tools' (function calling) is not supported");
-    if (auto v = get_int(j, "max_completion_tokens", 0, 1 << 30)) r.max_tokens = static_cast<int>(*v);
     if (auto v = get_bool(j, "logprobs"); v && *v) throw bad("logprobs", "'logprobs' is not supported");
   } else {
     auto it = j.find("prompt");
@@ -142,6 +141,9 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (auto s = get_string(j, "suffix"); s && !s->empty()) throw bad("suffix", "'suffix' is not supported");
   }
   if (auto v = get_int(j, "max_tokens", 0, 1 << 30)) r.max_tokens = static_cast<int>(*v);
+  // OpenAI's newer name for chat requests; it wins over the deprecated max_tokens when both are sent.
+  if (chat)
+    if (auto v = get_int(j, "max_completion_tokens", 0, 1 << 30)) r.max_tokens = static_cast<int>(*v);
   if (auto v = get_int(j, "n", 1, 1)) (void)v;
   if (auto v = get_number(j, "temperature", 0.0, 2.0)) r.temperature = static_cast<float>(*v);
   if (auto v = get_number(j, "top_p", 0.0, 1.0, true)) r.top_p = static_cast<float>(*v);

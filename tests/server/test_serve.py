@@ -166,6 +166,11 @@ class Endpoints(unittest.TestCase):
         self.assertEqual(stream_text(events, True), whole)
         self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
         self.assertEqual(events[-1]["choices"][0]["delta"], {})
+        # max_completion_tokens (OpenAI's newer name) wins over the deprecated max_tokens when both
+        # are sent (it was the other way round).
+        status, j = post(self.port, "/v1/chat/completions", dict(body, max_completion_tokens=5))
+        self.assertEqual(status, 200, j)
+        self.assertEqual(j["usage"]["completion_tokens"], 5)
 
     def test_generate_chat_uses_the_same_template(self):
         status, j = post(self.port, "/v1/chat/completions",
