@@ -366,6 +366,11 @@ TEST(CliErrors, LibraryErrorsNameTheFlag) {
   expect_clean_failure("latent-calibrate -m " + quote(kModel) + " --text " + quote(story) + " -o " + quote(out) +
                            " --k-bits 3",
                        {"error:", "--k-bits 3", "must be 0"});
+  // Regression: the held-out KL options were silently ignored without --target-kl (rc 0, a file written).
+  for (const std::string& flag : {std::string("--kl-per-segment"), "--kl-text " + quote(story), std::string("--kl-scales token")})
+    expect_clean_failure("latent-calibrate -m " + quote(kModel) + " --text " + quote(story) + " -o " + quote(out) + " " +
+                             flag,
+                         {"error:", flag.substr(0, flag.find(' ')), "needs --target-kl"});
   expect_clean_failure("duo-calibrate -m " + quote(kModel) + " -o " + quote(out) + " --length 20",
                        {"error:", "raise --length"});
   Result r = run_cli(gen(kModel, "-c 8 -p 'Once upon a time there was a little girl named Lily'"));

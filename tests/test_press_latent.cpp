@@ -126,4 +126,64 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   std::remove(path.c_str());
 }
 
+// Regression (session 7, latent-user review): with file=, a single k_bits / v_bits was silently
+// dropped (the file's bits were used), and k_rank / energy / share were ignored. Bits given in the
+// spec now replace the file's on their side; the per-request bases' parameters are errors.
+TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAreErrors) {
+  const Model& model = bundled_model();
+  const HParams& hp = model.hparams();
+  LatentCalibration opt;
+  opt.k_rank = opt.v_rank = hp.head_dim;
+  opt.k_bits = 8;
+  opt.v_bits = 4;
+  LatentBases b = calibrate_latent(model, {story_tokens(100)}, opt, nullptr);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("kvslim_latent_bits_{}.gguf", ::getpid())).string();
+  b.save(path, "stories260K");
+  const size_t segs = static_cast<size_t>(hp.n_layer) * hp.n_head_kv, r = hp.head_dim, n = 40;
+  // Bytes by hand, per-channel scales: per entry ceil(r * bits / 8) codes + 1 widening byte per
+  // side + a 4-byte position; per segment side r (center, step) f32 pairs.
+  auto bytes = [&](size_t kb, size_t vb) {
+    return segs * n * (((r * kb + 7) / 8 + 1) + ((r * vb + 7) / 8 + 1) + 4) + segs * 2 * r * 2 * 4;
+  };
+  struct Case {
+    std::string extra;
+    int kb, vb;
+  };
+  for (const Case& c : {Case{"", 8, 4}, Case{",k_bits=2", 2, 4}, Case{",v_bits=8", 8, 8},
+                        Case{",k_bits=4,v_bits=2", 4, 2}}) {
+    Session s(model, SessionOptions{});
+    auto press = make_press("latent:file=" + path + c.extra, 0.0);
+    prefill_and_compress(s, *press, story_tokens(static_cast<int>(n)), 0, nullptr, nullptr);
+    EXPECT_EQ(s.cache().seg(3, 1).latent_keys().bits(), c.kb) << c.extra;
+    EXPECT_EQ(s.cache().seg(3, 1).latent_values().bits(), c.vb) << c.extra;
+    EXPECT_EQ(s.cache().bytes(), bytes(c.kb, c.vb)) << c.extra;
+    if (!c.extra.empty()) EXPECT_NE(press->describe().find(c.extra.substr(1)), std::string::npos) << press->describe();
+  }
+  for (const char* bad : {",k_rank=4", ",v_rank=8", ",energy=0.9", ",share=0.1", ",share_max=2"})
+    EXPECT_THROW(make_press("latent:file=" + path + bad, 0.0), Error) << bad;
+  std::remove(path.c_str());
+}
+
+// Regression: think and latent both convert segments to latent codes once; the second stage of
+// think+latent silently did nothing (memory ratio of think alone).
+TEST(PressLatent, TwoLatentStagesInOneCompositionAreAnError) {
+  for (const char* spec : {"think+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8", "latent+think", "latent+latent",
+                           "kvzip+think+latent"})
+    EXPECT_THROW(make_press(spec, 0.5), Error) << spec;
+  EXPECT_NO_THROW(make_press("kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8", 0.5));
+  EXPECT_NO_THROW(make_press("kvzip+think", 0.5));
+  // Candidates without the auto-budget: the message names the side that lists them, only.
+  try {
+    auto p = make_press("latent:k_bits=8/4", 0.0);
+    Session s(bundled_model(), SessionOptions{});
+    prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr);
+    ADD_FAILURE() << "candidates without the auto-budget were accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("k_bits=8/4"), std::string::npos) << m;
+    EXPECT_EQ(m.find("v_bits"), std::string::npos) << m;
+  }
+}
+
 }  // namespace

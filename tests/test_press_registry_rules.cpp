@@ -351,7 +351,7 @@ TEST(RegistryRules, RatioUseIsReportedAsTheBehaviourShowsIt) {
   EXPECT_TRUE(used);
   make_press("adakv(snapkv):ratio=0.3", 0.5, used);
   EXPECT_FALSE(used);
-  make_press("think+latent", 0.5, used);
+  make_press("think+cla", 0.5, used);
   EXPECT_FALSE(used);
   EXPECT_THROW(check_ratio_used("think", 0.5, "--compression-ratio"), Error);
   EXPECT_NO_THROW(check_ratio_used("think", 0.0, "--compression-ratio"));

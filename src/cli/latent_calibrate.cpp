@@ -40,6 +40,12 @@ int run(const CalibArgs& a) {
     throw Error(fmt::format("--memory-ratio {} must be in (0, 1] (0 = off)", a.opt.memory_ratio));
   if (a.opt.share > 1.0) throw Error(fmt::format("--share {} must be a tolerance in [0, 1] (or < 0 = off)", a.opt.share));
   if (a.opt.auto_bits && !(a.opt.memory_ratio > 0.0)) throw Error("--auto-bits needs --memory-ratio");
+  // The held-out KL options only shape --target-kl's search: without it they would be ignored.
+  if (!(a.target_kl > 0.0)) {
+    if (a.kl_per_segment) throw Error("--kl-per-segment needs --target-kl");
+    if (!a.kl_text.empty()) throw Error("--kl-text needs --target-kl");
+    if (a.kl_scales != "channel") throw Error(fmt::format("--kl-scales {} needs --target-kl", a.kl_scales));
+  }
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);

@@ -255,7 +255,9 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
     const int src = cache_.source(l);
     if (hook && src != l)
       throw Error(fmt::format("layer {} reads layer {}'s entries (press cla): a press that observes the forward pass "
-                              "(replay, decode-time selection or scoring) cannot run on it; put cla after it",
+                              "(replay, decode-time selection or scoring) cannot run on it: a press that replays the context must come "
+                              "before cla in the composition, and one that observes decoding (h2o, ...) cannot be "
+                              "composed with cla",
                               l, src));
     for (int h = 0; h < nkv; ++h) {
       Segment& s = cache_.seg(src, h);

@@ -160,8 +160,8 @@ class LatentPress : public Press, public LatentBitsControl {
     const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
     if (!file_.empty()) {
       std::string d = fmt::format("latent:file={},scales={}", file_, sc);
-      if (k_choices_.size() > 1 || v_choices_.size() > 1)
-        d += fmt::format(",k_bits={},v_bits={}", bits_text(k_choices_), bits_text(v_choices_));
+      if (!file_key_bits()) d += fmt::format(",k_bits={}", bits_text(k_choices_));
+      if (!file_value_bits()) d += fmt::format(",v_bits={}", bits_text(v_choices_));
       if (per_layer_) d += ",per_layer=1";
       return d;
     }
@@ -246,10 +246,14 @@ class LatentPress : public Press, public LatentBitsControl {
   void apply(KVCache& cache, const Model& model, const Observation&, const Target&) override {
     const int L = cache.n_layer(), H = cache.n_head_kv(), hd = cache.head_dim();
     if (bases_) bases_->check(model.hparams(), "press latent: " + file_);
-    if (k_set_ < 0 && (k_choices_.size() > 1 || v_choices_.size() > 1))
-      throw Error(fmt::format("press latent: k_bits={} / v_bits={} list candidates for the auto-budget (target_kl); "
-                              "without it give one value each",
-                              bits_text(k_choices_), bits_text(v_choices_)));
+    if (k_set_ < 0 && (k_choices_.size() > 1 || v_choices_.size() > 1)) {
+      std::string listed;
+      if (k_choices_.size() > 1) listed = "k_bits=" + bits_text(k_choices_);
+      if (v_choices_.size() > 1) listed += (listed.empty() ? "" : ", ") + ("v_bits=" + bits_text(v_choices_));
+      throw Error(fmt::format("press latent: {} lists candidates for the auto-budget (--target-kl); without it give "
+                              "one value each",
+                              listed));
+    }
     if (k_set_ < 0 && (k_ranks_.size() > 1 || v_ranks_.size() > 1))
       throw Error(fmt::format("press latent: k_rank={} / v_rank={} list candidates for the auto-budget's per-layer "
                               "search (per_layer=1 with target_kl); without it give one value each",
@@ -270,7 +274,10 @@ class LatentPress : public Press, public LatentBitsControl {
       kr = kr_layer_;
       vr = vr_layer_;
     }
-    const bool file_bits = k_set_ < 0;
+    // With a file, a side whose bits the spec leaves at the default 0 keeps the file's bits per
+    // segment; bits given in the spec (one value, or the auto-budget's choice among candidates)
+    // replace them.
+    const bool file_k = file_key_bits(), file_v = file_value_bits();
     if (!bases_ && share_ >= 0.0) apply_shared(cache, kb, vb, kr, vr);
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       std::vector<float> ks, vs;
@@ -280,8 +287,8 @@ class LatentPress : public Press, public LatentBitsControl {
         // With chunked prefill the first chunk fixes the bases; later entries are encoded in them.
         if (seg.size() == 0 || seg.latent()) continue;
         if (bases_) {
-          seg.to_latent(bases_->key[u], file_bits ? bases_->key_bits[u] : kb[l], bases_->value[u],
-                        file_bits ? bases_->value_bits[u] : vb[l], scales_);
+          seg.to_latent(bases_->key[u], file_k ? bases_->key_bits[u] : kb[l], bases_->value[u],
+                        file_v ? bases_->value_bits[u] : vb[l], scales_);
           continue;
         }
         const size_t n = seg.size();
@@ -296,6 +303,10 @@ class LatentPress : public Press, public LatentBitsControl {
   }
 
  private:
+  // k_bits / v_bits left at the default single 0: with a file, that side's bits are the file's.
+  bool file_key_bits() const { return k_choices_.size() == 1 && k_choices_[0] == 0; }
+  bool file_value_bits() const { return v_choices_.size() == 1 && v_choices_[0] == 0; }
+
   // Per-request bases shared across adjacent layers (latent_share.h), per KV head: the layers'
   // keys (and values) are grouped by measured similarity and each group gets one pooled basis,
   // which KVCache::bytes() counts once. Heads whose segments are not all fresh (non-empty, not
@@ -437,6 +448,21 @@ PressRegistrar reg([] {
       throw Error("press latent: k_rank / v_rank candidates (with '/') are chosen only per layer: add per_layer=1");
     if (rank_candidates && !param_file(p, "latent", "file").empty())
       throw Error("press latent: k_rank / v_rank candidates need per-request bases (a file's bases fix the ranks)");
+    // A file's bases fix the ranks and the sharing (latent-calibrate --k-rank / --energy / --share):
+    // the per-request bases' parameters would be ignored, so they are errors, not silently dropped.
+    if (!param_file(p, "latent", "file").empty()) {
+      if (kr != 0 || vr != 0)
+        throw Error(fmt::format("press latent: k_rank={} / v_rank={} apply to per-request bases; a file's bases fix "
+                                "the ranks (latent-calibrate --k-rank / --v-rank)",
+                                param_str(p, "latent", "k_rank"), param_str(p, "latent", "v_rank")));
+      if (param_str(p, "latent", "energy") != "0.99")
+        throw Error(fmt::format("press latent: energy={} applies to per-request bases; a file's bases fix the ranks "
+                                "(latent-calibrate --energy)",
+                                param_str(p, "latent", "energy")));
+      if (share >= 0.0 || share_max != 0)
+        throw Error("press latent: share / share_max apply to per-request bases; a file's bases are shared across "
+                    "layers at calibration (latent-calibrate --share)");
+    }
     return std::make_unique<LatentPress>(std::move(kranks), std::move(vranks), en, std::move(kbits), std::move(vbits),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
                                          param_file(p, "latent", "file"), share, share_max, per_layer == 1);

@@ -301,6 +301,20 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
         throw Error(fmt::format("press spec '{}': {} selects entries for attention at decode time and {} evicts "
                                 "entries during decode; they cannot be combined (run them separately)",
                                 whole, printable(trim(parts[i])), printable(trim(parts[j]))));
+  // think and latent both turn a segment into latent codes, and a segment that is latent already is
+  // left alone by either (so chunked prefill keeps the first chunk's bases): the later of two such
+  // stages would do nothing.
+  std::string first_latent;
+  for (const auto& part : parts) {
+    const std::string t = trim(part);
+    const PressInfo* info = find_press(trim(t.substr(0, t.find_first_of("(:"))));
+    if (!info || (info->name != "think" && info->name != "latent")) continue;
+    if (!first_latent.empty())
+      throw Error(fmt::format("press spec '{}': {} and {} both store segments as latent codes, and a segment is "
+                              "converted once, so the second would do nothing; use one of them",
+                              whole, printable(first_latent), printable(t)));
+    first_latent = t;
+  }
   return std::make_unique<ComposedPress>(std::move(presses));
 }
 
