@@ -281,6 +281,27 @@ TEST(CliErrors, TextInputsThatAreNotTextFiles) {
   std::filesystem::remove_all(out);
 }
 
+// Regression (session 7, latent-user review): the eval tables printed the ratio with 2 decimals, so
+// --ratios 0.962,0.966 read "0.96" and "0.97"; they print the ratio as given. latent-calibrate
+// --k-rank above head_dim (8 here) was cut to head_dim silently.
+TEST(CliErrors, EvalTablePrintsTheRatioAsGivenAndCalibrationRanksAboveHeadDimFail) {
+  const std::string out = temp_path("fid_ratio");
+  Result r = run_cli("eval fidelity -m " + quote(kModel) + " --press knorm --ratios 0.625 --samples 1 --no-baseline "
+                     "--context-tokens 16 --continuation-tokens 4 --no-plot --no-progress -o " + quote(out));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find(" 0.625 "), std::string::npos) << r.out;
+  std::filesystem::remove_all(out);
+  const std::string story = std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt";
+  const std::string bases = temp_path("rank9.gguf");
+  expect_clean_failure("latent-calibrate -m " + quote(kModel) + " --text " + quote(story) + " -o " + quote(bases) +
+                           " --k-rank 9",
+                       {"error:", "--k-rank 9", "head_dim 8"});
+  expect_clean_failure("latent-calibrate -m " + quote(kModel) + " --text " + quote(story) + " -o " + quote(bases) +
+                           " --v-rank 12",
+                       {"error:", "--v-rank 12", "head_dim 8"});
+  std::remove(bases.c_str());
+}
+
 // Regression (issue 17): these values were accepted (NaN temperature, top-p above 1, negative
 // top-k, a NaN press parameter, a depth outside [0, 1], a learning rate of 1e30). Each is now
 // rejected before the model loads, by flag (or parameter) and value.

@@ -186,4 +186,29 @@ TEST(PressLatent, TwoLatentStagesInOneCompositionAreAnError) {
   }
 }
 
+// Regression (session 7): latent:k_rank=9 on head_dim 8 ran rank 8 while the press named 9 (memory
+// ratio 1.04 with f16 codes); cla:n=9 on 5 layers shared all 4 possible layers silently.
+TEST(PressLatent, RanksAboveHeadDimAndClaCountsAboveTheLayersAreErrors) {
+  const Model& model = bundled_model();
+  const HParams& hp = model.hparams();
+  for (const std::string& spec : {fmt::format("latent:k_rank={},v_rank=2", hp.head_dim + 1),
+                                 fmt::format("latent:k_rank=2,v_rank={}", hp.head_dim + 4),
+                                 fmt::format("latent:k_rank={}/2,v_rank=2,k_bits=8/4,per_layer=1", hp.head_dim + 1)}) {
+    Session s(model, SessionOptions{});
+    auto p = make_press(spec, 0.0);
+    EXPECT_THROW(prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr), Error) << spec;
+  }
+  {
+    Session s(model, SessionOptions{});
+    auto p = make_press(fmt::format("cla:n={}", hp.n_layer), 0.0);
+    EXPECT_THROW(prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr), Error);
+  }
+  // n = layers - 1: every layer reads layer 0's entries, so the cache holds layer 0's f16 entries
+  // only: per entry and KV head 2 x head_dim f16 numbers and a 4-byte position.
+  Session s(model, SessionOptions{});
+  auto p = make_press(fmt::format("cla:n={}", hp.n_layer - 1), 0.0);
+  prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr);
+  EXPECT_EQ(s.cache().bytes(), static_cast<size_t>(hp.n_head_kv) * 20 * (2 * hp.head_dim * 2 + 4));
+}
+
 }  // namespace

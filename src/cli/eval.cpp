@@ -182,7 +182,7 @@ void print_fidelity(const SweepResults& res, const ResultsReport& rep, const std
              "top-1", "ppl full", "ppl comp", "comp.r", "mem.r");
   for (const auto& s : rep.fidelity) {
     const auto& m = s.metrics;
-    fmt::print("{:<32} {:>6.2f} {:>10.4g} {:>21} {:>8.4f} {:>9.3f} {:>9.3f} {:>7.3f} {:>7.3f}\n", s.press_spec, s.ratio,
+    fmt::print("{:<32} {:>6.4g} {:>10.4g} {:>21} {:>8.4f} {:>9.3f} {:>9.3f} {:>7.3f} {:>7.3f}\n", s.press_spec, s.ratio,
                m.mean_kl(), ci(s.kl_ci), m.top1_agreement(), m.perplexity_full(), m.perplexity_compressed(),
                s.compression_ratio, s.memory_ratio);
   }
@@ -207,7 +207,7 @@ void print_tasks(const SweepResults& res, const ResultsReport& rep, const std::s
   fmt::print(")\n{:<16} {:<32} {:>6} {:>6} {:>15} {:>7} {:>7} {:>7} {:>6}\n", "task", "press", "ratio", "score",
              "95% CI", "comp.r", "mem.r", "needle", "n");
   for (const auto& s : rep.task_coarse)
-    fmt::print("{:<16} {:<32} {:>6.2f} {:>6.3f} {:>15} {:>7.3f} {:>7.3f} {:>7.3f} {:>6}\n", s.task, s.press_spec,
+    fmt::print("{:<16} {:<32} {:>6.4g} {:>6.3f} {:>15} {:>7.3f} {:>7.3f} {:>7.3f} {:>6}\n", s.task, s.press_spec,
                s.ratio, s.score, fmt::format("[{:.2f}, {:.2f}]", s.score_ci.low, s.score_ci.high), s.compression_ratio,
                s.memory_ratio, s.needle_kept, s.n);
   fmt::print("(score: mean string-match score, 95% Wilson interval; comp.r: fraction of the context's entries "

@@ -2,6 +2,7 @@
 // values on calibration text and writes them to a GGUF file that `--press latent:file=...` loads.
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <cstdio>
 
@@ -49,6 +50,10 @@ int run(const CalibArgs& a) {
   check_json_output(a.json);
   apply_threads(a.threads);
   auto model = Model::load(a.model);
+  // A rank above head_dim was cut to head_dim silently.
+  for (auto [flag, r] : {std::pair<const char*, int>{"--k-rank", a.opt.k_rank}, {"--v-rank", a.opt.v_rank}})
+    if (r > model->hparams().head_dim)
+      throw Error(fmt::format("{} {} must be at most the model's head_dim {}", flag, r, model->hparams().head_dim));
   const Tokenizer& tok = model->tokenizer();
   std::vector<std::vector<Token>> docs;
   for (const std::string& path : a.text) {

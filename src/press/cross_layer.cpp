@@ -84,6 +84,9 @@ class CrossLayerPress : public Press {
       for (int l : layers_) cache.share_layer(l, l - 1);
       return;
     }
+    if (n_ > L - 1)
+      throw Error(fmt::format("press cla: n={} must be at most {} (layers 1 to {} can read their predecessor's entries)",
+                              n_, L - 1, L - 1));
     if (n_ > 0) {
       // The n layers whose entries differ least from their predecessor's (before any sharing).
       std::vector<std::pair<double, int>> d;

@@ -258,6 +258,11 @@ class LatentPress : public Press, public LatentBitsControl {
       throw Error(fmt::format("press latent: k_rank={} / v_rank={} list candidates for the auto-budget's per-layer "
                               "search (per_layer=1 with target_kl); without it give one value each",
                               bits_text(k_ranks_), bits_text(v_ranks_)));
+    // A rank above head_dim would be cut to head_dim by the PCA while the press and its report
+    // still named the larger one.
+    if (!bases_ && (k_rank_ > hd || v_rank_ > hd))
+      throw Error(fmt::format("press latent: k_rank={} / v_rank={} must be at most the model's head_dim {}",
+                              bits_text(k_ranks_), bits_text(v_ranks_), hd));
     if (!k_layer_.empty() && k_layer_.size() != static_cast<size_t>(L))
       throw Error(fmt::format("press latent: bits for {} layers set, the cache has {}", k_layer_.size(), L));
     // Bits of this compression: the auto-budget's choice (per layer, or one pair), else the spec's
