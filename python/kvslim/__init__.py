@@ -12,6 +12,7 @@ evaluation sweeps (fidelity, needle in a haystack, RULER-style tasks).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Optional, Sequence, Union
 
 from . import _kvslim
@@ -103,10 +104,14 @@ def pipeline(task: str = "kv-press-text-generation", model: Union[str, Model] = 
              **kwargs) -> KVPressTextGenerationPipeline:
     """kvpress's ``pipeline("kv-press-text-generation", model=...)`` with a GGUF file as the model.
     Keyword arguments: threads, n_ctx, cache_type_k, cache_type_v, chunk_size; ``device`` and
-    ``model_kwargs`` (transformers arguments) are accepted and ignored: kvslim runs on the CPU."""
+    ``model_kwargs`` (transformers arguments) are accepted and ignored: kvslim runs on the CPU. A
+    ``device`` other than "cpu" (e.g. "cuda:0" in a kvpress script) gives a UserWarning saying so,
+    so a script does not believe it ran on a GPU."""
     if task != "kv-press-text-generation":
         raise ValueError(f"task '{task}' is not supported (only 'kv-press-text-generation')")
-    kwargs.pop("device", None)
+    device = kwargs.pop("device", None)
+    if device is not None and str(device) != "cpu":
+        warnings.warn(f"kvslim runs on the CPU: device={device!r} is ignored", UserWarning, stacklevel=2)
     kwargs.pop("model_kwargs", None)
     kwargs.pop("torch_dtype", None)
     return KVPressTextGenerationPipeline(model, **kwargs)

@@ -222,3 +222,14 @@ def test_installs_with_one_command(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import kvslim; print(kvslim.__file__, kvslim.__version__)"],
                        env=env, capture_output=True, text=True, check=True)
     assert r.stdout.startswith(str(site))
+
+
+def test_pipeline_warns_that_a_gpu_device_is_ignored():
+    # kvpress scripts pass device="cuda:0"; kvslim runs on the CPU and says so instead of ignoring it quietly.
+    with pytest.warns(UserWarning, match="device='cuda:0' is ignored"):
+        kvslim.pipeline("kv-press-text-generation", model=STORIES, device="cuda:0")
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        kvslim.pipeline("kv-press-text-generation", model=STORIES, device="cpu")
+        kvslim.pipeline("kv-press-text-generation", model=STORIES)
