@@ -359,32 +359,11 @@ class LatentPress : public Press, public LatentBitsControl {
   std::shared_ptr<const LatentBases> bases_;
 };
 
-// k_bits / v_bits: one value, or distinct candidates separated by '/' for the auto-budget.
-std::vector<int> checked_bits(const PressParams& p, const std::string& key) {
-  const std::string s = param_str(p, "latent", key);
-  std::vector<int> out;
-  size_t b = 0;
-  for (;;) {
-    const size_t e = s.find('/', b);
-    const std::string tok = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    int v = -1;
-    const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), v);
-    const bool ok = !tok.empty() && r.ec == std::errc() && r.ptr == tok.data() + tok.size() &&
-                    (v == 0 || v == 2 || v == 4 || v == 8 || v == 32) &&
-                    std::find(out.begin(), out.end(), v) == out.end();
-    if (!ok)
-      throw Error(fmt::format("press latent: {}={} must be 0 (f16 codes), 2, 4, 8 or 32 (f32 codes), or distinct "
-                              "such values separated by '/' for the auto-budget to choose from (e.g. 8/4)",
-                              key, s));
-    out.push_back(v);
-    if (e == std::string::npos) return out;
-    b = e + 1;
-  }
-}
-
-// k_rank / v_rank: one value >= 0 (0: by energy), or distinct candidates > 0 separated by '/' for
-// the auto-budget's per-layer search.
-std::vector<int> checked_ranks(const PressParams& p, const std::string& key) {
+// A spec value that is one integer or distinct integers separated by '/' (candidates for the
+// auto-budget). accept(v, several) says whether v may appear (several: the value lists more than one);
+// any other value is an error naming key=value, followed by `expected`.
+template <class Accept>
+std::vector<int> slash_list(const PressParams& p, const std::string& key, Accept accept, const char* expected) {
   const std::string s = param_str(p, "latent", key);
   std::vector<int> out;
   size_t b = 0;
@@ -394,16 +373,30 @@ std::vector<int> checked_ranks(const PressParams& p, const std::string& key) {
     int v = -1;
     const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), v);
     const bool several = e != std::string::npos || !out.empty();
-    const bool ok = !tok.empty() && r.ec == std::errc() && r.ptr == tok.data() + tok.size() &&
-                    (several ? v > 0 : v >= 0) && std::find(out.begin(), out.end(), v) == out.end();
-    if (!ok)
-      throw Error(fmt::format("press latent: {}={} must be a rank >= 0 (0: chosen by energy), or distinct ranks > 0 "
-                              "separated by '/' for the auto-budget's per-layer search (e.g. 8/6/4)",
-                              key, s));
+    const bool ok = !tok.empty() && r.ec == std::errc() && r.ptr == tok.data() + tok.size() && accept(v, several) &&
+                    std::find(out.begin(), out.end(), v) == out.end();
+    if (!ok) throw Error(fmt::format("press latent: {}={} must be {}", key, s, expected));
     out.push_back(v);
     if (e == std::string::npos) return out;
     b = e + 1;
   }
+}
+
+// k_bits / v_bits: one value, or distinct candidates separated by '/' for the auto-budget.
+std::vector<int> checked_bits(const PressParams& p, const std::string& key) {
+  return slash_list(
+      p, key, [](int v, bool) { return v == 0 || v == 2 || v == 4 || v == 8 || v == 32; },
+      "0 (f16 codes), 2, 4, 8 or 32 (f32 codes), or distinct such values separated by '/' for the auto-budget to "
+      "choose from (e.g. 8/4)");
+}
+
+// k_rank / v_rank: one value >= 0 (0: by energy), or distinct candidates > 0 separated by '/' for
+// the auto-budget's per-layer search.
+std::vector<int> checked_ranks(const PressParams& p, const std::string& key) {
+  return slash_list(
+      p, key, [](int v, bool several) { return several ? v > 0 : v >= 0; },
+      "a rank >= 0 (0: chosen by energy), or distinct ranks > 0 separated by '/' for the auto-budget's per-layer "
+      "search (e.g. 8/6/4)");
 }
 
 PressRegistrar reg([] {
