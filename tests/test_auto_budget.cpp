@@ -46,21 +46,30 @@ double kl64(const float* p, const float* q, size_t n) {
   return kl;
 }
 
+/// Logits [question.size()][n_vocab] of the question run teacher-forced after `context` prefilled
+/// with `spec` at `ratio`.
+std::vector<float> question_logits(const std::string& spec, double ratio, const std::vector<Token>& context,
+                                   const std::vector<Token>& question) {
+  Request req(bundled_model(), make_press(spec, ratio), opts());
+  req.set_prompt_tokens(context);
+  req.prefill();
+  return req.session().forward(question, true);
+}
+
+/// Mean float64 KL(full || comp) over the n_rows logit rows of two [n_rows][n_vocab] blocks.
+double mean_kl(const std::vector<float>& full, const std::vector<float>& comp, size_t n_rows) {
+  const size_t v = full.size() / n_rows;
+  double sum = 0;
+  for (size_t i = 0; i < n_rows; ++i) sum += kl64(full.data() + i * v, comp.data() + i * v, v);
+  return sum / n_rows;
+}
+
 /// Mean KL over the question's positions between the full cache and `spec` at `ratio`: each request
 /// prefills the context (compressed) and its session then runs the question teacher-forced.
 double question_kl(const std::string& spec, double ratio, const std::vector<Token>& context,
                    const std::vector<Token>& question) {
-  auto logits_of = [&](const std::string& s, double r) {
-    Request req(bundled_model(), make_press(s, r), opts());
-    req.set_prompt_tokens(context);
-    req.prefill();
-    return req.session().forward(question, true);
-  };
-  const std::vector<float> full = logits_of("none", 0.0), comp = logits_of(spec, ratio);
-  const size_t v = full.size() / question.size();
-  double sum = 0;
-  for (size_t i = 0; i < question.size(); ++i) sum += kl64(full.data() + i * v, comp.data() + i * v, v);
-  return sum / question.size();
+  return mean_kl(question_logits("none", 0.0, context, question), question_logits(spec, ratio, context, question),
+                 question.size());
 }
 
 size_t bytes_at(const std::string& spec, double ratio, const std::vector<Token>& context) {
@@ -386,16 +395,8 @@ TEST(AutoBudget, LatentBitsPerLayerLowerSingleLayersWithinTheTarget) {
     return latent_by_hand(ctx, question, kb, vb, std::vector<int>(kb.size(), 8), std::vector<int>(kb.size(), 8), out,
                           bytes);
   };
-  Request full(bundled_model(), make_press("none", 0.0), opts());
-  full.set_prompt_tokens(ctx);
-  full.prefill();
-  const std::vector<float> ref = full.session().forward(question, true);
-  const size_t nv = ref.size() / question.size();
-  auto kl_of = [&](const std::vector<float>& q) {
-    double s = 0;
-    for (size_t i = 0; i < question.size(); ++i) s += kl64(ref.data() + i * nv, q.data() + i * nv, nv);
-    return s / question.size();
-  };
+  const std::vector<float> ref = question_logits("none", 0.0, ctx, question);
+  auto kl_of = [&](const std::vector<float>& q) { return mean_kl(ref, q, question.size()); };
 
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
@@ -479,16 +480,8 @@ TEST(AutoBudget, LatentRanksPerLayerLowerSingleLayersWithinTheTarget) {
   const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
   const double target = 0.01;
   const std::vector<int> ranks = {8, 6, 4};
-  Request full(bundled_model(), make_press("none", 0.0), opts());
-  full.set_prompt_tokens(ctx);
-  full.prefill();
-  const std::vector<float> ref = full.session().forward(question, true);
-  const size_t nv = ref.size() / question.size();
-  auto kl_of = [&](const std::vector<float>& q) {
-    double s = 0;
-    for (size_t i = 0; i < question.size(); ++i) s += kl64(ref.data() + i * nv, q.data() + i * nv, nv);
-    return s / question.size();
-  };
+  const std::vector<float> ref = question_logits("none", 0.0, ctx, question);
+  auto kl_of = [&](const std::vector<float>& q) { return mean_kl(ref, q, question.size()); };
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
   std::unique_ptr<Press> press = make_press("latent:k_rank=8/6/4,v_rank=8/6/4,k_bits=8,v_bits=8,per_layer=1", 0.0);
