@@ -121,7 +121,7 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
   if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
   for (qdot::Level lv : levels)
   for (int n_entries : {150, 140})
-  for (int hd : {64, 80, 8}) {
+  for (int hd : {64, 80, 8, 128, 96}) {
     qdot::set_level(lv);
     SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + ", entries " + std::to_string(n_entries));
     for (const Config& cfg : configs()) {
@@ -217,7 +217,7 @@ TEST(KVAttention, RowsAreIndependentOfTheirGrouping) {
   if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
   if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
   for (qdot::Level lv : levels)
-  for (int hd : {64, 80, 8}) {
+  for (int hd : {64, 80, 8, 128, 96}) {
     qdot::set_level(lv);
     SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + ", head_dim " + std::to_string(hd));
     for (const Config& cfg : configs()) {

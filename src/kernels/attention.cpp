@@ -471,22 +471,41 @@ KV_AVX2_INLINE void pv_t8(const float* PT, const VT* V, int nb, int hd, float* O
 // Scores of the 8 rows against tiles kt[0], kt[1] (16 entries each, f16 or f32) into
 // ST[(16 t + j) * 8 + i]. pf (may hold nulls): four 16 * hd f16 blocks (a later pair's key tiles and value rows) fetched
 // into the cache, one line per two channels, while these scores are computed.
-template <class KT>
-KV_AVX2_INLINE void scores_pair8(const float* Q, int hd, const KT* const* kt, float* ST, const char* const* pf) {
+// HD: head_dim when known at compile time (64, 128), else 0 and hd at run time. With HD fixed,
+// every query, output and value address is one base register plus a constant, which frees the
+// general registers that otherwise hold a pointer per row (GCC spilled and reloaded five of them
+// in each step of the score loop, the kernel's hottest).
+template <int HD>
+KV_AVX2_INLINE int head_dim_of(int hd) {
+  if constexpr (HD > 0) return HD;
+  else return hd;
+}
+
+// Scores of the 8 rows against tiles kt[0], kt[1] (16 entries each, f16 or f32) into
+// ST[(16 t + j) * 8 + i]. pf: four 16 * hd f16 blocks (a later pair's key tiles and value rows,
+// or, when there is none, this pair's own) fetched into the cache, one line per two channels,
+// while these scores are computed.
+template <int HD, class KT>
+KV_AVX2_INLINE void scores_pair8(const float* Q, int hd_rt, const KT* const* kt, float* ST, const char* const* pf) {
+  const int hd = head_dim_of<HD>(hd_rt);
   __m256 x[2][2][8];  // [tile][key register][row]
   for (int t = 0; t < 2; ++t) {
     __m256 a[6][2];
 #pragma GCC unroll 6
     for (int i = 0; i < 6; ++i) a[i][0] = a[i][1] = _mm256_setzero_ps();
     const char* pft = pf[t];
-    for (int d = 0; d < hd; ++d) {
-      if (pft && d % 2 == 0) _mm_prefetch(pft + d * 32, _MM_HINT_T0);
-      const __m256 k0 = key8(kt[t], d, 0), k1 = key8(kt[t], d, 1);
+    const KT* k = kt[t];
+    for (int d = 0; d < hd; d += 2) {
+      _mm_prefetch(pft + d * 32, _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int dd = d; dd < d + 2; ++dd) {
+        const __m256 k0 = key8(k, dd, 0), k1 = key8(k, dd, 1);
 #pragma GCC unroll 6
-      for (int i = 0; i < 6; ++i) {
-        const __m256 q = _mm256_broadcast_ss(Q + i * hd + d);
-        a[i][0] = _mm256_fmadd_ps(k0, q, a[i][0]);
-        a[i][1] = _mm256_fmadd_ps(k1, q, a[i][1]);
+        for (int i = 0; i < 6; ++i) {
+          const __m256 q = _mm256_broadcast_ss(Q + i * hd + dd);
+          a[i][0] = _mm256_fmadd_ps(k0, q, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(k1, q, a[i][1]);
+        }
       }
     }
 #pragma GCC unroll 6
@@ -501,20 +520,23 @@ KV_AVX2_INLINE void scores_pair8(const float* Q, int hd, const KT* const* kt, fl
     for (int i = 0; i < 2; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm256_setzero_ps();
     const char* pf2 = pf[2];
     const char* pf3 = pf[3];
-    for (int d = 0; d < hd; ++d) {
-      if (d % 2 == 0) {
-        if (pf2) _mm_prefetch(pf2 + d * 32, _MM_HINT_T0);
-        if (pf3) _mm_prefetch(pf3 + d * 32, _MM_HINT_T0);
-      }
-      const __m256 k00 = key8(kt[0], d, 0), k01 = key8(kt[0], d, 1), k10 = key8(kt[1], d, 0),
-                   k11 = key8(kt[1], d, 1);
+    const KT* k0p = kt[0];
+    const KT* k1p = kt[1];
+    for (int d = 0; d < hd; d += 2) {
+      _mm_prefetch(pf2 + d * 32, _MM_HINT_T0);
+      _mm_prefetch(pf3 + d * 32, _MM_HINT_T0);
 #pragma GCC unroll 2
-      for (int i = 0; i < 2; ++i) {
-        const __m256 q = _mm256_broadcast_ss(Q + (6 + i) * hd + d);
-        a[i][0] = _mm256_fmadd_ps(k00, q, a[i][0]);
-        a[i][1] = _mm256_fmadd_ps(k01, q, a[i][1]);
-        a[i][2] = _mm256_fmadd_ps(k10, q, a[i][2]);
-        a[i][3] = _mm256_fmadd_ps(k11, q, a[i][3]);
+      for (int dd = d; dd < d + 2; ++dd) {
+        const __m256 k00 = key8(k0p, dd, 0), k01 = key8(k0p, dd, 1), k10 = key8(k1p, dd, 0),
+                     k11 = key8(k1p, dd, 1);
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i) {
+          const __m256 q = _mm256_broadcast_ss(Q + (6 + i) * hd + dd);
+          a[i][0] = _mm256_fmadd_ps(k00, q, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(k01, q, a[i][1]);
+          a[i][2] = _mm256_fmadd_ps(k10, q, a[i][2]);
+          a[i][3] = _mm256_fmadd_ps(k11, q, a[i][3]);
+        }
       }
     }
 #pragma GCC unroll 2
@@ -535,10 +557,13 @@ KV_AVX2_INLINE void scores_pair8(const float* Q, int hd, const KT* const* kt, fl
     }
 }
 
-// O[i][c] += sum_j PT[j * 8 + i] * V[j][c] for the 8 rows over the nb[0] rows of v[0], then the
-// nb[1] of v[1] (f16 or f32; each output one chain of fmas in that order); hd % 32 == 0.
-template <class VT>
-KV_AVX2_INLINE void pv_pair8(const float* PT, const VT* const* v, const int* nb, int hd, float* O) {
+// O[i][c] += sum_j PT[j * 8 + i] * V[j][c] for the 8 rows over the nb0 rows of v[0], then the
+// nb1 of v[1] (f16 or f32; each output one chain of fmas in that order); hd % 32 == 0.
+template <int HD, class VT>
+KV_AVX2_INLINE void pv_pair8(const float* PT, const VT* const* v, int nb0, int nb1, int hd_rt, float* O) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  const VT* v0p = v[0];
+  const VT* v1p = v[1];
   for (int c = 0; c < hd; c += 16) {
     __m256 a[6][2];
 #pragma GCC unroll 6
@@ -546,10 +571,13 @@ KV_AVX2_INLINE void pv_pair8(const float* PT, const VT* const* v, const int* nb,
       a[i][0] = _mm256_loadu_ps(O + i * hd + c);
       a[i][1] = _mm256_loadu_ps(O + i * hd + c + 8);
     }
+#pragma GCC unroll 2
     for (int t = 0; t < 2; ++t) {
       const float* P = PT + t * 128;
-      for (int j = 0; j < nb[t]; ++j) {
-        const __m256 v0 = value8(v[t], j, hd, c), v1 = value8(v[t], j, hd, c + 8);
+      const VT* vt = t ? v1p : v0p;
+      const int nb = t ? nb1 : nb0;
+      for (int j = 0; j < nb; ++j) {
+        const __m256 v0 = value8(vt, j, hd, c), v1 = value8(vt, j, hd, c + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < 6; ++i) {
           const __m256 p = _mm256_broadcast_ss(P + j * 8 + i);
@@ -570,12 +598,15 @@ KV_AVX2_INLINE void pv_pair8(const float* PT, const VT* const* v, const int* nb,
     for (int i = 0; i < 2; ++i)
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) a[i][u] = _mm256_loadu_ps(O + (6 + i) * hd + c + 8 * u);
+#pragma GCC unroll 2
     for (int t = 0; t < 2; ++t) {
       const float* P = PT + t * 128;
-      for (int j = 0; j < nb[t]; ++j) {
+      const VT* vt = t ? v1p : v0p;
+      const int nb = t ? nb1 : nb0;
+      for (int j = 0; j < nb; ++j) {
         __m256 vv[4];
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) vv[u] = value8(v[t], j, hd, c + 8 * u);
+        for (int u = 0; u < 4; ++u) vv[u] = value8(vt, j, hd, c + 8 * u);
 #pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
           const __m256 p = _mm256_broadcast_ss(P + j * 8 + 6 + i);
@@ -589,6 +620,20 @@ KV_AVX2_INLINE void pv_pair8(const float* PT, const VT* const* v, const int* nb,
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) _mm256_storeu_ps(O + (6 + i) * hd + c + 8 * u, a[i][u]);
   }
+}
+
+// The pair kernels for the head_dim at hand: compiled for 64 and 128, any other at run time.
+template <class KT>
+KV_AVX2_INLINE void scores_pair8_hd(const float* Q, int hd, const KT* const* kt, float* ST, const char* const* pf) {
+  if (hd == 64) scores_pair8<64>(Q, hd, kt, ST, pf);
+  else if (hd == 128) scores_pair8<128>(Q, hd, kt, ST, pf);
+  else scores_pair8<0>(Q, hd, kt, ST, pf);
+}
+template <class VT>
+KV_AVX2_INLINE void pv_pair8_hd(const float* PT, const VT* const* v, const int* nb, int hd, float* O) {
+  if (hd == 64) pv_pair8<64>(PT, v, nb[0], nb[1], hd, O);
+  else if (hd == 128) pv_pair8<128>(PT, v, nb[0], nb[1], hd, O);
+  else pv_pair8<0>(PT, v, nb[0], nb[1], hd, O);
 }
 
 // Keys and values of the (one or two) blocks of a pair as the group kernels read them: f16
@@ -687,17 +732,20 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
       // store order, so two tiles on) is fetched while this one is computed, hiding the memory
       // latency that the hardware prefetchers leave at every 4 KiB page (one pair of tiles per
       // page at head_dim 64).
-      const char* pf[4] = {nullptr, nullptr, nullptr, nullptr};
-      if (fetch) {
-        pf[0] = reinterpret_cast<const char*>(pd.k16[0] + 32 * hd);
-        pf[1] = reinterpret_cast<const char*>(pd.k16[1] + 32 * hd);
-        if (pd.v16[0]) pf[2] = reinterpret_cast<const char*>(pd.v16[0] + 32 * hd);
-        if (pd.v16[1]) pf[3] = reinterpret_cast<const char*>(pd.v16[1] + 32 * hd);
+      // Without a fetch (groups after the first) each tile prefetches itself: already cached, so
+      // the prefetch is only an instruction, cheaper than a test in the loop.
+      const uint16_t* kself[2] = {pd.k16[0], pd.k16[1]};
+      const uint16_t* vself[2] = {pd.v16[0] ? pd.v16[0] : pd.k16[0], pd.v16[1] ? pd.v16[1] : pd.k16[1]};
+      const char* pf[4];
+      for (int t = 0; t < 2; ++t) {
+        pf[t] = reinterpret_cast<const char*>(fetch ? kself[t] + 32 * hd : kself[t]);
+        pf[2 + t] = reinterpret_cast<const char*>(fetch && pd.v16[t] ? vself[t] + 32 * hd : vself[t]);
       }
-      scores_pair8(Q, hd, pd.k16, ST, pf);
+      scores_pair8_hd(Q, hd, pd.k16, ST, pf);
     } else {
-      const char* pf[4] = {nullptr, nullptr, nullptr, nullptr};
-      scores_pair8(Q, hd, pd.kt, ST, pf);
+      const char* pf[4];
+      for (int t = 0; t < 4; ++t) pf[t] = reinterpret_cast<const char*>(pd.kt[t % 2]);
+      scores_pair8_hd(Q, hd, pd.kt, ST, pf);
     }
   } else {
     for (int t = 0; t < pd.nt; ++t) {
@@ -715,8 +763,8 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
   if (pd.nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
   if (!softmax_t8(ST, pd.nt, lg, vis, R, m, l, O, hd)) return;
   if (pair8) {
-    if (pd.v16[0] && pd.v16[1]) return pv_pair8(ST, pd.v16, pd.nb, hd, O);
-    if (!pd.v16[0] && !pd.v16[1]) return pv_pair8(ST, pd.v, pd.nb, hd, O);
+    if (pd.v16[0] && pd.v16[1]) return pv_pair8_hd(ST, pd.v16, pd.nb, hd, O);
+    if (!pd.v16[0] && !pd.v16[1]) return pv_pair8_hd(ST, pd.v, pd.nb, hd, O);
   }
   for (int t = 0; t < pd.nt; ++t) {
     if (pd.v16[t]) pv_t8<R>(ST + t * 128, pd.v16[t], pd.nb[t], hd, O);
