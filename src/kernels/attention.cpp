@@ -180,6 +180,28 @@ KV_INLINE void vexp_into(const V& x, V* out) {
   *out = vexp_v(x);
 }
 
+// vexp_v for x <= 0 (or NaN), as the online softmax's s - max always is: the same arithmetic
+// without the upper clamp, which cannot change such an input.
+template <class V>
+KV_INLINE void vexp_nonpos_into(const V& x0, V* out) {
+  using VI = typename IntVec<V>::type;
+  V x = x0;
+  x = x < splatv<V>(-87.3f) ? splatv<V>(-87.3f) : x;
+  const V nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
+  V y = splatv<V>(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const VI e = (__builtin_convertvector(nf, VI) + 127) << 23;
+  V p;
+  std::memcpy(&p, &e, sizeof p);
+  *out = y * p;
+}
+
 // Max of the lanes of an 8- or 16-lane vector.
 KV_INLINE float hmax_n(const v16& v) { return hmax(v); }
 KV_INLINE float hmax_n(const v8& m8) {
@@ -656,6 +678,35 @@ KV_AVX2_INLINE __m256 lanes_seeing(__m256i visv, int32_t lg) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(visv, _mm256_set1_epi32(lg)));
 }
 
+// ST[j * 8 + i] <- exp(ST[j * 8 + i] - m[i]) (0 where row i does not see entry j unless FULL),
+// l[i] += their sum in hsum16's tree per tile of 16 entries.
+template <bool FULL>
+KV_AVX2_INLINE void probabilities_t8(float* ST, int nt, const int32_t* lg, __m256i visv, const float* m, float* l) {
+  // Loads and stores by intrinsics, not loadv/storev, for the same reason as vexp_into.
+  const v8 mr = reinterpret_cast<v8>(_mm256_loadu_ps(m));
+  v8 lv = reinterpret_cast<v8>(_mm256_loadu_ps(l));
+  for (int t = 0; t < nt; ++t) {
+    v8 p[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      float* Sj = ST + (16 * t + j) * 8;
+      v8 e;
+      vexp_nonpos_into(reinterpret_cast<v8>(_mm256_loadu_ps(Sj)) - mr, &e);
+      if constexpr (FULL) p[j] = e;
+      else p[j] = reinterpret_cast<v8>(_mm256_and_ps(reinterpret_cast<__m256>(e), lanes_seeing(visv, lg[16 * t + j])));
+      _mm256_storeu_ps(Sj, reinterpret_cast<__m256>(p[j]));
+    }
+    // hsum16's tree over the 16 entries, for the 8 rows at once.
+    v8 s8[8], s4[4];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) s8[j] = p[j] + p[j + 8];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
+    lv += (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  }
+  storev<v8>(l, lv);
+}
+
 KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32_t* vis, int rows, float* m, float* l,
                                float* O, int hd) {
   const int ne = 16 * nt;
@@ -692,25 +743,8 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
     for (; d < hd; ++d) Oi[d] *= alpha;
     m[i] = mxb[i];
   }
-  // Loads and stores by intrinsics, not loadv/storev, for the same reason as vexp_into.
-  const v8 mr = reinterpret_cast<v8>(_mm256_loadu_ps(m));
-  v8 lv = reinterpret_cast<v8>(_mm256_loadu_ps(l));
-  for (int t = 0; t < nt; ++t) {
-    v8 p[16];
-    for (int j = 0; j < 16; ++j) {
-      float* Sj = ST + (16 * t + j) * 8;
-      v8 e;
-      vexp_into(reinterpret_cast<v8>(_mm256_loadu_ps(Sj)) - mr, &e);
-      p[j] = full ? e : reinterpret_cast<v8>(_mm256_and_ps(reinterpret_cast<__m256>(e), lanes_seeing(visv, lg[16 * t + j])));
-      _mm256_storeu_ps(Sj, reinterpret_cast<__m256>(p[j]));
-    }
-    // hsum16's tree over the 16 entries, for the 8 rows at once.
-    v8 s8[8], s4[4];
-    for (int j = 0; j < 8; ++j) s8[j] = p[j] + p[j + 8];
-    for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
-    lv += (s4[0] + s4[2]) + (s4[1] + s4[3]);
-  }
-  storev<v8>(l, lv);
+  if (full) probabilities_t8<true>(ST, nt, lg, visv, m, l);
+  else probabilities_t8<false>(ST, nt, lg, visv, m, l);
   return true;
 }
 
