@@ -158,7 +158,9 @@ TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAr
     EXPECT_EQ(s.cache().seg(3, 1).latent_keys().bits(), c.kb) << c.extra;
     EXPECT_EQ(s.cache().seg(3, 1).latent_values().bits(), c.vb) << c.extra;
     EXPECT_EQ(s.cache().bytes(), bytes(c.kb, c.vb)) << c.extra;
-    if (!c.extra.empty()) EXPECT_NE(press->describe().find(c.extra.substr(1)), std::string::npos) << press->describe();
+    if (!c.extra.empty()) {
+      EXPECT_NE(press->describe().find(c.extra.substr(1)), std::string::npos) << press->describe();
+    }
   }
   for (const char* bad : {",k_rank=4", ",v_rank=8", ",energy=0.9", ",share=0.1", ",share_max=2"})
     EXPECT_THROW(make_press("latent:file=" + path + bad, 0.0), Error) << bad;
