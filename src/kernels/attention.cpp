@@ -490,9 +490,6 @@ KV_AVX2_INLINE void pv_t8(const float* PT, const VT* V, int nb, int hd, float* O
 // same order, as in scores_t8 and pv_t8, so the results are bit for bit those of the kernels
 // above (and of the prefill path, which the tests compare row by row).
 
-// Scores of the 8 rows against tiles kt[0], kt[1] (16 entries each, f16 or f32) into
-// ST[(16 t + j) * 8 + i]. pf (may hold nulls): four 16 * hd f16 blocks (a later pair's key tiles and value rows) fetched
-// into the cache, one line per two channels, while these scores are computed.
 // HD: head_dim when known at compile time (64, 128), else 0 and hd at run time. With HD fixed,
 // every query, output and value address is one base register plus a constant, which frees the
 // general registers that otherwise hold a pointer per row (GCC spilled and reloaded five of them
