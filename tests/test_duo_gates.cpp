@@ -94,9 +94,15 @@ TEST(DuoGates, SolverMatchesProjectedGradient) {
     for (int k = 0; k < n; ++k) {
       ASSERT_GE(a[k], 0.0);
       ASSERT_LE(a[k], 1.0);
-      if (a[k] > 1e-9 && a[k] < 1 - 1e-9) EXPECT_NEAR(g[k], 0.0, 1e-8) << trial << " gate " << k;
-      if (a[k] <= 1e-9) EXPECT_GE(g[k], -1e-8) << trial << " gate " << k;
-      if (a[k] >= 1 - 1e-9) EXPECT_LE(g[k], 1e-8) << trial << " gate " << k;
+      if (a[k] > 1e-9 && a[k] < 1 - 1e-9) {
+        EXPECT_NEAR(g[k], 0.0, 1e-8) << trial << " gate " << k;
+      }
+      if (a[k] <= 1e-9) {
+        EXPECT_GE(g[k], -1e-8) << trial << " gate " << k;
+      }
+      if (a[k] >= 1 - 1e-9) {
+        EXPECT_LE(g[k], 1e-8) << trial << " gate " << k;
+      }
     }
     EXPECT_LT(sweeps, 100000);
   }

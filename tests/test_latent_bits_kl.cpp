@@ -90,7 +90,9 @@ TEST(LatentBitsKl, CheapestWithinTargetAndKlRecomputedThroughThePress) {
       const LatentBitsTrial& prev = c.trials[i - 1];
       EXPECT_LE(prev.bytes_per_entry, t.bytes_per_entry) << i;
       // Equal bytes: the candidate with more key bits comes first (8/4 before 4/8).
-      if (prev.bytes_per_entry == t.bytes_per_entry) EXPECT_GT(row(prev.k_bits), row(t.k_bits)) << i;
+      if (prev.bytes_per_entry == t.bytes_per_entry) {
+        EXPECT_GT(row(prev.k_bits), row(t.k_bits)) << i;
+      }
     }
   }
   // The first within the target is chosen; every earlier (cheaper) one was above it.
