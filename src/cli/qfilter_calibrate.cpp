@@ -35,9 +35,8 @@ int run(const QFilterArgs& a) {
   for (const std::string& path : a.text) {
     std::vector<Token> all = tok.encode(read_text_file(path, "-f"), false, false);
     for (size_t b = 0; b < all.size() && static_cast<int>(docs.size()) < a.max_docs; b += a.doc_tokens) {
-      std::vector<Token> d;
-      if (tok.add_bos_default() && tok.bos() >= 0) d.push_back(tok.bos());
-      d.insert(d.end(), all.begin() + b, all.begin() + std::min(all.size(), b + a.doc_tokens));
+      std::vector<Token> d(all.begin() + b, all.begin() + std::min(all.size(), b + a.doc_tokens));
+      if (tok.add_bos_default() && tok.bos() >= 0) d.insert(d.begin(), tok.bos());
       docs.push_back(std::move(d));
     }
   }

@@ -468,9 +468,8 @@ RestoreKVWeights train_restorekv(const Model& model, const std::vector<Token>& t
   const size_t span = static_cast<size_t>(opt.context - 1 + opt.continuation);
   std::vector<std::vector<Token>> ctx, cont;
   for (size_t s = 0; s + span <= tokens.size(); s += span) {
-    std::vector<Token> c;
-    if (bos >= 0) c.push_back(bos);
-    c.insert(c.end(), tokens.begin() + s, tokens.begin() + s + opt.context - 1);
+    std::vector<Token> c(tokens.begin() + s, tokens.begin() + s + opt.context - 1);
+    if (bos >= 0) c.insert(c.begin(), bos);
     ctx.push_back(c);
     cont.emplace_back(tokens.begin() + s + opt.context - 1, tokens.begin() + s + span);
   }
