@@ -15,10 +15,15 @@
 #include "kv/store.h"
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
+// (clang has no such warning and would warn about the unknown name.)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #include <algorithm>
 #include <climits>
@@ -69,38 +74,6 @@ using v16i = simd::i32x16;
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-// Broadcasts built from a 256-bit half: for x86-64-v3, GCC lowers `v16{} + f` to scalar stores
-// and reloads through the stack, which made the AVX2 kernel 20x slower than the AVX-512 one.
-KV_INLINE v16 splat(float f) {
-  const v8 h = v8{} + f;
-  return __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-KV_INLINE v16i splati(int32_t x) {
-  const v8i h = v8i{} + x;
-  return __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-// exp on 16 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
-// relative error). Inputs are clamped to [-87.3, 88], where 2^n stays a normal float.
-KV_INLINE v16 vexp(const v16& x0) {
-  v16 x = x0;
-  x = x < splat(-87.3f) ? splat(-87.3f) : x;
-  x = x > splat(88.0f) ? splat(88.0f) : x;
-  const v16 nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const v16 r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  v16 y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const v16i e = (__builtin_convertvector(nf, v16i) + 127) << 23;
-  v16 p;
-  std::memcpy(&p, &e, sizeof p);
-  return y * p;
-}
-
 typedef float v4 __attribute__((vector_size(16)));
 
 // Horizontal max and sum by halving (a tree; the order of the additions is fixed).
@@ -139,7 +112,9 @@ struct IntVec<v16> {
   using type = v16i;
 };
 
-// Broadcasts: 8-lane vectors directly; 16-lane ones through a 256-bit half (see splat).
+// Broadcasts: 8-lane vectors directly; 16-lane ones through a 256-bit half (for x86-64-v3, GCC
+// lowers `v16{} + f` to scalar stores and reloads through the stack, which made the AVX2 kernel
+// 20x slower than the AVX-512 one).
 template <class V, class T>
 KV_INLINE V splatv(T x) {
   if constexpr (sizeof(V) == 32) {
@@ -151,13 +126,16 @@ KV_INLINE V splatv(T x) {
   }
 }
 
-// vexp on 8 or 16 lanes (the same per-lane arithmetic as vexp).
-template <class V>
+// exp on 8 or 16 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
+// relative error). Inputs are clamped to [-87.3, 88], where 2^n stays a normal float; without
+// kClampHigh only from below, for inputs <= 0 (or NaN), as the online softmax's s - max always
+// is, where the upper clamp cannot change a lane.
+template <class V, bool kClampHigh = true>
 KV_INLINE V vexp_v(const V& x0) {
   using VI = typename IntVec<V>::type;
   V x = x0;
   x = x < splatv<V>(-87.3f) ? splatv<V>(-87.3f) : x;
-  x = x > splatv<V>(88.0f) ? splatv<V>(88.0f) : x;
+  if constexpr (kClampHigh) x = x > splatv<V>(88.0f) ? splatv<V>(88.0f) : x;
   const V nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
   V y = splatv<V>(1.9875691500e-4f);
@@ -175,31 +153,9 @@ KV_INLINE V vexp_v(const V& x0) {
 
 // vexp_v with its result through a reference: a function compiled for AVX2 may not take an 8-float
 // vector by value from one compiled without (clang rejects the call as an ABI change, even inlined).
-template <class V>
+template <bool kClampHigh, class V>
 KV_INLINE void vexp_into(const V& x, V* out) {
-  *out = vexp_v(x);
-}
-
-// vexp_v for x <= 0 (or NaN), as the online softmax's s - max always is: the same arithmetic
-// without the upper clamp, which cannot change such an input.
-template <class V>
-KV_INLINE void vexp_nonpos_into(const V& x0, V* out) {
-  using VI = typename IntVec<V>::type;
-  V x = x0;
-  x = x < splatv<V>(-87.3f) ? splatv<V>(-87.3f) : x;
-  const V nf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  V y = splatv<V>(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const VI e = (__builtin_convertvector(nf, VI) + 127) << 23;
-  V p;
-  std::memcpy(&p, &e, sizeof p);
-  *out = y * p;
+  *out = vexp_v<V, kClampHigh>(x);
 }
 
 // Max of the lanes of an 8- or 16-lane vector.
@@ -237,7 +193,7 @@ KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, in
       for (int h = 0; h < H; ++h) k[t][h] = loadv<V>(kt + (static_cast<size_t>(t) * hd + d) * 16 + h * L);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
-      // A scalar operand, not splat(): GCC broadcasts it with vbroadcastss.
+      // A scalar operand, not splatv(): GCC broadcasts it with vbroadcastss.
       const float q = Q[i * hd + d];
       for (int t = 0; t < NT; ++t)
         for (int h = 0; h < H; ++h) acc[t][h][i] += k[t][h] * q;
@@ -688,7 +644,7 @@ KV_AVX2_INLINE void probabilities_t8(float* ST, int nt, const int32_t* lg, __m25
     for (int j = 0; j < 16; ++j) {
       float* Sj = ST + (16 * t + j) * 8;
       v8 e;
-      vexp_nonpos_into(reinterpret_cast<v8>(_mm256_loadu_ps(Sj)) - mr, &e);
+      vexp_into<false>(reinterpret_cast<v8>(_mm256_loadu_ps(Sj)) - mr, &e);
       if constexpr (FULL) p[j] = e;
       else p[j] = reinterpret_cast<v8>(_mm256_and_ps(reinterpret_cast<__m256>(e), lanes_seeing(visv, lg[16 * t + j])));
       _mm256_storeu_ps(Sj, reinterpret_cast<__m256>(p[j]));
