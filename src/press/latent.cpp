@@ -444,11 +444,11 @@ PressRegistrar reg([] {
                   "k_rank or v_rank (e.g. k_bits=8/4)");
     if (rank_candidates && per_layer != 1)
       throw Error("press latent: k_rank / v_rank candidates (with '/') are chosen only per layer: add per_layer=1");
-    if (rank_candidates && !param_file(p, "latent", "file").empty())
-      throw Error("press latent: k_rank / v_rank candidates need per-request bases (a file's bases fix the ranks)");
     // A file's bases fix the ranks and the sharing (latent-calibrate --k-rank / --energy / --share):
-    // the per-request bases' parameters would be ignored, so they are errors, not silently dropped.
-    if (!param_file(p, "latent", "file").empty()) {
+    // the per-request bases' parameters would be ignored, so they are errors, not silently dropped
+    // (rank candidates included: each is > 0).
+    const std::string file = param_file(p, "latent", "file");
+    if (!file.empty()) {
       if (kr != 0 || vr != 0)
         throw Error(fmt::format("press latent: k_rank={} / v_rank={} apply to per-request bases; a file's bases fix "
                                 "the ranks (latent-calibrate --k-rank / --v-rank)",
@@ -463,7 +463,7 @@ PressRegistrar reg([] {
     }
     return std::make_unique<LatentPress>(std::move(kranks), std::move(vranks), en, std::move(kbits), std::move(vbits),
                                          sc == "channel" ? LatentScales::Channel : LatentScales::Token,
-                                         param_file(p, "latent", "file"), share, share_max, per_layer == 1);
+                                         file, share, share_max, per_layer == 1);
   };
   return i;
 }());
