@@ -721,12 +721,10 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
       // page at head_dim 64).
       // Without a fetch (groups after the first) each tile prefetches itself: already cached, so
       // the prefetch is only an instruction, cheaper than a test in the loop.
-      const uint16_t* kself[2] = {pd.k16[0], pd.k16[1]};
-      const uint16_t* vself[2] = {pd.v16[0] ? pd.v16[0] : pd.k16[0], pd.v16[1] ? pd.v16[1] : pd.k16[1]};
       const char* pf[4];
       for (int t = 0; t < 2; ++t) {
-        pf[t] = reinterpret_cast<const char*>(fetch ? kself[t] + 32 * hd : kself[t]);
-        pf[2 + t] = reinterpret_cast<const char*>(fetch && pd.v16[t] ? vself[t] + 32 * hd : vself[t]);
+        pf[t] = reinterpret_cast<const char*>(pd.k16[t] + (fetch ? 32 * hd : 0));
+        pf[2 + t] = reinterpret_cast<const char*>(pd.v16[t] ? pd.v16[t] + (fetch ? 32 * hd : 0) : pd.k16[t]);
       }
       scores_pair8_hd(Q, hd, pd.k16, ST, pf);
     } else {
