@@ -3,9 +3,9 @@
 // (a GQA group in decode, a tile of tokens x the group in prefill), with an online softmax
 // (running max and sum per row) so the segment is read exactly once.
 //
-// The hot loops use GCC vector extensions (16 floats on AVX-512, 8 on AVX2 and the baseline, the
-// online softmax included) inside one function compiled three times
-// (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and chosen at run time.
+// The hot loops use GCC vector extensions of 8 floats (the online softmax included) inside one
+// function compiled three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and
+// chosen at run time; AVX2 and AVX-512 run the group kernels (AVX2 intrinsics) for head_dim % 16 == 0.
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
 #include "kernels/clones.h"
@@ -64,31 +64,12 @@ namespace {
 
 static_assert(kKVTile == 16, "the kernels below hold one tile of scores in a 16-float vector");
 
-// The codecs' 16-lane vector type and loads (always inlined into the per-target kernels).
-namespace simd = kv::simd;
-using simd::v16;
-using v16i = simd::i32x16;
-
 #define KV_INLINE inline __attribute__((always_inline))
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
 typedef float v4 __attribute__((vector_size(16)));
-
-// Horizontal max and sum by halving (a tree; the order of the additions is fixed).
-KV_INLINE float hmax(const v16& v) {
-  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v8 m8 = a > b ? a : b;
-  const v4 c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
-  const v4 m4 = c > d ? c : d;
-  return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
-}
-KV_INLINE float hsum(const v16& v) {
-  const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
 
 template <class V>
 KV_INLINE V loadv(const float* p) {
@@ -107,23 +88,12 @@ template <>
 struct IntVec<v8> {
   using type = v8i;
 };
-template <>
-struct IntVec<v16> {
-  using type = v16i;
-};
 
-// Broadcasts: 8-lane vectors directly; 16-lane ones through a 256-bit half (for x86-64-v3, GCC
-// lowers `v16{} + f` to scalar stores and reloads through the stack, which made the AVX2 kernel
-// 20x slower than the AVX-512 one).
+// Broadcasts of 8-lane vectors. (16-float generic vectors are not used: GCC 12 lowers their
+// broadcasts for x86-64-v3 to scalar stores and reloads through the stack.)
 template <class V, class T>
 KV_INLINE V splatv(T x) {
-  if constexpr (sizeof(V) == 32) {
-    return V{} + x;
-  } else {
-    typedef T h8 __attribute__((vector_size(32)));
-    const h8 h = h8{} + x;
-    return __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-  }
+  return V{} + x;
 }
 
 // exp on 8 or 16 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
@@ -158,15 +128,13 @@ KV_INLINE void vexp_into(const V& x, V* out) {
   *out = vexp_v<V, kClampHigh>(x);
 }
 
-// Max of the lanes of an 8- or 16-lane vector.
-KV_INLINE float hmax_n(const v16& v) { return hmax(v); }
+// Max of the lanes of an 8-lane vector.
 KV_INLINE float hmax_n(const v8& m8) {
   const v4 c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
   const v4 m4 = c > d ? c : d;
   return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
 }
-// Sum of 16 lanes held as one 16-lane vector or two 8-lane ones, in hsum's order.
-KV_INLINE float hsum16(const v16* p) { return hsum(p[0]); }
+// Sum of 16 lanes held as two 8-lane vectors, by halving (a tree; the order of the additions is fixed).
 KV_INLINE float hsum16(const v8* p) {
   const v8 s8 = p[0] + p[1];
   const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
@@ -176,8 +144,7 @@ KV_INLINE float hsum16(const v8* p) {
 // S[i * ss + t * 16 + j] = sum_d Q[i][d] * kt_t[d][j] for NR rows and NT key tiles (kt_t =
 // kt + t * hd * 16). With two tiles each broadcast query value feeds two fmas: the loop is bound
 // by loads (one broadcast per fma with a single tile), so sharing them is what makes it faster.
-// V is the register type: 16 floats on AVX-512, 8 on AVX2, where GCC 12 would lower a 16-float
-// generic vector through the stack; each lane computes the same sums either way.
+// V is the register type (8 floats); each lane computes the same sums on every level.
 template <int NR, int NT, class V>
 KV_INLINE void tile_scores(const float* Q, int hd, const float* kt, float* S, int ss) {
   constexpr int L = sizeof(V) / sizeof(float), H = 16 / L;
@@ -775,11 +742,10 @@ __attribute__((target("arch=x86-64-v3"))) void pair_groups(const PairData& pd, c
   }
 }
 
-// Register tiling per SIMD level. Each accumulator is an independent chain of fmas, and an fma's
-// latency is about four times its issue interval, so at least 8 chains are needed to keep two
-// fma ports busy. AVX-512 (32 registers): scores of 8 rows x 2 key tiles, values of 8 rows x 2
-// chunks of 16 columns (16 accumulators each). AVX2 (16 registers, a 16-float vector being two):
-// 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of accumulators, no spills).
+// Register tiling. Each accumulator is an independent chain of fmas, and an fma's latency is about
+// four times its issue interval, so at least 8 chains are needed to keep two fma ports busy. With
+// 16 registers (a 16-entry tile being two): 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of
+// accumulators, no spills).
 // NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile of
 // a lone key tile); CH: 16-column value chunks per probability broadcast.
 // kGroups8: the AVX2 group kernels above (pair_groups) when head_dim % 16 == 0.
@@ -834,10 +800,9 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
       for (; r + NRP <= rows; r += NRP) tile_scores<NRP, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
       for (; r < rows; ++r) tile_scores<1, 1, VT>(Q + static_cast<size_t>(r) * hd, hd, kt, S + r * 32, 32);
     }
-    // The online softmax of each row over the (up to) 32 scores, on VT registers: 16-float
-    // generic vectors are lowered through the stack by GCC 12 on AVX2, so there the 32 lanes are
-    // four 8-float vectors. Each lane computes the same values on every level, and the row sums
-    // add the lanes in the same tree (see hsum_n), so the levels agree bit for bit.
+    // The online softmax of each row over the (up to) 32 scores, as four 8-float vectors. Each
+    // lane computes the same values on every level, and the row sums add the lanes in the same
+    // tree (see hsum16), so the levels agree bit for bit.
     constexpr int L = sizeof(VT) / sizeof(float), NV = 32 / L;
     using VI = typename IntVec<VT>::type;
     alignas(64) int32_t lgb[32];
@@ -970,8 +935,12 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
 #define KV_ATTEND_ARGS                                                                                    \
   const Segment &seg, const int32_t *sel, int n_sel, const float *Q, int rows, const int32_t *vis, float *out, \
       int64_t out_stride, float *raw, Scratch &sc
+// AVX-512 runs the AVX2 group kernels too: on AMD Zen 4 (512-bit operations issued as two 256-bit
+// halves) they beat the 16-float generic kernels that the level used before (decode over a
+// 4,096-entry f16 segment 105 vs 137 us, prefill tile 788 vs 860 us; compiled for x86-64-v4 they
+// are no faster).
 __attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
-  attend_body<8, 8, 2, v16>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+  attend_body<2, 4, 1, v8, true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
 }
 __attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
   attend_body<2, 4, 1, v8, true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
