@@ -185,7 +185,7 @@ def main():
             skipped.append((f, line, f"synopsis ({why})"))
             continue
         missing = [t for t in tokens if ("/" in t or t.endswith((".gguf", ".txt", ".json")))
-                   and not t.startswith(("-", "eval-out")) and "kvslim" not in t
+                   and not t.startswith(("-", "eval-out")) and os.path.basename(t) != "kvslim"
                    and not re.fullmatch(r"\d+/\d+", t)
                    and not os.path.exists(os.path.join(scratch, t)) and not os.path.exists(t)]
         outputs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("-o", "--out", "--json")}
