@@ -106,7 +106,7 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   const size_t align = total >= kHuge ? kHuge : 64;
   void* mem = std::aligned_alloc(align, (total + 63) / 64 * 64);
   if (!mem) throw Error(fmt::format("pack_rows: cannot allocate {} bytes", total));
-  if (align == kHuge && !std::getenv("NOHUGE")) madvise(mem, total / kHuge * kHuge, MADV_HUGEPAGE);
+  if (align == kHuge && huge_pages_enabled()) madvise(mem, total / kHuge * kHuge, MADV_HUGEPAGE);
   P->bytes = std::unique_ptr<uint8_t[], void (*)(void*)>(static_cast<uint8_t*>(mem), free_bytes);
   const size_t in_block = row_bytes(W.type, 256);
   parallel_for(P->row_blocks, [&](int64_t b0, int64_t b1) {
@@ -121,6 +121,11 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
       }
   });
   return P;
+}
+
+bool huge_pages_enabled() {
+  const char* env = std::getenv("KVSLIM_HUGEPAGES");
+  return !(env && std::string(env) == "0");
 }
 
 bool packing_enabled() {

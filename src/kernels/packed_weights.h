@@ -59,6 +59,11 @@ bool packable(const WeightView& W);
 /// Repacks W (packable(W) must hold, else kvslim::Error). Reads every byte of W once.
 std::shared_ptr<const PackedRows> pack_rows(const WeightView& W);
 
+/// Whether large packed matrices are offered to the kernel as transparent huge pages
+/// (madvise(MADV_HUGEPAGE) on their 2 MiB spans): yes unless KVSLIM_HUGEPAGES is "0" (set it to 0
+/// to time the difference).
+bool huge_pages_enabled();
+
 /// Whether the model loader packs weights: a SIMD level is in use (qdot::level() >= AVX2) and
 /// KVSLIM_PACK is not "0" (set it to 0 to time the in-place kernels).
 bool packing_enabled();
