@@ -533,6 +533,28 @@ TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
   }
 }
 
+// A packed matrix of 2 MiB or more starts on a 2 MiB boundary (so that its spans can be huge
+// pages) and decodes to the same bits as the file's rows, at every SIMD level.
+TEST(Kernels, LargePackedMatrixIsHugePageAlignedAndExact) {
+  Restore restore;
+  const int64_t cols = 2048, rows = 1000;  // 125 x 8 x 2,176 bytes packed = 2.08 MiB
+  Matrix m = make_matrix(GGMLType::Q8_0, rows, cols, 95);
+  const WeightView pv = packed_view(m);
+  ASSERT_TRUE(pv.packed);
+  ASSERT_GE(static_cast<size_t>(pv.packed->row_blocks * (cols / 256)) * pv.packed->block_bytes, size_t{2} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pv.packed->bytes.get()) % (uintptr_t{2} << 20), 0u);
+  std::vector<float> x = make_acts(1, cols, 96);
+  set_num_threads(1);
+  for (qdot::Level lv : levels()) {
+    if (lv == qdot::Level::Scalar) continue;  // the scalar level does not read packed rows
+    qdot::set_level(lv);
+    std::vector<float> ref(static_cast<size_t>(rows)), y(ref.size());
+    matmul(m.view, x.data(), 1, ref.data());
+    matmul(pv, x.data(), 1, y.data());
+    EXPECT_TRUE(same_bits(ref, y)) << "level " << static_cast<int>(lv);
+  }
+}
+
 // Only q4_K, q6_K and q8_0 rows whose length is a multiple of 256 are packed.
 TEST(Kernels, PackRowsRejectsOtherTypes) {
   Matrix q4 = make_matrix(GGMLType::Q4_0, 8, 256, 91), q8 = make_matrix(GGMLType::Q8_0, 8, 224, 94);

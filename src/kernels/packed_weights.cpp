@@ -104,7 +104,9 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   // stop for the hardware prefetchers.
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t align = total >= kHuge ? kHuge : 64;
-  void* mem = std::aligned_alloc(align, (total + 63) / 64 * 64);
+  // posix_memalign: aligned_alloc wants the size a multiple of the alignment (sanitizers enforce it).
+  void* mem = nullptr;
+  if (posix_memalign(&mem, align, (total + 63) / 64 * 64) != 0) mem = nullptr;
   if (!mem) throw Error(fmt::format("pack_rows: cannot allocate {} bytes", total));
   if (align == kHuge && huge_pages_enabled()) madvise(mem, total / kHuge * kHuge, MADV_HUGEPAGE);
   P->bytes = std::unique_ptr<uint8_t[], void (*)(void*)>(static_cast<uint8_t*>(mem), free_bytes);
