@@ -11,7 +11,6 @@
 #include "kernels/clones.h"
 
 #include "kernels/quant_dot.h"
-#include "kv/simd.h"
 #include "kv/store.h"
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
@@ -66,6 +65,10 @@ static_assert(kKVTile == 16, "the kernels below hold one tile of scores in a 16-
 
 #define KV_INLINE inline __attribute__((always_inline))
 
+// The vector helpers below are always inlined into the per-target kernels, so no 32-byte vector
+// crosses a call of the baseline (SSE2) build and the psABI note about their passing does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
@@ -96,7 +99,7 @@ KV_INLINE V splatv(T x) {
   return V{} + x;
 }
 
-// exp on 8 or 16 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
+// exp on 8 lanes: Cody-Waite range reduction and Cephes' degree-6 polynomial (about 1e-7
 // relative error). Inputs are clamped to [-87.3, 88], where 2^n stays a normal float; without
 // kClampHigh only from below, for inputs <= 0 (or NaN), as the online softmax's s - max always
 // is, where the upper clamp cannot change a lane.
