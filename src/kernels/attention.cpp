@@ -4,8 +4,9 @@
 // (running max and sum per row) so the segment is read exactly once.
 //
 // The hot loops use GCC vector extensions of 8 floats (the online softmax included) inside one
-// function compiled three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline SSE2) and
-// chosen at run time; AVX2 and AVX-512 run the group kernels (AVX2 intrinsics) for head_dim % 16 == 0.
+// function compiled twice (x86-64-v3 = AVX2 + FMA, for the AVX2 and AVX-512 levels, and the SSE2
+// baseline) and chosen at run time; AVX2 and AVX-512 run the group kernels (AVX2 intrinsics) for
+// head_dim % 16 == 0.
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
 #include "kernels/clones.h"
@@ -751,12 +752,14 @@ __attribute__((target("arch=x86-64-v3"))) void pair_groups(const PairData& pd, c
 // four times its issue interval, so at least 8 chains are needed to keep two fma ports busy. With
 // 16 registers (a 16-entry tile being two): 2 rows x 2 tiles and 4 rows x 1 chunk (8 registers of
 // accumulators, no spills).
-// NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile of
-// a lone key tile); CH: 16-column value chunks per probability broadcast.
 // kGroups8: the AVX2 group kernels above (pair_groups) when head_dim % 16 == 0.
-template <int NRS, int NRP, int CH, class VT, bool kGroups8 = false>
+template <bool kGroups8>
 KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, const float* Q, int rows,
                            const int32_t* vis, float* out, int64_t out_stride, float* raw, Scratch& sc) {
+  // NRS: query rows per score tile (two key tiles); NRP: rows per value tile (and per score tile
+  // of a lone key tile); CH: 16-column value chunks per probability broadcast; VT: the register.
+  constexpr int NRS = 2, NRP = 4, CH = 1;
+  using VT = v8;
   const int hd = seg.head_dim();
   const size_t n = seg.size();
   const bool vec_hd = hd % 16 == 0;
@@ -940,22 +943,19 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
 #define KV_ATTEND_ARGS                                                                                    \
   const Segment &seg, const int32_t *sel, int n_sel, const float *Q, int rows, const int32_t *vis, float *out, \
       int64_t out_stride, float *raw, Scratch &sc
+__attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
+  attend_body<true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+}
+void attend_default(KV_ATTEND_ARGS) { attend_body<false>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
+
+// The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
 // AVX-512 runs the AVX2 group kernels too: on AMD Zen 4 (512-bit operations issued as two 256-bit
 // halves) they beat the 16-float generic kernels that the level used before (decode over a
 // 4,096-entry f16 segment 105 vs 137 us, prefill tile 788 vs 860 us; compiled for x86-64-v4 they
-// are no faster).
-__attribute__((target("arch=x86-64-v4"))) void attend_avx512(KV_ATTEND_ARGS) {
-  attend_body<2, 4, 1, v8, true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
-}
-__attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
-  attend_body<2, 4, 1, v8, true>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
-}
-void attend_default(KV_ATTEND_ARGS) { attend_body<2, 4, 1, v8>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
-
-// The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
+// are no faster, so there is no separate x86-64-v4 copy).
 void attend_core(KV_ATTEND_ARGS) {
   switch (qdot::level()) {
-    case qdot::Level::AVX512: return attend_avx512(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
+    case qdot::Level::AVX512:
     case qdot::Level::AVX2: return attend_avx2(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
     default: return attend_default(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
   }
