@@ -1,10 +1,10 @@
 #!/bin/sh
-# Builds the measurement tools (tools/kv_*.cpp, tools/qdot_bench.cpp) against the library of a build directory
+# Builds the measurement tools (tools/kv_*.cpp, tools/qdot_bench.cpp, tools/gemv_stream_bench.cpp) against the library of a build directory
 # (default build-kvquant; configure and build its kvslim_lib target first).
 set -e
 cd "$(dirname "$0")/.."
 B=${1:-build-kvquant}
-for t in kv_attention_bench kv_fidelity qdot_bench; do
+for t in kv_attention_bench kv_fidelity qdot_bench gemv_stream_bench; do
   g++ -std=gnu++20 -O2 -Iinclude -Isrc "tools/$t.cpp" -o "$B/$t" \
     -Wl,--whole-archive "$B/libkvslim.a" -Wl,--no-whole-archive \
     $(pkg-config --libs openblas libpcre2-8 cpp-httplib libcrypto) -lfmt -lpthread

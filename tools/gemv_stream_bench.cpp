@@ -1,0 +1,147 @@
+// How close the decode products come to the machine's read bandwidth. Builds the weight matrices
+// of a TinyLlama-1.1B-shaped Q4_K_M model (22 layers: q, k, o, gate, up in q4_K; v and down in
+// q6_K on 10 layers as llama.cpp's Q4_K_M mix does, q4_K elsewhere; output 32000 x 2048 q6_K),
+// packed as the model loader packs them, about 650 MB, far more than any cache. One pass is one
+// decode step's products in the engine's order (matmul_group for q/k/v and gate/up, matmul for o,
+// down and output) with the pool's threads; each pass is followed by a plain read of a 1 GiB
+// buffer with the same threads (AVX2 loads, summed), so every line compares the two in one run on
+// whatever else the host is doing. Prints GB/s of packed weight bytes, the read GB/s, and their
+// ratio: the fraction of the bandwidth floor the products reach.
+//
+// Weights are copies of 64 rows quantized from random normals (contents do not change the speed).
+//
+// Build and run: tools/build_kv_tools.sh build && build/gemv_stream_bench [threads] [passes]
+// (defaults 2 and 8; KVSLIM_SIMD forces a lower SIMD level, KVSLIM_HUGEPAGES=0 small pages).
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/packed_weights.h"
+#include "kernels/quant_dot.h"
+#include "kernels/threads.h"
+#include "kvslim/quant.h"
+
+using namespace kvslim;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A packed rows x cols matrix of type t (the unpacked bytes are dropped once packed).
+WeightView make_matrix(GGMLType t, int64_t rows, int64_t cols) {
+  static std::map<std::pair<int, int64_t>, std::vector<uint8_t>> seed_rows;
+  const size_t rb = row_bytes(t, cols);
+  auto& seed = seed_rows[{static_cast<int>(t), cols}];
+  if (seed.empty()) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    seed.resize(rb * 64);
+    std::vector<float> w(cols);
+    for (int r = 0; r < 64; ++r) {
+      for (auto& v : w) v = nd(rng) * 0.02f;
+      quantize_row(t, w.data(), seed.data() + r * rb, cols);
+    }
+  }
+  std::vector<uint8_t> bytes(rb * rows);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, seed.data() + (r % 64) * rb, rb);
+  WeightView W{t, bytes.data(), cols, rows, rb, {}};
+  W.packed = qdot::pack_rows(W);
+  W.data = nullptr;  // only the packed copy is read at SIMD levels
+  return W;
+}
+
+double packed_bytes(const WeightView& W) {
+  return static_cast<double>(W.packed->row_blocks) * (W.cols / 256) * W.packed->block_bytes;
+}
+
+// Sum of the 64-bit lanes of n bytes (n a multiple of 128, p 32-byte aligned), four loads in flight.
+__attribute__((target("avx2"))) int64_t read_sum(const uint8_t* p, size_t n) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < n; i += 128) {
+    const auto* v = reinterpret_cast<const __m256i*>(p + i);
+    s0 = _mm256_add_epi64(s0, _mm256_load_si256(v));
+    s1 = _mm256_add_epi64(s1, _mm256_load_si256(v + 1));
+    s2 = _mm256_add_epi64(s2, _mm256_load_si256(v + 2));
+    s3 = _mm256_add_epi64(s3, _mm256_load_si256(v + 3));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+  return _mm256_extract_epi64(s, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2, passes = argc > 2 ? std::atoi(argv[2]) : 8;
+  if (threads <= 0 || passes <= 0) {
+    std::fprintf(stderr, "gemv_stream_bench: threads and passes must be positive\n");
+    return 2;
+  }
+  if (!qdot::packing_enabled()) {
+    std::fprintf(stderr, "gemv_stream_bench: needs packed weights (a SIMD level and KVSLIM_PACK unset)\n");
+    return 2;
+  }
+  set_num_threads(threads);
+  const GGMLType Q4 = GGMLType::Q4_K, Q6 = GGMLType::Q6_K;
+  struct Layer {
+    WeightView q, k, v, o, gate, up, down;
+  };
+  std::vector<Layer> layers;
+  double bytes = 0;
+  for (int l = 0; l < 22; ++l) {
+    const bool more = l < 3 || l >= 19 || l % 3 == 2;  // 10 of 22 layers
+    layers.push_back({make_matrix(Q4, 2048, 2048), make_matrix(Q4, 256, 2048), make_matrix(more ? Q6 : Q4, 256, 2048),
+                      make_matrix(Q4, 2048, 2048), make_matrix(Q4, 5632, 2048), make_matrix(Q4, 5632, 2048),
+                      make_matrix(more ? Q6 : Q4, 2048, 5632)});
+    for (const WeightView* W : {&layers.back().q, &layers.back().k, &layers.back().v, &layers.back().o,
+                                &layers.back().gate, &layers.back().up, &layers.back().down})
+      bytes += packed_bytes(*W);
+  }
+  const WeightView out = make_matrix(Q6, 32000, 2048);
+  bytes += packed_bytes(out);
+  std::vector<float> x(5632), y0(32000), y1(5632), y2(5632);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+
+  const size_t buf_bytes = size_t{1} << 30;
+  void* raw = nullptr;
+  if (posix_memalign(&raw, size_t{2} << 20, buf_bytes) != 0) {
+    std::fprintf(stderr, "gemv_stream_bench: cannot allocate the 1 GiB read buffer\n");
+    return 1;
+  }
+  std::unique_ptr<uint8_t, void (*)(void*)> buf(static_cast<uint8_t*>(raw), std::free);
+  if (qdot::huge_pages_enabled()) madvise(buf.get(), buf_bytes, MADV_HUGEPAGE);
+  std::memset(buf.get(), 1, buf_bytes);
+  std::vector<int64_t> sink(64);
+
+  std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
+  std::printf("%5s %10s %12s %12s %8s\n", "pass", "ms", "gemv GB/s", "read GB/s", "ratio");
+  for (int p = 0; p < passes; ++p) {
+    const double t0 = now();
+    for (const Layer& L : layers) {
+      matmul_group({&L.q, &L.k, &L.v}, x.data(), 1, {y0.data(), y1.data(), y2.data()});
+      matmul(L.o, x.data(), 1, y0.data());
+      matmul_group({&L.gate, &L.up}, x.data(), 1, {y1.data(), y2.data()});
+      matmul(L.down, x.data(), 1, y0.data());
+    }
+    matmul(out, x.data(), 1, y0.data());
+    const double t1 = now();
+    parallel_for(threads, [&](int64_t b, int64_t) {
+      const size_t part = buf_bytes / threads;
+      sink[8 * b] = read_sum(buf.get() + part * b, part);
+    });
+    const double t2 = now();
+    const double gemv = bytes / (t1 - t0) / 1e9, read = buf_bytes / (t2 - t1) / 1e9;
+    std::printf("%5d %10.2f %12.1f %12.1f %8.2f\n", p, (t1 - t0) * 1e3, gemv, read, gemv / read);
+  }
+  return sink[0] == 42 ? 3 : 0;  // keeps the read loop from being optimized away
+}
