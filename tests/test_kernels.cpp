@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/matmul.h"
@@ -70,12 +71,7 @@ std::vector<float> make_acts(int64_t n, int64_t cols, uint32_t seed) {
   return x;
 }
 
-std::vector<qdot::Level> levels() {
-  std::vector<qdot::Level> out{qdot::Level::Scalar};
-  if (static_cast<int>(qdot::detected_level()) >= 1) out.push_back(qdot::Level::AVX2);
-  if (static_cast<int>(qdot::detected_level()) >= 2) out.push_back(qdot::Level::AVX512);
-  return out;
-}
+std::vector<qdot::Level> levels() { return qdot::supported_levels(); }
 
 std::vector<float> run_q(qdot::Level lv, const Matrix& m, const std::vector<float>& x, int64_t n) {
   qdot::Acts a;
@@ -323,9 +319,28 @@ TEST(Kernels, MatmulGroupEqualsSeparateCalls) {
 TEST(Kernels, SetLevelRejectsUnsupported) {
   Restore restore;
   EXPECT_NO_THROW(qdot::set_level(qdot::Level::Scalar));
-  if (qdot::detected_level() != qdot::Level::AVX512) {
-    EXPECT_THROW(qdot::set_level(qdot::Level::AVX512), Error);
+  for (qdot::Level l : {qdot::Level::AVX2, qdot::Level::AVXVNNI, qdot::Level::AVX512}) {
+    if (qdot::cpu_has(l)) EXPECT_NO_THROW(qdot::set_level(l)) << qdot::level_name(l);
+    else EXPECT_THROW(qdot::set_level(l), Error) << qdot::level_name(l);
   }
+}
+
+// Level names round-trip (KVSLIM_SIMD takes them), an unknown name is an error naming it, and the
+// supported levels are in order, start at scalar and end at the detected level.
+TEST(Kernels, LevelNamesAndOrder) {
+  for (qdot::Level l : {qdot::Level::Scalar, qdot::Level::AVX2, qdot::Level::AVXVNNI, qdot::Level::AVX512})
+    EXPECT_EQ(qdot::parse_level(qdot::level_name(l)), l);
+  try {
+    qdot::parse_level("avx10");
+    ADD_FAILURE() << "no error for avx10";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'avx10'"), std::string::npos) << e.what();
+  }
+  const std::vector<qdot::Level> s = qdot::supported_levels();
+  ASSERT_FALSE(s.empty());
+  EXPECT_EQ(s.front(), qdot::Level::Scalar);
+  EXPECT_EQ(s.back(), qdot::detected_level());
+  for (size_t i = 1; i < s.size(); ++i) EXPECT_LT(static_cast<int>(s[i - 1]), static_cast<int>(s[i]));
 }
 
 // `kvslim bench` on the bundled model: one pp, two tg rows and a depth-fill row per press, JSON with the measured
@@ -385,6 +400,30 @@ TEST(BenchCli, RunsAndWritesJson) {
   err2 << std::ifstream(out).rdbuf();
   EXPECT_NE(err2.str().find("--json /nonexistent/dir/b.json: cannot open for writing"), std::string::npos)
       << err2.str();
+}
+
+// KVSLIM_SIMD names the level the bench table prints; an unknown name is reported (naming the
+// value) and the detected level is used rather than silently ignoring it.
+TEST(BenchCli, SimdEnvironmentVariable) {
+  const std::string out = ::testing::TempDir() + "/kvslim_simd_" + std::to_string(::getpid()) + ".out";
+  const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
+  auto run = [&](const std::string& value) {
+    const std::string cmd = "KVSLIM_SIMD=" + value + " '" + std::string(KVSLIM_CLI) + "' bench -m '" + model +
+                            "' -p 8 -n 2 -r 1 -t 1 --no-progress > '" + out + "' 2>&1";
+    EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 0) << cmd;
+    std::stringstream s;
+    s << std::ifstream(out).rdbuf();
+    return s.str();
+  };
+  const std::string detected = qdot::level_name(qdot::detected_level());
+  for (qdot::Level l : qdot::supported_levels()) {
+    const std::string text = run(qdot::level_name(l));
+    EXPECT_NE(text.find(fmt::format("simd {} (detected {})", qdot::level_name(l), detected)), std::string::npos)
+        << text;
+  }
+  const std::string bad = run("avx10");
+  EXPECT_NE(bad.find("KVSLIM_SIMD=avx10"), std::string::npos) << bad;
+  EXPECT_NE(bad.find(fmt::format("simd {} (detected {})", detected, detected)), std::string::npos) << bad;
 }
 
 // The integer sums at their largest: every unpacked weight value at its maximum and every

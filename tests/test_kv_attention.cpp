@@ -116,9 +116,7 @@ Segment build(const Config& cfg, int hd, int n, uint32_t seed) {
 // entries: the last block then has no partner), and row counts with leftovers of every tiling.
 TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
   const qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> levels{qdot::Level::Scalar};
-  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
-  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const std::vector<qdot::Level> levels = qdot::supported_levels();
   for (qdot::Level lv : levels)
   for (int n_entries : {150, 140})
   for (int hd : {64, 80, 8, 128, 96}) {
@@ -177,9 +175,7 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
 // prefill may meet and every SIMD level, against the float64 softmax.
 TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
   const qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> levels{qdot::Level::Scalar};
-  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
-  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const std::vector<qdot::Level> levels = qdot::supported_levels();
   const int hd = 64, n_entries = 1100, rows = 64, G = 8;
   for (qdot::Level lv : levels) {
     qdot::set_level(lv);
@@ -213,9 +209,7 @@ TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
 // single rows, output and probabilities alike.
 TEST(KVAttention, RowsAreIndependentOfTheirGrouping) {
   const qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> levels{qdot::Level::Scalar};
-  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
-  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const std::vector<qdot::Level> levels = qdot::supported_levels();
   for (qdot::Level lv : levels)
   for (int hd : {64, 80, 8, 128, 96}) {
     qdot::set_level(lv);

@@ -569,9 +569,7 @@ TEST(KVCodecs, InlineHalfConversionIsExactForEveryValue) {
 // 16-blocks (80) and 8-blocks (8).
 TEST(KVCodec, BlockDecodersAgreeAtEveryLevel) {
   const qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> levels{qdot::Level::Scalar};
-  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
-  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const std::vector<qdot::Level> levels = qdot::supported_levels();
   struct Cfg {
     KVCodec k, v;
     int bits;
@@ -657,9 +655,7 @@ float q2_1_tile_ref(const uint8_t* tile, int hd, int l, int c) {
 // the AVX2 rows path) and 8-blocks (8, 24: scalar rows tail).
 TEST(KVCodec, Q2_1DecodersAreBitExactAtEveryLevel) {
   const qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> levels{qdot::Level::Scalar};
-  if (qdot::detected_level() >= qdot::Level::AVX2) levels.push_back(qdot::Level::AVX2);
-  if (qdot::detected_level() >= qdot::Level::AVX512) levels.push_back(qdot::Level::AVX512);
+  const std::vector<qdot::Level> levels = qdot::supported_levels();
   for (int hd : {128, 64, 80, 8, 24}) {
     const int n = 37;
     const auto x = sample(static_cast<size_t>(n) * hd, 11);

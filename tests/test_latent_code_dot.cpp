@@ -20,14 +20,10 @@ using namespace kvslim;
 
 namespace {
 
-// Every level up to the detected one; restores the level on destruction.
+// Every level this CPU runs; restores the level on destruction.
 struct Levels {
   qdot::Level saved = qdot::level();
-  std::vector<qdot::Level> all() const {
-    std::vector<qdot::Level> out;
-    for (int l = 0; l <= static_cast<int>(qdot::detected_level()); ++l) out.push_back(static_cast<qdot::Level>(l));
-    return out;
-  }
+  std::vector<qdot::Level> all() const { return qdot::supported_levels(); }
   ~Levels() { qdot::set_level(saved); }
 };
 

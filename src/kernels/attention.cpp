@@ -956,6 +956,7 @@ void attend_default(KV_ATTEND_ARGS) { attend_body<false>(seg, sel, n_sel, Q, row
 void attend_core(KV_ATTEND_ARGS) {
   switch (qdot::level()) {
     case qdot::Level::AVX512:
+    case qdot::Level::AVXVNNI:
     case qdot::Level::AVX2: return attend_avx2(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
     default: return attend_default(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc);
   }

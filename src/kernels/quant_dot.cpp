@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -30,26 +31,26 @@ bool cpu_has_f16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
-#endif
 
-bool cpu_has(Level l) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-  if (l == Level::AVX2) return avx2;
-  if (l == Level::AVX512)
-    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#endif
-  return l == Level::Scalar;
+/// AVX-VNNI from CPUID leaf 7 sub-leaf 1 (EAX bit 4): GCC 12's __builtin_cpu_supports("avxvnni")
+/// answers 0 on AMD Zen 5, which has it, and clang 14 does not know the name.
+bool cpu_has_avxvnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;  // no sub-leaf 1
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
 }
+#endif
 
 Level initial_level() {
-  Level best = detected_level();
+  const Level best = detected_level();
   if (const char* env = std::getenv("KVSLIM_SIMD")) {
-    const std::string s = env;
-    Level want = s == "scalar" ? Level::Scalar : s == "avx2" ? Level::AVX2 : s == "avx512" ? Level::AVX512 : best;
-    if (static_cast<int>(want) <= static_cast<int>(best)) return want;
+    try {
+      const Level want = parse_level(env);
+      if (cpu_has(want)) return want;
+      std::fprintf(stderr, "kvslim: KVSLIM_SIMD=%s: this CPU lacks that level; using %s\n", env, level_name(best));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kvslim: KVSLIM_SIMD=%s: %s; using %s\n", env, e.what(), level_name(best));
+    }
   }
   return best;
 }
@@ -86,8 +87,31 @@ int scale_q3k(const uint8_t* s, int j) {
 
 }  // namespace
 
+bool cpu_has(Level l) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  if (l == Level::AVX2) return avx2;
+  if (l == Level::AVXVNNI) return avx2 && cpu_has_avxvnni();
+  if (l == Level::AVX512)
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+  return l == Level::Scalar;
+}
+
+std::vector<Level> supported_levels() {
+  std::vector<Level> out;
+  for (Level l : {Level::Scalar, Level::AVX2, Level::AVXVNNI, Level::AVX512})
+    if (cpu_has(l)) out.push_back(l);
+  return out;
+}
+
 Level detected_level() {
-  static const Level l = cpu_has(Level::AVX512) ? Level::AVX512 : cpu_has(Level::AVX2) ? Level::AVX2 : Level::Scalar;
+  static const Level l = cpu_has(Level::AVX512)    ? Level::AVX512
+                         : cpu_has(Level::AVXVNNI) ? Level::AVXVNNI
+                         : cpu_has(Level::AVX2)    ? Level::AVX2
+                                                   : Level::Scalar;
   return l;
 }
 
@@ -102,9 +126,16 @@ const char* level_name(Level l) {
   switch (l) {
     case Level::Scalar: return "scalar";
     case Level::AVX2: return "avx2";
+    case Level::AVXVNNI: return "avxvnni";
     case Level::AVX512: return "avx512";
   }
   return "?";
+}
+
+Level parse_level(const std::string& name) {
+  for (Level l : {Level::Scalar, Level::AVX2, Level::AVXVNNI, Level::AVX512})
+    if (name == level_name(l)) return l;
+  throw Error(fmt::format("unknown SIMD level '{}' (expected scalar, avx2, avxvnni or avx512)", name));
 }
 
 Format format_of(GGMLType t) {
@@ -379,6 +410,7 @@ void scalar_dot_rows_f(const WeightView& W, int64_t r0, int64_t r1, const float*
 void dot_rows_q(Level lv, const WeightView& W, int64_t r0, int64_t r1, const Acts& a, float* Y, int64_t ldy) {
   switch (lv) {
     case Level::AVX512: avx512::dot_rows_q(W, r0, r1, a, Y, ldy); return;
+    case Level::AVXVNNI: avxvnni::dot_rows_q(W, r0, r1, a, Y, ldy); return;
     case Level::AVX2: avx2::dot_rows_q(W, r0, r1, a, Y, ldy); return;
     case Level::Scalar: scalar_dot_rows_q(W, r0, r1, a, Y, ldy); return;
   }
@@ -388,6 +420,7 @@ void dot_rows_f(Level lv, const WeightView& W, int64_t r0, int64_t r1, const flo
                 int64_t ldy) {
   switch (lv) {
     case Level::AVX512: avx512::dot_rows_f(W, r0, r1, X, n_tok, Y, ldy); return;
+    case Level::AVXVNNI: avxvnni::dot_rows_f(W, r0, r1, X, n_tok, Y, ldy); return;
     case Level::AVX2: avx2::dot_rows_f(W, r0, r1, X, n_tok, Y, ldy); return;
     case Level::Scalar: scalar_dot_rows_f(W, r0, r1, X, n_tok, Y, ldy); return;
   }

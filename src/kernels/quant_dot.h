@@ -1,6 +1,6 @@
 #pragma once
 // Dot products of weight rows kept in their GGUF type with activation rows (the fast, non-exact
-// matmul path), for a scalar, an AVX2 and an AVX-512 (VNNI) level chosen at run time.
+// matmul path), for a scalar, an AVX2, an AVX-VNNI and an AVX-512 (VNNI) level chosen at run time.
 //
 // Quantized weights (q4_0 ... q8_0, q2_K ... q6_K) use integer dot products, as llama.cpp does,
 // against activations quantized to 8 bits per block of 32 (scale = max|x| / 127, round to
@@ -19,23 +19,34 @@
 // f32, f16 and bf16 weights are multiplied with f32 activations in 64 interleaved fma lanes
 // (element i feeds lane i % 64), reduced pairwise at the end, again identical on every level.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/matmul.h"
 
 namespace kvslim::qdot {
 
-/// SIMD levels. AVX2 needs avx2+fma+f16c; AVX512 needs avx512f/bw/dq/vl/vnni as well.
-enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+/// SIMD levels, in order. AVX2 needs avx2+fma+f16c; AVXVNNI adds AVX-VNNI (the VEX vpdpbusd,
+/// CPUID.(7,1):EAX[4]); AVX512 needs avx512f/bw/dq/vl/vnni on top of AVX2 (not AVX-VNNI: Zen 4 and
+/// Ice Lake lack it). Each level's weight kernels run on the CPUs that have its features, whatever
+/// higher level they also have; attention and the KV decoders use the AVX2 code at AVXVNNI.
+enum class Level : int { Scalar = 0, AVX2 = 1, AVXVNNI = 2, AVX512 = 3 };
 
-/// The best level this CPU supports.
+/// Whether this CPU (and OS) can run level `l`.
+bool cpu_has(Level l);
+/// Every level this CPU can run, lowest first (tests and benchmarks loop over them).
+std::vector<Level> supported_levels();
+/// The best level this CPU supports: AVX512, else AVXVNNI, else AVX2, else Scalar.
 Level detected_level();
-/// The level used by matmul: the detected one, or KVSLIM_SIMD (scalar|avx2|avx512) when set
-/// and supported, or the last set_level().
+/// The level used by matmul: the detected one, or KVSLIM_SIMD (scalar|avx2|avxvnni|avx512) when
+/// set and supported, or the last set_level(). An unknown or unsupported KVSLIM_SIMD value is
+/// reported once on stderr and the detected level is used.
 Level level();
 /// Selects the level (tests, benchmarks). Throws kvslim::Error if the CPU lacks it.
 void set_level(Level l);
 const char* level_name(Level l);
+/// The level named `name` (as level_name prints it); throws kvslim::Error naming it otherwise.
+Level parse_level(const std::string& name);
 
 /// How a quantized type is read as integer groups (see the file comment).
 struct Format {
@@ -81,11 +92,15 @@ void dot_rows_f(Level lv, const WeightView& W, int64_t r0, int64_t r1, const flo
 void unpack_row(GGMLType t, const uint8_t* row, int64_t k0, int64_t k1, uint8_t* u, float* ws, float* wb,
                 int stride);
 
-// ---- per-level entry points (defined in quant_dot_{avx2,avx512}.cpp) ----
+// ---- per-level entry points (defined in quant_dot_{avx2,avxvnni,avx512}.cpp) ----
 namespace avx2 {
 void dot_rows_q(const WeightView& W, int64_t r0, int64_t r1, const Acts& a, float* Y, int64_t ldy);
 void dot_rows_f(const WeightView& W, int64_t r0, int64_t r1, const float* X, int64_t n_tok, float* Y, int64_t ldy);
 }  // namespace avx2
+namespace avxvnni {
+void dot_rows_q(const WeightView& W, int64_t r0, int64_t r1, const Acts& a, float* Y, int64_t ldy);
+void dot_rows_f(const WeightView& W, int64_t r0, int64_t r1, const float* X, int64_t n_tok, float* Y, int64_t ldy);
+}  // namespace avxvnni
 namespace avx512 {
 void dot_rows_q(const WeightView& W, int64_t r0, int64_t r1, const Acts& a, float* Y, int64_t ldy);
 void dot_rows_f(const WeightView& W, int64_t r0, int64_t r1, const float* X, int64_t n_tok, float* Y, int64_t ldy);

@@ -24,6 +24,7 @@
 #endif
 #define KV_NS avx2
 #define KV_AVX512 0
+#define KV_VNNI 0
 #include "kernels/quant_dot_simd.inc"
 #ifdef __clang__
 #pragma clang attribute pop

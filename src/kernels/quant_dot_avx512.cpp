@@ -26,6 +26,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define KV_NS avx512
 #define KV_AVX512 1
+#define KV_VNNI 1
 #include "kernels/quant_dot_simd.inc"
 #ifdef __clang__
 #pragma clang attribute pop

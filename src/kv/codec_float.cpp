@@ -47,6 +47,7 @@ float decode16(KVCodec c, uint16_t h) { return c == KVCodec::F16 ? fp16_to_fp32(
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
   switch (qdot::level()) {  // the weight kernels' level, as KV_SIMD_LEVELS
     case qdot::Level::AVX512: return f16_to_f32_avx512(src, dst, n);
+    case qdot::Level::AVXVNNI:
     case qdot::Level::AVX2: return f16_to_f32_f16c(src, dst, n);
     default:
       for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);

@@ -21,9 +21,9 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 /// Defines `ret name params` as three copies of the always-inline function `body` (called with
 /// `args`) compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA + F16C) and the baseline, and
-/// picks one per call by qdot::level(), the level of the weight kernels. Unlike target_clones
-/// (chosen once by the CPU), this follows KVSLIM_SIMD and qdot::set_level, so forcing a lower
-/// level in a test or a benchmark covers the KV decoders too.
+/// picks one per call by qdot::level(), the level of the weight kernels (AVXVNNI takes the v3
+/// copy). Unlike target_clones (chosen once by the CPU), this follows KVSLIM_SIMD and
+/// qdot::set_level, so forcing a lower level in a test or a benchmark covers the KV decoders too.
 #define KV_SIMD_LEVELS(ret, name, params, args, body)                                  \
   __attribute__((target("arch=x86-64-v4"))) static ret name##_v4 params { return body args; } \
   __attribute__((target("arch=x86-64-v3"))) static ret name##_v3 params { return body args; } \
@@ -31,6 +31,7 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
   ret name params {                                                                    \
     switch (::kvslim::qdot::level()) {                                                 \
       case ::kvslim::qdot::Level::AVX512: return name##_v4 args;                       \
+      case ::kvslim::qdot::Level::AVXVNNI:                                             \
       case ::kvslim::qdot::Level::AVX2: return name##_v3 args;                         \
       default: return name##_base args;                                                \
     }                                                                                  \
@@ -45,6 +46,7 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
   ret name params {                                                                    \
     switch (::kvslim::qdot::level()) {                                                 \
       case ::kvslim::qdot::Level::AVX512: return name##_v4 args;                       \
+      case ::kvslim::qdot::Level::AVXVNNI:                                             \
       case ::kvslim::qdot::Level::AVX2:                                                \
         if (avx2_ok) return avx2_call;                                                 \
         return name##_v3 args;                                                         \
