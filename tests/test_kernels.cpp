@@ -487,8 +487,8 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 
 // Packed rows (8-row interleaved blocks) give the scalar reference's result on the file's rows,
 // bit for bit, at every level and batch size (decode 1-3 tokens, prefill tiles above), with row
-// counts that leave a partial 8-row block and a partial AVX-512 tile. The AVX2 q8_0 prefill takes
-// 16 rows and 4 activation rows at a time (micro_q8x2): rows 16, 27 (a last 16-row block with 3
+// counts that leave a partial 8-row block and a partial AVX-512 tile. The AVX2 q8_0 and q4_K prefill
+// take 16 rows and 4 activation rows at a time (micro_q8x2, micro_q4x2): rows 16, 27 (a last 16-row block with 3
 // rows in its second half) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
 // activation rows (a last group of 1, 2 or 3).
 TEST(Kernels, PackedRowsBitIdentical) {
