@@ -86,8 +86,8 @@ void KVStore::retain(const std::vector<int32_t>& idx) {
 }
 
 void KVStore::clear() {
-  std::vector<uint8_t>().swap(kt_);
-  std::vector<uint8_t>().swap(v_);
+  kt_.release();
+  v_.release();
   std::vector<uint8_t>().swap(g_);
   std::vector<size_t>().swap(gofs_);
   std::vector<int>().swap(gn_);

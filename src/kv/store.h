@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kv/byte_buffer.h"
 #include "kvslim/kv_cache.h"
 
 namespace kvslim {
@@ -105,7 +106,7 @@ class KVStore {
   size_t tile_bytes_;
   int bits_, G_, R_, gv_;
   // Row part: key tiles (kKVTile entries each, transposed) and value rows.
-  std::vector<uint8_t> kt_, v_;
+  kv::ByteBuffer kt_, v_;
   size_t n_row_ = 0;
   // KIVI part: groups laid out back to back; gofs_[g] is the byte offset of group g, gn_[g] its
   // token count, gstart_[g] the store index of its first token (gstart_.back() == n_group_).
