@@ -87,6 +87,9 @@ int scale_q3k(const uint8_t* s, int j) {
 
 }  // namespace
 
+// Every level, lowest first.
+constexpr Level kLevels[] = {Level::Scalar, Level::AVX2, Level::AVXVNNI, Level::AVX512};
+
 bool cpu_has(Level l) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -102,7 +105,7 @@ bool cpu_has(Level l) {
 
 std::vector<Level> supported_levels() {
   std::vector<Level> out;
-  for (Level l : {Level::Scalar, Level::AVX2, Level::AVXVNNI, Level::AVX512})
+  for (Level l : kLevels)
     if (cpu_has(l)) out.push_back(l);
   return out;
 }
@@ -133,7 +136,7 @@ const char* level_name(Level l) {
 }
 
 Level parse_level(const std::string& name) {
-  for (Level l : {Level::Scalar, Level::AVX2, Level::AVXVNNI, Level::AVX512})
+  for (Level l : kLevels)
     if (name == level_name(l)) return l;
   throw Error(fmt::format("unknown SIMD level '{}' (expected scalar, avx2, avxvnni or avx512)", name));
 }

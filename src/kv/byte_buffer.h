@@ -1,5 +1,6 @@
 #pragma once
 // A growable byte buffer for the KV stores' key tiles and value rows, grown with realloc.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -44,7 +45,7 @@ class ByteBuffer {
 
   /// Sets the size to n bytes; bytes past the old size are zero.
   void resize(size_t n) {
-    if (n > cap_) reserve_exact(max(n, cap_ + cap_ / 2));
+    if (n > cap_) reserve_exact(std::max(n, cap_ + cap_ / 2));
     if (n > n_) std::memset(p_ + n_, 0, n - n_);
     n_ = n;
   }
@@ -65,8 +66,6 @@ class ByteBuffer {
     if (!q) throw std::bad_alloc();
     p_ = static_cast<uint8_t*>(q), cap_ = cap;
   }
-  static size_t max(size_t a, size_t b) { return a > b ? a : b; }
-
   uint8_t* p_ = nullptr;
   size_t n_ = 0, cap_ = 0;
 };
