@@ -9,6 +9,7 @@
 // head_dim % 16 == 0.
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
+#include "kernels/attention_tiles.h"
 #include "kernels/clones.h"
 
 #include "kernels/quant_dot.h"
@@ -205,13 +206,7 @@ struct Scratch {
   std::vector<float> Q, O, m, l, S, kt, v;
 };
 
-// One decoded block: store entries [b, e), lane j attended by row r iff lg[j] < vis[r]
-// (lg[j] = INT_MAX for lanes not attended at all).
-struct BlockRef {
-  const KVStore* st;
-  size_t b, e;
-  alignas(64) int32_t lg[16];
-};
+using attn::BlockRef;
 
 // ---- AVX2: groups of up to 8 query rows, scores transposed ----
 //
@@ -584,16 +579,7 @@ KV_AVX2_INLINE void pv_pair8_hd(const float* PT, const VT* const* v, const int* 
   else pv_pair8<0>(PT, v, nb[0], nb[1], hd, O);
 }
 
-// Keys and values of the (one or two) blocks of a pair as the group kernels read them: f16
-// straight from the cache, or decoded f32.
-struct PairData {
-  int nt;
-  int nb[2];
-  const uint16_t* k16[2];
-  const float* kt[2];
-  const uint16_t* v16[2];
-  const float* v[2];
-};
+using attn::PairData;
 
 // The online softmax of a group (rows lanes of 8) over the scores ST[j * 8 + i] of the pair's
 // 16 * nt entries, in place: ST becomes the probabilities (0 where not visible). m, l: the rows'
@@ -778,6 +764,8 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   // block once, and a prefill tile keeps the pair's 8 KiB of f16 in the L1 cache for all its
   // groups instead of 16 KiB of f32 (and skips the conversion pass).
   const bool direct16 = kGroups8;
+  // The AVX-512 level runs the 512-bit group kernels (attention_avx512.cpp).
+  const bool wide = kGroups8 && qdot::level() == qdot::Level::AVX512;
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
@@ -795,7 +783,8 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
           pd.v16[t] = direct16 ? st.f16_value_rows(blk[t].b) : nullptr;
           pd.v[t] = pd.v16[t] ? nullptr : st.block_values(blk[t].b, blk[t].e, sc.v.data() + static_cast<size_t>(t) * hd * 16);
         }
-        pair_groups(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);
+        if (wide) attn::pair_groups_avx512(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);
+        else pair_groups(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);
         return;
       }
     }

@@ -1,0 +1,343 @@
+// Attention group kernels with 512-bit registers, for the AVX-512 level (attention.cpp runs the
+// AVX2 group kernels at the other x86 levels).
+//
+// Why a copy for 512 bits: where a core issues 512-bit fmas at full width (AMD Zen 5, Intel Xeon
+// with two FMA units) a 16-float register does twice the work of an 8-float one per issue slot,
+// and attention over the cache is bound by fma issue (8 query rows share each key and value of a
+// GQA group). On Zen 4, which splits 512-bit operations into halves, the AVX2 kernels were as fast
+// (attention.cpp), so this kernel must not be slower there; its 32 registers hold 16 independent
+// fma chains (8 rows x 2 tiles of 16 entries) with no spills.
+//
+// Layout as in the AVX2 kernels: keys of a tile transposed ([head_dim][16], one register per
+// channel), values as rows, scores transposed after the score loop into ST[entry * 8 + row], so the
+// online softmax runs on all 8 rows at once (here two entries per register). Each score is one
+// chain of fmas over the channels in order, each output one chain over the entries in order, and
+// every other step is lane-wise per row, so a row's result does not depend on the rows beside it.
+#include "kernels/attention_tiles.h"
+
+// GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_ps and
+// _mm256_undefined_pd (the unused merge operands of its casts and extracts).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")
+#ifdef __clang__  // clang ignores the GCC target pragma (see quant_dot_avx2.cpp)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw"))), \
+                             apply_to = function)
+#endif
+
+namespace kvslim::attn {
+namespace {
+
+#define KV512_INLINE inline __attribute__((always_inline))
+
+template <int HD>
+KV512_INLINE int head_dim_of(int hd) {
+  if constexpr (HD > 0) return HD;
+  else return hd;
+}
+
+// The 16 entries of channel d of a transposed key tile, f16 or f32.
+template <class KT>
+KV512_INLINE __m512 key16(const KT* kt, int d) {
+  if constexpr (sizeof(KT) == 2)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + d * 16)));
+  else
+    return _mm512_loadu_ps(kt + d * 16);
+}
+
+// Columns [c, c + 16) of value row j, f16 or f32.
+template <class VT>
+KV512_INLINE __m512 value16(const VT* v, size_t j, int hd, int c) {
+  if constexpr (sizeof(VT) == 2)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * hd + c)));
+  else
+    return _mm512_loadu_ps(v + j * hd + c);
+}
+
+// exp of lanes <= 0 (or NaN, from rows that see nothing; the caller masks those): the range
+// reduction and polynomial of attention.cpp's vexp_v.
+KV512_INLINE __m512 vexp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 nf = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nf), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+// x[i]: row i's scores of the 16 entries of a tile -> ST[e * 8 + i]. In each 128-bit lane L the
+// unpack/shuffle steps leave u[m + 4h] = rows 4h..4h+3 of entry 4L + m; two lane shuffles then put
+// entry m's 8 rows in one half and entry m + 4's in the other.
+KV512_INLINE void transpose_store(const __m512* x, float* ST) {
+  __m512 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    // [u[m].L0, u[m+4].L0, u[m].L1, u[m+4].L1]: entries m and m + 4; lanes 2, 3: entries m + 8, m + 12.
+    const __m512 lo = _mm512_shuffle_f32x4(u[m], u[m + 4], 0x44), hi = _mm512_shuffle_f32x4(u[m], u[m + 4], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(lo, lo, 0xD8), y1 = _mm512_shuffle_f32x4(hi, hi, 0xD8);
+    _mm256_storeu_ps(ST + m * 8, _mm512_castps512_ps256(y0));
+    _mm256_storeu_ps(ST + (m + 4) * 8, _mm512_extractf32x8_ps(y0, 1));
+    _mm256_storeu_ps(ST + (m + 8) * 8, _mm512_castps512_ps256(y1));
+    _mm256_storeu_ps(ST + (m + 12) * 8, _mm512_extractf32x8_ps(y1, 1));
+  }
+}
+
+// Scores of rows [0, R) against nt (1 or 2) tiles into ST[(16 t + j) * 8 + i] (rows >= R: 0).
+// pf: four lines per two channels to fetch (into L2, as the AVX2 kernel: the next pair while this
+// one is computed, or this pair's own lines, already cached).
+template <int R, int HD, class KT>
+KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int nt, float* ST, const char* const* pf) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  __m512 a[2][8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
+  if (nt == 2) {
+    const KT* k0p = kt[0];
+    const KT* k1p = kt[1];
+    for (int d = 0; d < hd; d += 2) {
+#pragma GCC unroll 4
+      for (int f = 0; f < 4; ++f) _mm_prefetch(pf[f] + d * 32, _MM_HINT_T1);
+#pragma GCC unroll 2
+      for (int dd = d; dd < d + 2; ++dd) {
+        const __m512 k0 = key16(k0p, dd), k1 = key16(k1p, dd);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          const __m512 q = _mm512_set1_ps(Q[i * hd + dd]);
+          a[0][i] = _mm512_fmadd_ps(k0, q, a[0][i]);
+          a[1][i] = _mm512_fmadd_ps(k1, q, a[1][i]);
+        }
+      }
+    }
+  } else {
+    const KT* k0p = kt[0];
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k0 = key16(k0p, d);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + d]), a[0][i]);
+    }
+  }
+  transpose_store(a[0], ST);
+  if (nt == 2) transpose_store(a[1], ST + 128);
+}
+
+// O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of
+// each of the nt tiles in order; hd % 16 == 0. 32 columns per pass (16 chains for 8 rows).
+template <int R, int HD, class VT>
+KV512_INLINE void pv16(const float* PT, const VT* const* v, const int* nb, int nt, int hd_rt, float* O) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  int c = 0;
+  for (; c + 32 <= hd; c += 32) {
+    __m512 a[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      a[i][0] = _mm512_loadu_ps(O + i * hd + c);
+      a[i][1] = _mm512_loadu_ps(O + i * hd + c + 16);
+    }
+    for (int t = 0; t < nt; ++t) {
+      const float* P = PT + t * 128;
+      const VT* vt = v[t];
+      for (int j = 0; j < nb[t]; ++j) {
+        const __m512 v0 = value16(vt, j, hd, c), v1 = value16(vt, j, hd, c + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          const __m512 p = _mm512_set1_ps(P[j * 8 + i]);
+          a[i][0] = _mm512_fmadd_ps(v0, p, a[i][0]);
+          a[i][1] = _mm512_fmadd_ps(v1, p, a[i][1]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      _mm512_storeu_ps(O + i * hd + c, a[i][0]);
+      _mm512_storeu_ps(O + i * hd + c + 16, a[i][1]);
+    }
+  }
+  for (; c < hd; c += 16) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) a[i] = _mm512_loadu_ps(O + i * hd + c);
+    for (int t = 0; t < nt; ++t) {
+      const float* P = PT + t * 128;
+      const VT* vt = v[t];
+      for (int j = 0; j < nb[t]; ++j) {
+        const __m512 v0 = value16(vt, j, hd, c);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) a[i] = _mm512_fmadd_ps(v0, _mm512_set1_ps(P[j * 8 + i]), a[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(O + i * hd + c, a[i]);
+  }
+}
+
+// The online softmax of a group of `rows` (lanes of 8) over the scores ST[j * 8 + i] of the pair's
+// 16 * nt entries, in place: ST becomes the probabilities (0 where not visible). m, l: the rows'
+// running max and sum; O: their outputs ([8][hd], rescaled on a new max). Returns whether any row
+// saw an entry. Registers hold two entries (j = 2q, 2q + 1) of the 8 rows.
+KV512_INLINE bool softmax16(float* ST, int nt, const int32_t* lg, const int32_t* vis, int rows, float* m, float* l,
+                            float* O, int hd) {
+  const int ne = 16 * nt;
+  alignas(64) int32_t visb[16];
+  for (int i = 0; i < 8; ++i) visb[i] = visb[i + 8] = i < rows ? vis[i] : INT_MIN;
+  const __m512i visv = _mm512_load_si512(visb);
+  int32_t minvis = INT_MAX, maxlg = INT_MIN;
+  for (int i = 0; i < rows; ++i) minvis = std::min(minvis, vis[i]);
+  for (int j = 0; j < ne; ++j) maxlg = std::max(maxlg, lg[j]);
+  const bool full = rows == 8 && maxlg < minvis;  // every lane of every entry visible
+  // Lanes (rows) that see entries 2q (low half) and 2q + 1 (high half).
+  auto seeing = [&](int q) __attribute__((always_inline)) {
+    const __m512i lgv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lg[2 * q])),
+                                           _mm256_set1_epi32(lg[2 * q + 1]), 1);
+    return _mm512_cmpgt_epi32_mask(visv, lgv);
+  };
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mx = ninf;
+  for (int q = 0; q < ne / 2; ++q) {
+    __m512 s = _mm512_loadu_ps(ST + q * 16);
+    if (!full) s = _mm512_mask_blend_ps(seeing(q), ninf, s);
+    mx = _mm512_max_ps(mx, s);
+  }
+  const __m256 mx8 = _mm256_max_ps(_mm512_castps512_ps256(mx), _mm512_extractf32x8_ps(mx, 1));
+  if (!_mm256_movemask_ps(_mm256_cmp_ps(mx8, _mm256_set1_ps(-INFINITY), _CMP_GT_OQ))) {
+    for (int q = 0; q < ne / 2; ++q) _mm512_storeu_ps(ST + q * 16, _mm512_setzero_ps());
+    return false;
+  }
+  // Rows with a new maximum: the AVX2 kernel's rescaling, row by row.
+  alignas(32) float mxb[8];
+  _mm256_store_ps(mxb, mx8);
+  for (int up = _mm256_movemask_ps(_mm256_cmp_ps(mx8, _mm256_loadu_ps(m), _CMP_GT_OQ)); up; up &= up - 1) {
+    const int i = __builtin_ctz(up);
+    const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mxb[i]);
+    l[i] *= alpha;
+    float* Oi = O + static_cast<size_t>(i) * hd;
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(Oi + d, _mm512_mul_ps(_mm512_loadu_ps(Oi + d), av));
+    m[i] = mxb[i];
+  }
+  const __m256 m8 = _mm256_loadu_ps(m);
+  const __m512 mr = _mm512_insertf32x8(_mm512_castps256_ps512(m8), m8, 1);
+  __m512 lv = _mm512_setzero_ps();
+  for (int q = 0; q < ne / 2; ++q) {
+    __m512 p = vexp16(_mm512_sub_ps(_mm512_loadu_ps(ST + q * 16), mr));
+    if (!full) p = _mm512_maskz_mov_ps(seeing(q), p);
+    _mm512_storeu_ps(ST + q * 16, p);
+    lv = _mm512_add_ps(lv, p);
+  }
+  const __m256 l8 = _mm256_add_ps(_mm512_castps512_ps256(lv), _mm512_extractf32x8_ps(lv, 1));
+  _mm256_storeu_ps(l, _mm256_add_ps(_mm256_loadu_ps(l), l8));
+  return true;
+}
+
+template <int HD, int R, class KT>
+KV512_INLINE void scores16_hd(const float* Q, int hd, const KT* const* kt, int nt, float* ST, const char* const* pf) {
+  if constexpr (HD > 0) scores16<R, HD>(Q, hd, kt, nt, ST, pf);
+  else if (hd == 64) scores16<R, 64>(Q, hd, kt, nt, ST, pf);
+  else if (hd == 128) scores16<R, 128>(Q, hd, kt, nt, ST, pf);
+  else scores16<R, 0>(Q, hd, kt, nt, ST, pf);
+}
+template <int R, class VT>
+KV512_INLINE void pv16_hd(const float* PT, const VT* const* v, const int* nb, int nt, int hd, float* O) {
+  if (hd == 64) pv16<R, 64>(PT, v, nb, nt, hd, O);
+  else if (hd == 128) pv16<R, 128>(PT, v, nb, nt, hd, O);
+  else pv16<R, 0>(PT, v, nb, nt, hd, O);
+}
+
+// One pair of blocks for a group of R rows: scores, softmax, values.
+// fetch: prefetch the next pair of f16 tiles (the call's first group does it for all).
+template <int R>
+__attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* blk, const float* Q, int hd,
+                                            const int32_t* vis, float* m, float* l, float* O, float* raw, size_t n,
+                                            bool fetch) {
+  alignas(64) float ST[32 * 8];
+  const int nt = pd.nt;
+  if (nt == 2 && pd.k16[0] && pd.k16[1]) {
+    const char* pf[4];
+    for (int t = 0; t < 2; ++t) {
+      pf[t] = reinterpret_cast<const char*>(pd.k16[t] + (fetch ? 32 * hd : 0));
+      pf[2 + t] = reinterpret_cast<const char*>(pd.v16[t] ? pd.v16[t] + (fetch ? 32 * hd : 0) : pd.k16[t]);
+    }
+    scores16_hd<0, R>(Q, hd, pd.k16, 2, ST, pf);
+  } else if (nt == 2 && !pd.k16[0] && !pd.k16[1]) {
+    const char* pf[4];
+    for (int t = 0; t < 4; ++t) pf[t] = reinterpret_cast<const char*>(pd.kt[t % 2]);
+    scores16_hd<0, R>(Q, hd, pd.kt, 2, ST, pf);
+  } else {
+    // A lone block, or a pair across the end of a KIVI part (one tile f16, one decoded).
+    for (int t = 0; t < nt; ++t) {
+      if (pd.k16[t]) scores16_hd<0, R>(Q, hd, &pd.k16[t], 1, ST + t * 128, nullptr);
+      else scores16_hd<0, R>(Q, hd, &pd.kt[t], 1, ST + t * 128, nullptr);
+    }
+  }
+  if (raw)
+    for (int t = 0; t < nt; ++t)
+      for (int j = 0; j < pd.nb[t]; ++j)
+        for (int i = 0; i < R; ++i)
+          if (blk[t].lg[j] < vis[i]) raw[static_cast<size_t>(i) * n + blk[t].lg[j]] = ST[(16 * t + j) * 8 + i];
+  alignas(64) int32_t lg[32];
+  std::memcpy(lg, blk[0].lg, sizeof blk[0].lg);
+  if (nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
+  if (!softmax16(ST, nt, lg, vis, R, m, l, O, hd)) return;
+  if (nt == 2 && pd.v16[0] && pd.v16[1]) return pv16_hd<R>(ST, pd.v16, pd.nb, 2, hd, O);
+  if (nt == 2 && !pd.v16[0] && !pd.v16[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);
+  for (int t = 0; t < nt; ++t) {
+    if (pd.v16[t]) pv16_hd<R>(ST + t * 128, &pd.v16[t], &pd.nb[t], 1, hd, O);
+    else pv16_hd<R>(ST + t * 128, &pd.v[t], &pd.nb[t], 1, hd, O);
+  }
+}
+
+}  // namespace
+
+void pair_groups_avx512(const PairData& pd, const BlockRef* blk, const float* Q, int rows, int hd,
+                        const int32_t* vis, float* m, float* l, float* O, float* raw, size_t n) {
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    const float* Qg = Q + static_cast<size_t>(r0) * hd;
+    float* Og = O + static_cast<size_t>(r0) * hd;
+    float* rg = raw ? raw + static_cast<size_t>(r0) * n : nullptr;
+    switch (std::min(8, rows - r0)) {
+#define KV_CASE(R) \
+  case R: pair_group16<R>(pd, blk, Qg, hd, vis + r0, m + r0, l + r0, Og, rg, n, r0 == 0); break;
+      KV_CASE(8) KV_CASE(7) KV_CASE(6) KV_CASE(5) KV_CASE(4) KV_CASE(3) KV_CASE(2) KV_CASE(1)
+#undef KV_CASE
+    }
+  }
+}
+
+}  // namespace kvslim::attn
+
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
