@@ -4,9 +4,9 @@
 // (running max and sum per row) so the segment is read exactly once.
 //
 // The hot loops use GCC vector extensions of 8 floats (the online softmax included) inside one
-// function compiled twice (x86-64-v3 = AVX2 + FMA, for the AVX2 and AVX-512 levels, and the SSE2
-// baseline) and chosen at run time; AVX2 and AVX-512 run the group kernels (AVX2 intrinsics) for
-// head_dim % 16 == 0.
+// function compiled twice (x86-64-v3 = AVX2 + FMA, for the x86 levels, and the SSE2 baseline) and
+// chosen at run time; for head_dim % 16 == 0 the AVX2 and AVX-VNNI levels run the group kernels
+// below (AVX2 intrinsics) and the AVX-512 level their 512-bit copy (attention_avx512.cpp).
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
 #include "kernels/attention_tiles.h"
@@ -938,10 +938,11 @@ __attribute__((target("arch=x86-64-v3"))) void attend_avx2(KV_ATTEND_ARGS) {
 void attend_default(KV_ATTEND_ARGS) { attend_body<false>(seg, sel, n_sel, Q, rows, vis, out, out_stride, raw, sc); }
 
 // The level of the weight kernels (detected, or KVSLIM_SIMD) also picks the attention kernel.
-// AVX-512 runs the AVX2 group kernels too: on AMD Zen 4 (512-bit operations issued as two 256-bit
-// halves) they beat the 16-float generic kernels that the level used before (decode over a
-// 4,096-entry f16 segment 105 vs 137 us, prefill tile 788 vs 860 us; compiled for x86-64-v4 they
-// are no faster, so there is no separate x86-64-v4 copy).
+// AVX-512 runs this body too, with the 512-bit group kernels (attend_body's `wide`): on AMD Zen 4
+// (512-bit operations issued as two 256-bit halves) the AVX2 group kernels had beaten the 16-float
+// generic kernels (decode over a 4,096-entry f16 segment 105 vs 137 us, prefill tile 788 vs 860
+// us), and recompiling them for x86-64-v4 changed nothing; on Zen 5 (full-width 512-bit fmas) the
+// 512-bit kernels halve both (104.5 -> 53.8 and 789 -> 396 us).
 void attend_core(KV_ATTEND_ARGS) {
   switch (qdot::level()) {
     case qdot::Level::AVX512:

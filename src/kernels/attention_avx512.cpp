@@ -4,9 +4,9 @@
 // Why a copy for 512 bits: where a core issues 512-bit fmas at full width (AMD Zen 5, Intel Xeon
 // with two FMA units) a 16-float register does twice the work of an 8-float one per issue slot,
 // and attention over the cache is bound by fma issue (8 query rows share each key and value of a
-// GQA group). On Zen 4, which splits 512-bit operations into halves, the AVX2 kernels were as fast
-// (attention.cpp), so this kernel must not be slower there; its 32 registers hold 16 independent
-// fma chains (8 rows x 2 tiles of 16 entries) with no spills.
+// GQA group). Its 32 registers hold 16 independent fma chains (8 rows x 2 tiles of 16 entries) with
+// no spills. On Zen 4, which splits 512-bit operations into halves, it has not been timed (the AVX2
+// kernels had matched a generic 16-float kernel there); KVSLIM_SIMD=avx2 runs the AVX2 kernels.
 //
 // Layout as in the AVX2 kernels: keys of a tile transposed ([head_dim][16], one register per
 // channel), values as rows, scores transposed after the score loop into ST[entry * 8 + row], so the
