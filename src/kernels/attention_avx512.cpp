@@ -28,11 +28,12 @@
 #include <cmath>
 #include <cstring>
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")
-#ifdef __clang__  // clang ignores the GCC target pragma (see quant_dot_avx2.cpp)
+#ifdef __clang__  // clang has no GCC target pragma (see quant_dot_avx2.cpp)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw"))), \
                              apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")
 #endif
 
 namespace kvslim::attn {
@@ -336,8 +337,9 @@ void pair_groups_avx512(const PairData& pd, const BlockRef* blk, const float* Q,
 
 #ifdef __clang__
 #pragma clang attribute pop
-#endif
+#else
 #pragma GCC pop_options
+#endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
