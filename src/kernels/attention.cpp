@@ -625,10 +625,7 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
   alignas(32) int32_t visb[8];
   for (int i = 0; i < 8; ++i) visb[i] = i < rows ? vis[i] : INT_MIN;
   const __m256i visv = _mm256_load_si256(reinterpret_cast<const __m256i*>(visb));
-  int32_t minvis = INT_MAX, maxlg = INT_MIN;
-  for (int i = 0; i < rows; ++i) minvis = std::min(minvis, vis[i]);
-  for (int j = 0; j < ne; ++j) maxlg = std::max(maxlg, lg[j]);
-  const bool full = rows == 8 && maxlg < minvis;  // every lane of every entry visible
+  const bool full = attn::group_sees_all(lg, ne, vis, rows);  // every lane of every entry visible
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
   __m256 mx = ninf;
   for (int j = 0; j < ne; ++j) {
@@ -644,17 +641,7 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
   // Rows with a new maximum: the kernel above's rescaling, row by row.
   alignas(32) float mxb[8];
   _mm256_store_ps(mxb, mx);
-  for (int up = _mm256_movemask_ps(_mm256_cmp_ps(mx, _mm256_loadu_ps(m), _CMP_GT_OQ)); up; up &= up - 1) {
-    const int i = __builtin_ctz(up);
-    const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mxb[i]);
-    l[i] *= alpha;
-    float* Oi = O + static_cast<size_t>(i) * hd;
-    const __m256 av = _mm256_set1_ps(alpha);
-    int d = 0;
-    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(Oi + d, _mm256_mul_ps(_mm256_loadu_ps(Oi + d), av));
-    for (; d < hd; ++d) Oi[d] *= alpha;
-    m[i] = mxb[i];
-  }
+  attn::rescale_rows(_mm256_movemask_ps(_mm256_cmp_ps(mx, _mm256_loadu_ps(m), _CMP_GT_OQ)), mxb, m, l, O, hd);
   if (full) probabilities_t8<true>(ST, nt, lg, visv, m, l);
   else probabilities_t8<false>(ST, nt, lg, visv, m, l);
   return true;
@@ -697,14 +684,9 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
       else scores_t8<R>(Q, hd, pd.kt[t], ST + t * 128);
     }
   }
-  if (raw)
-    for (int t = 0; t < pd.nt; ++t)
-      for (int j = 0; j < pd.nb[t]; ++j)
-        for (int i = 0; i < R; ++i)
-          if (blk[t].lg[j] < vis[i]) raw[static_cast<size_t>(i) * n + blk[t].lg[j]] = ST[(16 * t + j) * 8 + i];
+  if (raw) attn::copy_raw_scores(pd, blk, ST, R, vis, raw, n);
   alignas(32) int32_t lg[32];
-  std::memcpy(lg, blk[0].lg, sizeof blk[0].lg);
-  if (pd.nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
+  attn::pair_logical(pd, blk, lg);
   if (!softmax_t8(ST, pd.nt, lg, vis, R, m, l, O, hd)) return;
   if (pair8) {
     if (pd.v16[0] && pd.v16[1]) return pv_pair8_hd(ST, pd.v16, pd.nb, hd, O);

@@ -211,21 +211,20 @@ KV512_INLINE bool softmax16(float* ST, int nt, const int32_t* lg, const int32_t*
   alignas(64) int32_t visb[16];
   for (int i = 0; i < 8; ++i) visb[i] = visb[i + 8] = i < rows ? vis[i] : INT_MIN;
   const __m512i visv = _mm512_load_si512(visb);
-  int32_t minvis = INT_MAX, maxlg = INT_MIN;
-  for (int i = 0; i < rows; ++i) minvis = std::min(minvis, vis[i]);
-  for (int j = 0; j < ne; ++j) maxlg = std::max(maxlg, lg[j]);
-  const bool full = rows == 8 && maxlg < minvis;  // every lane of every entry visible
-  // Lanes (rows) that see entries 2q (low half) and 2q + 1 (high half).
-  auto seeing = [&](int q) __attribute__((always_inline)) {
-    const __m512i lgv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lg[2 * q])),
-                                           _mm256_set1_epi32(lg[2 * q + 1]), 1);
-    return _mm512_cmpgt_epi32_mask(visv, lgv);
-  };
+  const bool full = group_sees_all(lg, ne, vis, rows);  // every lane of every entry visible
+  // seeing[q]: the lanes (rows) that see entries 2q (low half) and 2q + 1 (high half).
+  __mmask16 seeing[16];
+  if (!full)
+    for (int q = 0; q < ne / 2; ++q) {
+      const __m512i lgv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lg[2 * q])),
+                                             _mm256_set1_epi32(lg[2 * q + 1]), 1);
+      seeing[q] = _mm512_cmpgt_epi32_mask(visv, lgv);
+    }
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   __m512 mx = ninf;
   for (int q = 0; q < ne / 2; ++q) {
     __m512 s = _mm512_loadu_ps(ST + q * 16);
-    if (!full) s = _mm512_mask_blend_ps(seeing(q), ninf, s);
+    if (!full) s = _mm512_mask_blend_ps(seeing[q], ninf, s);
     mx = _mm512_max_ps(mx, s);
   }
   const __m256 mx8 = _mm256_max_ps(_mm512_castps512_ps256(mx), _mm512_extractf32x8_ps(mx, 1));
@@ -236,21 +235,13 @@ KV512_INLINE bool softmax16(float* ST, int nt, const int32_t* lg, const int32_t*
   // Rows with a new maximum: the AVX2 kernel's rescaling, row by row.
   alignas(32) float mxb[8];
   _mm256_store_ps(mxb, mx8);
-  for (int up = _mm256_movemask_ps(_mm256_cmp_ps(mx8, _mm256_loadu_ps(m), _CMP_GT_OQ)); up; up &= up - 1) {
-    const int i = __builtin_ctz(up);
-    const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mxb[i]);
-    l[i] *= alpha;
-    float* Oi = O + static_cast<size_t>(i) * hd;
-    const __m512 av = _mm512_set1_ps(alpha);
-    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(Oi + d, _mm512_mul_ps(_mm512_loadu_ps(Oi + d), av));
-    m[i] = mxb[i];
-  }
+  rescale_rows(_mm256_movemask_ps(_mm256_cmp_ps(mx8, _mm256_loadu_ps(m), _CMP_GT_OQ)), mxb, m, l, O, hd);
   const __m256 m8 = _mm256_loadu_ps(m);
   const __m512 mr = _mm512_insertf32x8(_mm512_castps256_ps512(m8), m8, 1);
   __m512 lv = _mm512_setzero_ps();
   for (int q = 0; q < ne / 2; ++q) {
     __m512 p = vexp16(_mm512_sub_ps(_mm512_loadu_ps(ST + q * 16), mr));
-    if (!full) p = _mm512_maskz_mov_ps(seeing(q), p);
+    if (!full) p = _mm512_maskz_mov_ps(seeing[q], p);
     _mm512_storeu_ps(ST + q * 16, p);
     lv = _mm512_add_ps(lv, p);
   }
@@ -299,14 +290,9 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
       else scores16_hd<0, R>(Q, hd, &pd.kt[t], 1, ST + t * 128, nullptr);
     }
   }
-  if (raw)
-    for (int t = 0; t < nt; ++t)
-      for (int j = 0; j < pd.nb[t]; ++j)
-        for (int i = 0; i < R; ++i)
-          if (blk[t].lg[j] < vis[i]) raw[static_cast<size_t>(i) * n + blk[t].lg[j]] = ST[(16 * t + j) * 8 + i];
+  if (raw) copy_raw_scores(pd, blk, ST, R, vis, raw, n);
   alignas(64) int32_t lg[32];
-  std::memcpy(lg, blk[0].lg, sizeof blk[0].lg);
-  if (nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
+  pair_logical(pd, blk, lg);
   if (!softmax16(ST, nt, lg, vis, R, m, l, O, hd)) return;
   if (nt == 2 && pd.v16[0] && pd.v16[1]) return pv16_hd<R>(ST, pd.v16, pd.nb, 2, hd, O);
   if (nt == 2 && !pd.v16[0] && !pd.v16[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);

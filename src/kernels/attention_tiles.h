@@ -1,9 +1,12 @@
 #pragma once
 // Internal to the attention kernels (attention.cpp, attention_avx512.cpp): the blocks of a segment
 // as the group kernels consume them, two at a time.
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kv/store.h"
 
@@ -28,6 +31,48 @@ struct PairData {
   const uint16_t* v16[2];
   const float* v[2];
 };
+
+// Steps of the group kernels that do not depend on the register width, shared by the AVX2 kernels
+// (attention.cpp) and the 512-bit ones (attention_avx512.cpp); inlined into each.
+
+/// raw[i][lg] = ST[(16 t + j) * 8 + i] for every entry j of the pair's tiles that row i (< rows)
+/// sees (lg = blk[t].lg[j]); raw: [rows][n].
+inline void copy_raw_scores(const PairData& pd, const BlockRef* blk, const float* ST, int rows, const int32_t* vis,
+                            float* raw, size_t n) {
+  for (int t = 0; t < pd.nt; ++t)
+    for (int j = 0; j < pd.nb[t]; ++j)
+      for (int i = 0; i < rows; ++i)
+        if (blk[t].lg[j] < vis[i]) raw[static_cast<size_t>(i) * n + blk[t].lg[j]] = ST[(16 * t + j) * 8 + i];
+}
+
+/// The pair's logical indices, tile 0's then tile 1's, into lg[32].
+inline void pair_logical(const PairData& pd, const BlockRef* blk, int32_t* lg) {
+  std::memcpy(lg, blk[0].lg, sizeof blk[0].lg);
+  if (pd.nt == 2) std::memcpy(lg + 16, blk[1].lg, sizeof blk[1].lg);
+}
+
+/// Whether a group of `rows` sees every one of the ne entries lg[0, ne) in every row (only a full
+/// group of 8 can: the lanes past `rows` see nothing).
+inline bool group_sees_all(const int32_t* lg, int ne, const int32_t* vis, int rows) {
+  if (rows != 8) return false;
+  const int32_t minvis = *std::min_element(vis, vis + rows);
+  const int32_t maxlg = *std::max_element(lg, lg + ne);
+  return maxlg < minvis;
+}
+
+/// The online softmax's step for rows whose maximum rose: for each set bit i of `up`, l[i] and
+/// the output row O[i][0, hd) are scaled by exp(m[i] - mx[i]) (0 for a row that saw nothing
+/// before), and m[i] = mx[i].
+inline void rescale_rows(int up, const float* mx, float* m, float* l, float* O, int hd) {
+  for (; up; up &= up - 1) {
+    const int i = __builtin_ctz(up);
+    const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mx[i]);
+    l[i] *= alpha;
+    float* Oi = O + static_cast<size_t>(i) * hd;
+    for (int d = 0; d < hd; ++d) Oi[d] *= alpha;
+    m[i] = mx[i];
+  }
+}
 
 /// All `rows` query rows (Q: [rows][hd], scaled and rotated) against one pair, 8 rows at a time,
 /// with 512-bit registers (AVX-512F/DQ; hd % 16 == 0): scores, the online softmax (m, l: running
