@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
@@ -51,9 +53,15 @@ void Session::rewind(int32_t position) {
 
 namespace {
 
+// The sum of squares in double, over 8 partial sums (one dependent chain of double adds was 1% of a
+// prefill), added pairwise: a fixed order, so a row's result depends only on the row.
 void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
-  double ss = 0;
-  for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  double part[8] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += double(x[i + j]) * x[i + j];
+  for (int j = 0; i < n; ++i, ++j) part[j] += double(x[i]) * x[i];
+  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   float scale = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
@@ -83,9 +91,51 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
 
 namespace {
 
+/// The forward pass's activations, kept by each thread between calls: a prefill batch's buffers
+/// (tens of MiB at 512 tokens) are reused by the next batch and by decode instead of being mapped,
+/// zeroed on first touch and unmapped again at every call (in this project's VMs each of those page
+/// faults is a trap, about 1% of a long prefill; the unmapping after the last batch was most of the
+/// first decode token's extra 30 ms). Sized for the largest batch the thread has run.
+struct ForwardScratch {
+  std::vector<float> x, xn, tmp, q, k, v, att, g, u;
+};
+
+/// The calling thread's ForwardScratch, or a fresh one while the thread's is in use (a hook that
+/// runs a forward pass from inside another one); returned when the lease ends.
+class ScratchLease {
+ public:
+  ScratchLease() : s_(busy() ? own_.emplace() : scratch()) { ++busy(); }
+  ~ScratchLease() { --busy(); }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  ForwardScratch& operator*() { return s_; }
+
+ private:
+  static ForwardScratch& scratch() {
+    static thread_local ForwardScratch s;
+    return s;
+  }
+  static int& busy() {
+    static thread_local int n = 0;
+    return n;
+  }
+  std::optional<ForwardScratch> own_;
+  ForwardScratch& s_;
+};
+
 /// y[t] = rms_norm(x[t]) * w for each of n rows of d values.
 void norm_rows(const float* x, const std::vector<float>& w, float* y, int n, int d, float eps) {
-  for (int t = 0; t < n; ++t) rms_norm(x + static_cast<size_t>(t) * d, w.data(), y + static_cast<size_t>(t) * d, d, eps);
+  parallel_for(n, static_cast<int64_t>(n) * d * 2, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      rms_norm(x + static_cast<size_t>(t) * d, w.data(), y + static_cast<size_t>(t) * d, d, eps);
+  });
+}
+
+/// g <- silu(g) * u over n rows of n_ff values, rows split between the threads.
+void swiglu_rows(float* g, const float* u, int n, int n_ff, bool ex) {
+  parallel_for(n, static_cast<int64_t>(n) * n_ff * 8, [&](int64_t b, int64_t e) {
+    silu_mul(g + b * n_ff, u + b * n_ff, (e - b) * n_ff, ex);
+  });
 }
 
 /// q, k, v = xn W_q, xn W_k, xn W_v (+ the biases qwen2 has), one pass over the three matrices.
@@ -214,7 +264,12 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
 
   // Token embeddings: the residual stream x, [n][d]. An InputOverride hook (model/input_override.h:
   // RestoreKV's restore pass) gives the rows itself and may switch a LoRA adapter on.
-  std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
+  ScratchLease lease;
+  ForwardScratch& S = *lease;
+  std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
+  x.resize(static_cast<size_t>(n) * d);
+  xn.resize(x.size());
+  tmp.resize(x.size());
   const InputOverride* over = hook ? dynamic_cast<const InputOverride*>(hook) : nullptr;
   const LoraAdapter* lora = over ? over->lora() : nullptr;
   const WeightView& emb = model_.token_embd();
@@ -225,9 +280,12 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
       dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
   }
 
-  std::vector<float> q(static_cast<size_t>(n) * dq), k(static_cast<size_t>(n) * dkv), v(k.size()),
-      att(static_cast<size_t>(n) * dq);
-  std::vector<float> g(static_cast<size_t>(n) * hp.n_ff), u(g.size());
+  q.resize(static_cast<size_t>(n) * dq);
+  k.resize(static_cast<size_t>(n) * dkv);
+  v.resize(k.size());
+  att.resize(q.size());
+  g.resize(static_cast<size_t>(n) * hp.n_ff);
+  u.resize(g.size());
   std::vector<size_t> n_old(nkv);
   std::vector<std::vector<int32_t>> subset;
   std::vector<std::vector<float>> mass;
@@ -285,7 +343,7 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
       lora->add(l, LoraTarget::Gate, xn.data(), n, g.data());
       lora->add(l, LoraTarget::Up, xn.data(), n, u.data());
     }
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    swiglu_rows(g.data(), u.data(), n, hp.n_ff, ex);
     add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex, lora, l, LoraTarget::Down);
     check_layer_finite(x.data(), x.size(), src, k.data(), v.data(), n, cache_, n_old);
   }
@@ -344,12 +402,20 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
   for (int i = 0; i < n; ++i) pos[i] = sessions[i]->next_pos_;
   std::vector<float> cs, sn;
   rope::tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
-  std::vector<float> x(static_cast<size_t>(n) * d), xn(x.size()), tmp(x.size());
+  ScratchLease lease;
+  ForwardScratch& S = *lease;
+  std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
+  x.resize(static_cast<size_t>(n) * d);
+  xn.resize(x.size());
+  tmp.resize(x.size());
   const WeightView& emb = model.token_embd();
   for (int i = 0; i < n; ++i) dequantize_row(emb.type, emb.row(tokens[i]), x.data() + static_cast<size_t>(i) * d, d);
-  std::vector<float> q(static_cast<size_t>(n) * dq), k(static_cast<size_t>(n) * dkv), v(k.size()),
-      att(static_cast<size_t>(n) * dq);
-  std::vector<float> g(static_cast<size_t>(n) * hp.n_ff), u(g.size());
+  q.resize(static_cast<size_t>(n) * dq);
+  k.resize(static_cast<size_t>(n) * dkv);
+  v.resize(k.size());
+  att.resize(q.size());
+  g.resize(static_cast<size_t>(n) * hp.n_ff);
+  u.resize(g.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (int l = 0; l < hp.n_layer; ++l) {
@@ -410,7 +476,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
     } else {
       matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
     }
-    for (size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    swiglu_rows(g.data(), u.data(), n, hp.n_ff, ex);
     matmul_rows(*L.w_down, g.data(), n, tmp.data(), ex);
     for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
   }
