@@ -604,3 +604,45 @@ TEST(Kernels, PackRowsRejectsOtherTypes) {
   EXPECT_TRUE(qdot::packable(k4.view));
   EXPECT_TRUE(qdot::packable(k6.view));
 }
+
+// The activation quantization (AVX2 code above the scalar level, SSE2 at it) gives the same bytes,
+// scales and sums at every level, for groups of 32 and 16, with zero blocks, NaN, infinities, huge
+// and tiny values; and holds hand-derived values.
+TEST(QuantizeActs, SameAtEveryLevel) {
+  const qdot::Level saved = qdot::level();
+  const int64_t rows = 5, cols = 256;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (auto& v : x) v = nd(rng);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;                        // an all-zero block
+  x[70] = NAN;                                                       // NaN in a block
+  x[100] = INFINITY;                                                 // an infinite block
+  x[cols + 5] = 3e38f, x[cols + 40] = 1e-40f, x[cols + 41] = -1e-40f;  // huge, subnormal
+  for (int j = 0; j < 32; ++j) x[2 * cols + j] = (j % 2 ? -1.0f : 1.0f) * (j + 0.5f) * (127.0f / 31.5f) / 127.0f;
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q6_K, GGMLType::Q4_K}) {
+    const qdot::Format f = qdot::format_of(t);
+    std::vector<qdot::Acts> out;
+    for (qdot::Level lv : qdot::supported_levels()) {
+      qdot::set_level(lv);
+      out.emplace_back();
+      qdot::quantize_acts(x.data(), rows, cols, f, out.back());
+    }
+    for (size_t i = 1; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].q, out[0].q) << type_name(t) << " level " << i;
+      EXPECT_EQ(std::memcmp(out[i].xd.data(), out[0].xd.data(), out[0].xd.size() * 4), 0) << type_name(t);
+      EXPECT_EQ(std::memcmp(out[i].xs.data(), out[0].xs.data(), out[0].xs.size() * 4), 0) << type_name(t);
+      EXPECT_EQ(out[i].ic, out[0].ic) << type_name(t);
+    }
+    // Hand-derived: row 2's first block is +-(j + 0.5) / 31.5, max 1 at j = 31, so q = +-(j + 0.5)
+    // * 127 / 31.5 rounded; the zero block has scale 0 and codes 0.
+    const qdot::Acts& a = out.back();
+    for (int j = 0; j < 32; ++j) {
+      const double want = (j % 2 ? -1.0 : 1.0) * std::nearbyint((j + 0.5) * 127.0 / 31.5);
+      EXPECT_EQ(a.q[2 * cols + j], want) << j;
+      EXPECT_EQ(a.q[32 + j], 0);
+    }
+    EXPECT_EQ(a.xd[32 / f.group], 0.0f);
+  }
+  qdot::set_level(saved);
+}

@@ -70,7 +70,7 @@ struct Acts {
 };
 
 /// Quantizes `rows` rows of `cols` f32 values (cols a multiple of 32, else kvslim::Error) for
-/// format `f`. Identical on every level (plain SSE2 code).
+/// format `f`. Identical on every level (SSE2 code at the scalar level, AVX2 above it, same bits).
 void quantize_acts(const float* X, int64_t rows, int64_t cols, const Format& f, Acts& out);
 /// Sizes `out` for quantize_acts_rows (same checks as quantize_acts).
 void prepare_acts(int64_t rows, int64_t cols, const Format& f, Acts& out);
