@@ -9,6 +9,8 @@
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
 #include "kvslim/request.h"
+#include "kvslim/session.h"
+#include "model/layer_hook.h"
 
 using namespace kvslim;
 
@@ -155,5 +157,46 @@ TEST(DecodeBatch, StepBatchEqualsRunningAlone) {
     EXPECT_TRUE(reqs[i]->finished());
     EXPECT_EQ(reqs[i]->text(), alone[i]) << "request " << i;
     EXPECT_EQ(reqs[i]->cache().bytes(), alone_bytes[i]) << "request " << i;
+  }
+}
+
+// The forward pass keeps its activation buffers per thread between calls (model/session.cpp,
+// ScratchLease). A hook that runs another forward pass on the same thread from inside a layer
+// must not overwrite the outer pass's buffers: the outer logits stay those of a pass without it,
+// for a prefill batch and for a decode step, and the scratch stays usable after it.
+namespace {
+struct NestedForwardHook : LayerHook {
+  Session* inner = nullptr;
+  std::vector<Token> ids;
+  int calls = 0;
+  void after_attention(const LayerStep& step, const std::vector<std::vector<float>>*) override {
+    if (step.layer != 0) return;
+    inner->reset();
+    inner->forward(ids);  // a longer batch than the outer one: its buffers would be reallocated
+    ++calls;
+  }
+};
+}  // namespace
+
+TEST(ForwardScratch, NestedForwardFromHookKeepsOuterResult) {
+  for (const std::string& path : {std::string(kModel), q8_copy()}) {
+    auto model = Model::load(path);
+    const Tokenizer& tok = model->tokenizer();
+    const std::vector<Token> prompt = tok.encode("Once upon a time", true, false);
+    const std::vector<Token> other = tok.encode(kPrompts[1] + " " + kPrompts[1], true, false);
+    ASSERT_GT(other.size(), prompt.size());
+    Session plain(*model, SessionOptions{}), hooked(*model, SessionOptions{}), inner(*model, SessionOptions{});
+    NestedForwardHook hook;
+    hook.inner = &inner;
+    hook.ids = other;
+    const std::vector<float> want = plain.forward(prompt);
+    EXPECT_EQ(hooked.forward(prompt, false, &hook), want) << path;
+    const std::vector<float> want2 = plain.forward({5});
+    EXPECT_EQ(hooked.forward({5}, false, &hook), want2) << path;
+    EXPECT_EQ(hook.calls, 2);
+    // And the inner pass itself computed what a pass of its own computes.
+    Session fresh(*model, SessionOptions{});
+    inner.reset();
+    EXPECT_EQ(inner.forward(other), fresh.forward(other)) << path;
   }
 }
