@@ -98,6 +98,15 @@ namespace {
 /// first decode token's extra 30 ms). Sized for the largest batch the thread has run.
 struct ForwardScratch {
   std::vector<float> x, xn, tmp, q, k, v, att, g, u;
+  /// Sizes the buffers for n rows: x, xn, tmp [n][n_embd]; q, att [n][n_head * hd]; k, v [n][n_head_kv
+  /// * hd]; g, u [n][n_ff]. Contents are left over from earlier calls: every step writes its rows.
+  void size_for(const HParams& hp, int n) {
+    const size_t rows = static_cast<size_t>(n);
+    for (auto* b : {&x, &xn, &tmp}) b->resize(rows * hp.n_embd);
+    for (auto* b : {&q, &att}) b->resize(rows * hp.n_head * hp.head_dim);
+    for (auto* b : {&k, &v}) b->resize(rows * hp.n_head_kv * hp.head_dim);
+    for (auto* b : {&g, &u}) b->resize(rows * hp.n_ff);
+  }
 };
 
 /// The calling thread's ForwardScratch, or a fresh one while the thread's is in use (a hook that
@@ -131,7 +140,8 @@ void norm_rows(const float* x, const std::vector<float>& w, float* y, int n, int
   });
 }
 
-/// g <- silu(g) * u over n rows of n_ff values, rows split between the threads.
+/// g <- silu(g) * u over n rows of n_ff values, rows split between the threads (an element costs
+/// about as much as 8 multiply-adds: the exp's polynomial and a division).
 void swiglu_rows(float* g, const float* u, int n, int n_ff, bool ex) {
   parallel_for(n, static_cast<int64_t>(n) * n_ff * 8, [&](int64_t b, int64_t e) {
     silu_mul(g + b * n_ff, u + b * n_ff, (e - b) * n_ff, ex);
@@ -266,10 +276,8 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
   // RestoreKV's restore pass) gives the rows itself and may switch a LoRA adapter on.
   ScratchLease lease;
   ForwardScratch& S = *lease;
+  S.size_for(hp, n);
   std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
-  x.resize(static_cast<size_t>(n) * d);
-  xn.resize(x.size());
-  tmp.resize(x.size());
   const InputOverride* over = hook ? dynamic_cast<const InputOverride*>(hook) : nullptr;
   const LoraAdapter* lora = over ? over->lora() : nullptr;
   const WeightView& emb = model_.token_embd();
@@ -280,12 +288,6 @@ void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* 
       dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
   }
 
-  q.resize(static_cast<size_t>(n) * dq);
-  k.resize(static_cast<size_t>(n) * dkv);
-  v.resize(k.size());
-  att.resize(q.size());
-  g.resize(static_cast<size_t>(n) * hp.n_ff);
-  u.resize(g.size());
   std::vector<size_t> n_old(nkv);
   std::vector<std::vector<int32_t>> subset;
   std::vector<std::vector<float>> mass;
@@ -404,18 +406,10 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
   rope::tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
   ScratchLease lease;
   ForwardScratch& S = *lease;
+  S.size_for(hp, n);
   std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
-  x.resize(static_cast<size_t>(n) * d);
-  xn.resize(x.size());
-  tmp.resize(x.size());
   const WeightView& emb = model.token_embd();
   for (int i = 0; i < n; ++i) dequantize_row(emb.type, emb.row(tokens[i]), x.data() + static_cast<size_t>(i) * d, d);
-  q.resize(static_cast<size_t>(n) * dq);
-  k.resize(static_cast<size_t>(n) * dkv);
-  v.resize(k.size());
-  att.resize(q.size());
-  g.resize(static_cast<size_t>(n) * hp.n_ff);
-  u.resize(g.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (int l = 0; l < hp.n_layer; ++l) {
