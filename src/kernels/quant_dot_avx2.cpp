@@ -17,10 +17,11 @@
 // Headers come first so that nothing they define is compiled for avx2.
 // Clang ignores the GCC target pragma (its builds: sanitizers and fuzzing, fuzz/README.md) and takes
 // the same features as an attribute on every function in the region.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #define KV_NS avx2
 #define KV_AVX512 0
@@ -28,5 +29,6 @@
 #include "kernels/quant_dot_simd.inc"
 #ifdef __clang__
 #pragma clang attribute pop
-#endif
+#else
 #pragma GCC pop_options
+#endif

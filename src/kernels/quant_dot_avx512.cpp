@@ -15,21 +15,23 @@
 #include "kvslim/error.h"
 
 // Headers come first so that nothing they define is compiled for avx512.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
 #ifdef __clang__  // clang ignores the GCC target pragma (see quant_dot_avx2.cpp)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq"))), \
                              apply_to = function)
-#endif
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
 // GCC 12 warns about the deliberately undefined pass-through operand inside _mm512_cvtepi32_ps.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define KV_NS avx512
 #define KV_AVX512 1
 #define KV_VNNI 1
 #include "kernels/quant_dot_simd.inc"
 #ifdef __clang__
 #pragma clang attribute pop
-#endif
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif

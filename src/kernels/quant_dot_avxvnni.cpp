@@ -17,10 +17,11 @@
 #include "kvslim/error.h"
 
 // Headers come first so that nothing they define is compiled for avxvnni (see quant_dot_avx2.cpp).
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
 #endif
 #define KV_NS avxvnni
 #define KV_AVX512 0
@@ -28,5 +29,6 @@
 #include "kernels/quant_dot_simd.inc"
 #ifdef __clang__
 #pragma clang attribute pop
-#endif
+#else
 #pragma GCC pop_options
+#endif

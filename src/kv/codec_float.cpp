@@ -1,10 +1,6 @@
 // f32, f16 and bf16 keys (transposed tiles) and values (rows). Exact for f32; f16 and bf16 round
 // to nearest even.
-// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_ps.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/intrinsics.h"
 
 #include <cstring>
 
