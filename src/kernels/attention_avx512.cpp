@@ -14,6 +14,7 @@
 // chain of fmas over the channels in order, each output one chain over the entries in order, and
 // every other step is lane-wise per row, so a row's result does not depend on the rows beside it.
 #include "kernels/attention_tiles.h"
+#include "kernels/vexp.h"
 
 // GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_ps and
 // _mm256_undefined_pd (the unused merge operands of its casts and extracts).
@@ -63,25 +64,6 @@ KV512_INLINE __m512 value16(const VT* v, size_t j, int hd, int c) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * hd + c)));
   else
     return _mm512_loadu_ps(v + j * hd + c);
-}
-
-// exp of lanes <= 0 (or NaN, from rows that see nothing; the caller masks those): the range
-// reduction and polynomial of attention.cpp's vexp_v.
-KV512_INLINE __m512 vexp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 nf = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nf), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
 // x[i]: row i's scores of the 16 entries of a tile -> ST[e * 8 + i]. In each 128-bit lane L the
@@ -240,7 +222,8 @@ KV512_INLINE bool softmax16(float* ST, int nt, const int32_t* lg, const int32_t*
   const __m512 mr = _mm512_insertf32x8(_mm512_castps256_ps512(m8), m8, 1);
   __m512 lv = _mm512_setzero_ps();
   for (int q = 0; q < ne / 2; ++q) {
-    __m512 p = vexp16(_mm512_sub_ps(_mm512_loadu_ps(ST + q * 16), mr));
+    // Lanes <= 0, or NaN in rows that see nothing (masked below).
+    __m512 p = vexp::exp16(_mm512_sub_ps(_mm512_loadu_ps(ST + q * 16), mr));
     if (!full) p = _mm512_maskz_mov_ps(seeing[q], p);
     _mm512_storeu_ps(ST + q * 16, p);
     lv = _mm512_add_ps(lv, p);
