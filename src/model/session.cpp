@@ -415,7 +415,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights& L = model.layer(l);
     // Norm and Q/K/V for every row: one pass over wq, wk, wv.
-    for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, L.attn_norm.data(), xn.data() + i * d, d, hp.rms_eps);
+    norm_rows(x.data(), L.attn_norm, xn.data(), n, d, hp.rms_eps);
     const bool fp = L.wq->type == GGMLType::F32 || L.wq->type == GGMLType::F16 || L.wq->type == GGMLType::BF16;
     if (fp || ex) {
       matmul_rows(*L.wq, xn.data(), n, q.data(), ex);
@@ -463,7 +463,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
     matmul_rows(*L.wo, att.data(), n, tmp.data(), ex);
     for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
     // Feed-forward for every row: one pass over the gate, up and down matrices.
-    for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, L.ffn_norm.data(), xn.data() + i * d, d, hp.rms_eps);
+    norm_rows(x.data(), L.ffn_norm, xn.data(), n, d, hp.rms_eps);
     if (fp || ex) {
       matmul_rows(*L.w_gate, xn.data(), n, g.data(), ex);
       matmul_rows(*L.w_up, xn.data(), n, u.data(), ex);
@@ -475,7 +475,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
     for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
   }
   for (int i = 0; i < n; ++i) ++sessions[i]->next_pos_;
-  for (int i = 0; i < n; ++i) rms_norm(x.data() + i * d, model.output_norm().data(), xn.data() + i * d, d, hp.rms_eps);
+  norm_rows(x.data(), model.output_norm(), xn.data(), n, d, hp.rms_eps);
   std::vector<float> logits(static_cast<size_t>(n) * hp.n_vocab);
   matmul_rows(model.output(), xn.data(), n, logits.data(), ex);
   return logits;
