@@ -8,9 +8,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "kernels/threads.h"
 #include "kvslim/error.h"
 #include "kvslim/quant.h"
+#include "run/decode_floor.h"
 
 using namespace kvslim;
 
@@ -400,6 +402,34 @@ TEST(BenchCli, RunsAndWritesJson) {
   err2 << std::ifstream(out).rdbuf();
   EXPECT_NE(err2.str().find("--json /nonexistent/dir/b.json: cannot open for writing"), std::string::npos)
       << err2.str();
+}
+
+// --floor: each decode row carries the read passes timed around it (4 before, 4 after), the bytes
+// a step reads at least (the file's weights by decode_weight_bytes, tested by hand in
+// test_decode_floor.cpp, plus the KV cache at the row's start) and the rate they allow.
+TEST(BenchCli, FloorReportsTheDecodeShareOfTheReadRate) {
+  const std::string stem = ::testing::TempDir() + "/kvslim_floor_" + std::to_string(::getpid());
+  const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string cmd = std::string("'") + KVSLIM_CLI + "' bench -m '" + model +
+                          "' -p 0 -n 4 --depth 8 -t 1 --no-progress --floor --json '" + stem + ".json' > '" + stem +
+                          ".out' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(stem + ".json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j.size(), 2u);  // fill d8, tg4 @ d8
+  EXPECT_TRUE(j[0]["read_gbps"].empty());
+  const nlohmann::json& r = j[1];
+  ASSERT_EQ(r["read_gbps"].size(), 8u);
+  std::vector<double> g = r["read_gbps"].get<std::vector<double>>();
+  for (double v : g) EXPECT_GT(v, 0.0);
+  std::nth_element(g.begin(), g.begin() + 4, g.end());
+  const auto file = GGUFFile::open(model);
+  const double bytes = r["floor_bytes_per_token"].get<double>();
+  EXPECT_EQ(bytes, static_cast<double>(decode_weight_bytes(*file)) + r["kv_bytes"].get<double>());
+  EXPECT_NEAR(r["floor_ts"].get<double>(), g[4] * 1e9 / bytes, 1e-6 * r["floor_ts"].get<double>());
+  std::stringstream table;
+  table << std::ifstream(stem + ".out").rdbuf();
+  EXPECT_NE(table.str().find("read floor none tg4 @ d8: "), std::string::npos) << table.str();
 }
 
 // KVSLIM_SIMD names the level the bench table prints; an unknown name is reported (naming the

@@ -24,6 +24,7 @@
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "press/ratio_use.h"
+#include "run/decode_floor.h"
 #include "kvslim/request.h"
 
 namespace kvslim::cli {
@@ -57,7 +58,7 @@ struct BenchArgs {
   std::vector<std::string> presses{"none"};
   double ratio = 0.5;
   std::string json;
-  bool ratio_given = false, no_progress = false;
+  bool ratio_given = false, no_progress = false, floor = false;
   uint64_t seed = 42;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
@@ -112,6 +113,18 @@ struct Result {
   /// Tokens per second of process CPU time (user + system, all threads), one per repetition: with
   /// -t 1 on a machine shared with other jobs, the rate the test would have on a core of its own.
   std::vector<double> cpu_tps;
+  /// --floor: the memory's read rate (GB/s) in passes just before and just after the decode test,
+  /// and the bytes a decode step reads at least (the file's weights, see decode_weight_bytes, plus
+  /// the KV cache at the test's start).
+  std::vector<double> read_gbps;
+  size_t floor_bytes = 0;
+  /// Decode rate the read rate allows (median pass): floor_bytes per token; 0 without --floor.
+  double floor_tps() const {
+    if (read_gbps.empty() || floor_bytes == 0) return 0;
+    std::vector<double> v = read_gbps;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2] * 1e9 / static_cast<double>(floor_bytes);
+  }
   /// Median single-token decode rate (0 for prefill tests): robust to other load on the machine.
   double median_tps() const {
     if (token_ms.empty()) return 0;
@@ -179,6 +192,10 @@ int run(BenchArgs a) {
     n_params += static_cast<size_t>(t.nelements());
     size_bytes += t.nbytes;
   }
+  const size_t weight_floor_bytes = decode_weight_bytes(model->file());
+  // Far larger than any last-level cache; passes before and after each decode test.
+  constexpr size_t kProbeBytes = size_t{256} << 20;
+  constexpr int kProbePasses = 4;
   const std::string model_name = fmt::format("{} {} {}", hp.arch, human_params(double(n_params)), model->weight_type());
 
   int max_depth = 0;
@@ -220,7 +237,7 @@ int run(BenchArgs a) {
   for (const std::unique_ptr<Press>& press : presses) {
     const std::string pname = press->describe();
     if (a.n_prompt > 0) {
-      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0, {}};
+      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0, {}, {}, 0};
       report(pname, r.test);
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
@@ -239,14 +256,14 @@ int run(BenchArgs a) {
     }
     if (a.n_gen > 0)
       for (int depth : a.depths) {
-        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0, {}};
+        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0, {}, {}, 0};
         report(pname, r.test);
         reset_peak_rss();
         Request req(*model, *press, ro);
         if (depth > 0) {
           // The fill itself is a prefill of `depth` tokens (with compression after every chunk
           // when --chunk-size is set): reported as its own row, as it is the long-prompt cost.
-          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0, {}};
+          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0, {}, {}, 0};
           req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng));
           const auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
@@ -262,6 +279,11 @@ int run(BenchArgs a) {
           press->reset();  // no prefill to reset it: decode starts from an empty cache
         }
         r.kv_bytes = req.cache().bytes();
+        if (a.floor) {
+          r.floor_bytes = weight_floor_bytes + r.kv_bytes;
+          r.read_gbps = measure_read_rate(kProbeBytes, kProbePasses);
+          reset_peak_rss();  // the probe's buffer (freed) is not the decode's memory
+        }
         // Repetitions continue the same context: depth drifts by n_gen per repetition. The
         // tokens are fed (not sampled) so every press decodes the same sequence.
         for (int rep = 0; rep < a.reps; ++rep) {
@@ -277,6 +299,8 @@ int run(BenchArgs a) {
           r.cpu_tps.push_back(a.n_gen / std::max(1e-9, process_cpu_seconds() - c0));
         }
         r.peak_rss = peak_rss();
+        if (a.floor)
+          for (double g : measure_read_rate(kProbeBytes, kProbePasses)) r.read_gbps.push_back(g);
         results.push_back(r);
       }
   }
@@ -310,6 +334,16 @@ int run(BenchArgs a) {
   }
   if (!per_cpu.empty())
     fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
+  for (const Result& r : results) {
+    if (r.read_gbps.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(r.read_gbps.begin(), r.read_gbps.end());
+    const double floor = r.floor_tps();
+    fmt::print(text_out,
+               "read floor {} {}: {:.2f} t/s mean, {:.2f} median token = {:.0f}% / {:.0f}% of {:.2f} t/s "
+               "({:.1f} MB per token at {:.1f} GB/s, the median of {} read passes around the test, {:.1f}-{:.1f})\n",
+               r.press, r.test, r.mean(), r.median_tps(), 100 * r.mean() / floor, 100 * r.median_tps() / floor, floor,
+               r.floor_bytes / 1e6, floor * r.floor_bytes / 1e9, r.read_gbps.size(), *lo, *hi);
+  }
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
   fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
              qdot::level_name(qdot::detected_level()), a.batch,
@@ -342,6 +376,9 @@ int run(BenchArgs a) {
                      {"stddev_ts", r.stddev()},
                      {"median_token_ts", r.median_tps()},
                      {"samples_token_ms", r.token_ms},
+                     {"read_gbps", r.read_gbps},
+                     {"floor_bytes_per_token", r.floor_bytes},
+                     {"floor_ts", r.floor_tps()},
                      {"press_seconds", r.press_seconds},
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},
@@ -377,6 +414,10 @@ void add_bench(CLI::App& app, Action& action) {
   add_no_progress_flag(sub, a->no_progress);
   sub->add_option("-s,--seed", a->seed, "seed of the random token ids")->capture_default_str();
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
+  sub->add_flag("--floor", a->floor,
+                "time the memory's read rate around each decode test (256 MiB, 4 passes before and after, the "
+                "same threads) and print the decode rate as a share of the rate it allows: the file's weights "
+                "(one row of the token embeddings) plus the KV cache, read once per token");
   sub->callback([a, &action, ratio_opt] {
     a->ratio_given = ratio_opt->count() > 0;
     action = [a] { return run(*a); };

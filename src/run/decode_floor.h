@@ -1,0 +1,25 @@
+#pragma once
+// The decode floor of `kvslim bench --floor`: a decode step reads every weight matrix once (and
+// the KV cache), so it can run no faster than the machine's memory read rate divided by those
+// bytes. These two functions give the two sides, measured in the same run as the decode.
+#include <cstddef>
+#include <vector>
+
+#include "kvslim/gguf.h"
+
+namespace kvslim {
+
+/// Bytes of a GGUF file's tensors that one decode step reads at least: every tensor once, except
+/// the token-embedding table "token_embd.weight", of which a step reads one row (the whole table
+/// when the file has no "output.weight": the output product then reads it). The file's own bytes,
+/// not the engine's repacked copy, so packing overhead counts against the engine.
+size_t decode_weight_bytes(const GGUFFile& f);
+
+/// Reads a buffer of `bytes` (rounded down to whole 2 MiB spans, at least one), far larger than
+/// any cache, `passes` times with the pool's threads (each thread its own contiguous share, as the
+/// decode products read their rows), and returns the rate of each pass in GB/s (1e9 bytes/s).
+/// The buffer is allocated and written once before the passes and freed before returning.
+/// Throws kvslim::Error when passes < 1 or the buffer cannot be allocated.
+std::vector<double> measure_read_rate(size_t bytes, int passes);
+
+}  // namespace kvslim

@@ -1,0 +1,41 @@
+// The two sides of `kvslim bench --floor` (src/run/decode_floor.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kvslim/error.h"
+#include "kvslim/gguf.h"
+#include "run/decode_floor.h"
+
+using namespace kvslim;
+
+namespace {
+
+std::unique_ptr<GGUFFile> file_with(bool output) {
+  GGUFWriter w;
+  w.set("general.name", GGUFValue::str("floor"));
+  // 10 rows of 64 columns in q8_0: 2 blocks of 34 bytes per row (GGUF spec) = 68 bytes, 680 in all.
+  w.add_tensor_f32("token_embd.weight", GGMLType::Q8_0, {64, 10}, std::vector<float>(640, 0.5f));
+  w.add_tensor_f32("blk.0.attn_q.weight", GGMLType::F16, {64, 64}, std::vector<float>(4096, 0.25f));  // 8,192 bytes
+  if (output) w.add_tensor_f32("output.weight", GGMLType::F32, {64, 10}, std::vector<float>(640, 1.0f));  // 2,560
+  return GGUFFile::from_bytes(w.bytes(), "floor test");
+}
+
+}  // namespace
+
+// One row of the embedding table per token when the file has its own output matrix; the whole
+// table when the output product reads it (tied embeddings).
+TEST(DecodeFloor, WeightBytesCountOneEmbeddingRowUnlessTied) {
+  EXPECT_EQ(decode_weight_bytes(*file_with(true)), 68u + 8192u + 2560u);
+  EXPECT_EQ(decode_weight_bytes(*file_with(false)), 680u + 8192u);
+}
+
+// The probe reads its buffer back as written (it checks the sums itself) and gives one positive
+// rate per pass; no time is asserted.
+TEST(DecodeFloor, ReadRateGivesOneRatePerPass) {
+  const std::vector<double> r = measure_read_rate(size_t{4} << 20, 3);
+  ASSERT_EQ(r.size(), 3u);
+  for (double g : r) EXPECT_GT(g, 0.0);
+  EXPECT_THROW(measure_read_rate(size_t{4} << 20, 0), Error);
+}
