@@ -1,6 +1,5 @@
 #include "run/decode_floor.h"
 
-#include "kernels/intrinsics.h"
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/intrinsics.h"
 #include "kernels/packed_weights.h"
 #include "kernels/threads.h"
 #include "kvslim/error.h"
@@ -90,7 +90,10 @@ std::vector<double> measure_read_rate(size_t bytes, int passes) {
   for (int p = 0; p < passes; ++p) {
     const auto t0 = std::chrono::steady_clock::now();
     parallel_for(nt, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) sink[i] = avx2 ? read_sum_avx2(buf.get() + share * i, share) : read_sum_sse2(buf.get() + share * i, share);
+      for (int64_t i = b; i < e; ++i) {
+        const uint8_t* p0 = buf.get() + share * i;
+        sink[i] = avx2 ? read_sum_avx2(p0, share) : read_sum_sse2(p0, share);
+      }
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rates.push_back(static_cast<double>(share * nt) / std::max(s, 1e-9) / 1e9);
