@@ -118,12 +118,15 @@ struct Result {
   /// the KV cache at the test's start).
   std::vector<double> read_gbps;
   size_t floor_bytes = 0;
-  /// Decode rate the read rate allows (median pass): floor_bytes per token; 0 without --floor.
+  /// Decode rate the read rate allows (median pass, the mean of the middle two for an even count):
+  /// floor_bytes per token; 0 without --floor.
   double floor_tps() const {
     if (read_gbps.empty() || floor_bytes == 0) return 0;
     std::vector<double> v = read_gbps;
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2] * 1e9 / static_cast<double>(floor_bytes);
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return median * 1e9 / static_cast<double>(floor_bytes);
   }
   /// Median single-token decode rate (0 for prefill tests): robust to other load on the machine.
   double median_tps() const {
@@ -179,6 +182,8 @@ int run(BenchArgs a) {
   }
   // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
   if (a.ratio_given) check_ratio_used(last_press, a.ratio, ratio_used, "--compression-ratio");
+  if (a.floor && (a.n_gen == 0 || a.depths.empty()))
+    throw Error("--floor times the decode tests, and -n 0 runs none: set -n (--gen) above 0");
   check_json_output(a.json);  // an unwritable output fails before a long run, not after it
   a.threads = apply_threads(a.threads);
   // The table is the result (stdout); with --json - stdout holds only the JSON and the table moves to stderr.
@@ -338,11 +343,18 @@ int run(BenchArgs a) {
     if (r.read_gbps.empty()) continue;
     const auto [lo, hi] = std::minmax_element(r.read_gbps.begin(), r.read_gbps.end());
     const double floor = r.floor_tps();
+    // Bytes that fit in the last-level cache are not read from memory each token: no floor then.
+    const size_t llc = last_level_cache_bytes();
+    const bool cached = r.floor_bytes < 2 * (llc ? llc : size_t{32} << 20);
     fmt::print(text_out,
                "read floor {} {}: {:.2f} t/s mean, {:.2f} median token = {:.0f}% / {:.0f}% of {:.2f} t/s "
-               "({:.1f} MB per token at {:.1f} GB/s, the median of {} read passes around the test, {:.1f}-{:.1f})\n",
+               "({:.1f} MB per token: weights {:.1f} + KV {:.1f}; at {:.1f} GB/s, the median of {} read passes "
+               "around the test, {:.1f}-{:.1f}){}\n",
                r.press, r.test, r.mean(), r.median_tps(), 100 * r.mean() / floor, 100 * r.median_tps() / floor, floor,
-               r.floor_bytes / 1e6, floor * r.floor_bytes / 1e9, r.read_gbps.size(), *lo, *hi);
+               r.floor_bytes / 1e6, (r.floor_bytes - r.kv_bytes) / 1e6, r.kv_bytes / 1e6,
+               floor * r.floor_bytes / 1e9, r.read_gbps.size(), *lo, *hi,
+               cached ? "; these bytes fit in the CPU's caches, so the memory's read rate does not bound this decode"
+                      : "");
   }
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
   fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
@@ -416,8 +428,9 @@ void add_bench(CLI::App& app, Action& action) {
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->add_flag("--floor", a->floor,
                 "time the memory's read rate around each decode test (256 MiB, 4 passes before and after, the "
-                "same threads) and print the decode rate as a share of the rate it allows: the file's weights "
-                "(one row of the token embeddings) plus the KV cache, read once per token");
+                "same threads) and print the decode rate as a share of the rate it allows when every byte a "
+                "step needs is read once per token: the file's weight tensors (of the token embeddings one "
+                "row, unless the output matrix reads the table) plus the KV cache (MB = 1e6 bytes)");
   sub->callback([a, &action, ratio_opt] {
     a->ratio_given = ratio_opt->count() > 0;
     action = [a] { return run(*a); };

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <fstream>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -69,6 +72,30 @@ size_t decode_weight_bytes(const GGUFFile& f) {
     total += t.nbytes;
   }
   return total;
+}
+
+size_t last_level_cache_bytes() {
+  size_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), sf(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(lf >> level) || !(sf >> size) || size.empty()) continue;
+    size_t v = 0;
+    try {
+      v = std::stoull(size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const char unit = size.back();
+    if (unit == 'K') v <<= 10;
+    else if (unit == 'M') v <<= 20;
+    else if (unit == 'G') v <<= 30;
+    if (level > best_level || (level == best_level && v > best)) best_level = level, best = v;
+  }
+  return best;
 }
 
 std::vector<double> measure_read_rate(size_t bytes, int passes) {

@@ -15,6 +15,10 @@ namespace kvslim {
 /// not the engine's repacked copy, so packing overhead counts against the engine.
 size_t decode_weight_bytes(const GGUFFile& f);
 
+/// Size of the CPU's last-level cache in bytes (cpu0's highest cache level in sysfs), 0 where
+/// sysfs does not say.
+size_t last_level_cache_bytes();
+
 /// Reads a buffer of `bytes` (rounded down to whole 2 MiB spans, at least one), far larger than
 /// any cache, `passes` times with the pool's threads (each thread its own contiguous share, as the
 /// decode products read their rows), and returns the rate of each pass in GB/s (1e9 bytes/s).
