@@ -4,7 +4,7 @@
 // packed as the model loader packs them, about 650 MB, far more than any cache. One pass is one
 // decode step's products in the engine's order (matmul_group for q/k/v and gate/up, matmul for o,
 // down and output) with the pool's threads; each pass is followed by a plain read of a 1 GiB
-// buffer with the same threads (AVX2 loads, summed), so every line compares the two in one run on
+// buffer with the same threads (ReadProbe, as `bench --floor`), so every line compares the two in one run on
 // whatever else the host is doing. Prints GB/s of packed weight bytes, the read GB/s, and their
 // ratio: the fraction of the bandwidth floor the products reach.
 //
@@ -12,8 +12,6 @@
 //
 // Build and run: tools/build_kv_tools.sh build && build/gemv_stream_bench [threads] [passes]
 // (defaults 2 and 8; KVSLIM_SIMD forces a lower SIMD level, KVSLIM_HUGEPAGES=0 small pages).
-#include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <random>
@@ -31,6 +30,7 @@
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kvslim/quant.h"
+#include "run/decode_floor.h"
 
 using namespace kvslim;
 
@@ -63,20 +63,6 @@ WeightView make_matrix(GGMLType t, int64_t rows, int64_t cols) {
 
 double packed_bytes(const WeightView& W) {
   return static_cast<double>(W.packed->row_blocks) * (W.cols / 256) * W.packed->block_bytes;
-}
-
-// Sum of the 64-bit lanes of n bytes (n a multiple of 128, p 32-byte aligned), four loads in flight.
-__attribute__((target("avx2"))) int64_t read_sum(const uint8_t* p, size_t n) {
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  for (size_t i = 0; i < n; i += 128) {
-    const auto* v = reinterpret_cast<const __m256i*>(p + i);
-    s0 = _mm256_add_epi64(s0, _mm256_load_si256(v));
-    s1 = _mm256_add_epi64(s1, _mm256_load_si256(v + 1));
-    s2 = _mm256_add_epi64(s2, _mm256_load_si256(v + 2));
-    s3 = _mm256_add_epi64(s3, _mm256_load_si256(v + 3));
-  }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-  return _mm256_extract_epi64(s, 0);
 }
 
 }  // namespace
@@ -112,18 +98,14 @@ int main(int argc, char** argv) {
   std::vector<float> x(5632), y0(32000), y1(5632), y2(5632);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
 
-  const size_t buf_bytes = size_t{1} << 30;
-  void* raw = nullptr;
-  if (posix_memalign(&raw, size_t{2} << 20, buf_bytes) != 0) {
-    std::fprintf(stderr, "gemv_stream_bench: cannot allocate the 1 GiB read buffer\n");
+  // A plain read of 1 GiB after each pass (src/run/decode_floor.h, as `bench --floor` reads).
+  std::unique_ptr<ReadProbe> probe;
+  try {
+    probe = std::make_unique<ReadProbe>(size_t{1} << 30);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gemv_stream_bench: %s\n", e.what());
     return 1;
   }
-  std::unique_ptr<uint8_t, void (*)(void*)> buf(static_cast<uint8_t*>(raw), std::free);
-  if (qdot::huge_pages_enabled()) madvise(buf.get(), buf_bytes, MADV_HUGEPAGE);
-  std::memset(buf.get(), 1, buf_bytes);
-  // Each thread reads its own 128-byte-aligned share (read_sum's contract); the tail is not read.
-  const size_t share = buf_bytes / threads / 128 * 128, read_bytes = share * threads;
-  std::vector<int64_t> sink(static_cast<size_t>(threads));
 
   std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
   std::printf("%5s %10s %12s %12s %8s\n", "pass", "ms", "gemv GB/s", "read GB/s", "ratio");
@@ -137,10 +119,8 @@ int main(int argc, char** argv) {
     }
     matmul(out, x.data(), 1, y0.data());
     const double t1 = now();
-    parallel_for(threads, [&](int64_t b, int64_t) { sink[b] = read_sum(buf.get() + share * b, share); });
-    const double t2 = now();
-    const double gemv = bytes / (t1 - t0) / 1e9, read = read_bytes / (t2 - t1) / 1e9;
+    const double gemv = bytes / (t1 - t0) / 1e9, read = probe->pass();
     std::printf("%5d %10.2f %12.1f %12.1f %8.2f\n", p, (t1 - t0) * 1e3, gemv, read, gemv / read);
   }
-  return sink[0] == 42 ? 3 : 0;  // keeps the read loop from being optimized away
+  return 0;
 }

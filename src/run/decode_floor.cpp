@@ -98,37 +98,50 @@ size_t last_level_cache_bytes() {
   return best;
 }
 
-std::vector<double> measure_read_rate(size_t bytes, int passes) {
-  if (passes < 1) throw Error(fmt::format("measure_read_rate: passes must be >= 1, not {}", passes));
-  bytes = std::max(kSpan, bytes / kSpan * kSpan);
+namespace {
+
+uint8_t* allocate_probe(size_t bytes) {
   void* raw = nullptr;
   if (posix_memalign(&raw, kSpan, bytes) != 0)
-    throw Error(fmt::format("measure_read_rate: cannot allocate {} MiB to time the memory's read rate", bytes >> 20));
-  std::unique_ptr<uint8_t, void (*)(void*)> buf(static_cast<uint8_t*>(raw), std::free);
-  // The same page size as the packed weights get (kernels/packed_weights.h).
-  if (qdot::huge_pages_enabled()) madvise(buf.get(), bytes, MADV_HUGEPAGE);
-  std::memset(buf.get(), 1, bytes);
+    throw Error(fmt::format("cannot allocate {} MiB to time the memory's read rate", bytes >> 20));
+  return static_cast<uint8_t*>(raw);
+}
 
+}  // namespace
+
+ReadProbe::ReadProbe(size_t bytes)
+    : buf_(nullptr, std::free), bytes_(std::max(kSpan, bytes / kSpan * kSpan)) {
+  buf_.reset(allocate_probe(bytes_));
+  // The same page size as the packed weights get (kernels/packed_weights.h).
+  if (qdot::huge_pages_enabled()) madvise(buf_.get(), bytes_, MADV_HUGEPAGE);
+  std::memset(buf_.get(), 1, bytes_);
+}
+
+double ReadProbe::pass() {
   const int nt = num_threads();
-  const size_t share = bytes / nt / 128 * 128;
-  const bool avx2 = __builtin_cpu_supports("avx2");
+  const size_t share = bytes_ / nt / 128 * 128;
+  static const bool avx2 = __builtin_cpu_supports("avx2");
   std::vector<uint64_t> sink(static_cast<size_t>(nt));
-  std::vector<double> rates;
-  for (int p = 0; p < passes; ++p) {
-    const auto t0 = std::chrono::steady_clock::now();
-    parallel_for(nt, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const uint8_t* p0 = buf.get() + share * i;
-        sink[i] = avx2 ? read_sum_avx2(p0, share) : read_sum_sse2(p0, share);
-      }
-    });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rates.push_back(static_cast<double>(share * nt) / std::max(s, 1e-9) / 1e9);
-  }
-  // Every byte was read as 1s: the sums keep the loads from being dropped and check the pass.
+  const auto t0 = std::chrono::steady_clock::now();
+  parallel_for(nt, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint8_t* p0 = buf_.get() + share * i;
+      sink[i] = avx2 ? read_sum_avx2(p0, share) : read_sum_sse2(p0, share);
+    }
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Every byte was written as 1: the sums keep the loads from being dropped and check the pass.
   for (uint64_t v : sink)
     if (v != uint64_t{share / 8} * 0x0101010101010101ULL)  // (mod 2^64, as the adds wrap)
-      throw Error("measure_read_rate: the buffer did not read back as written");
+      throw Error("read probe: the buffer did not read back as written");
+  return static_cast<double>(share * nt) / std::max(s, 1e-9) / 1e9;
+}
+
+std::vector<double> measure_read_rate(size_t bytes, int passes) {
+  if (passes < 1) throw Error(fmt::format("measure_read_rate: passes must be >= 1, not {}", passes));
+  ReadProbe probe(bytes);
+  std::vector<double> rates;
+  for (int p = 0; p < passes; ++p) rates.push_back(probe.pass());
   return rates;
 }
 

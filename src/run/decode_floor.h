@@ -1,8 +1,10 @@
 #pragma once
 // The decode floor of `kvslim bench --floor`: a decode step reads every weight matrix once (and
 // the KV cache), so it can run no faster than the machine's memory read rate divided by those
-// bytes. These two functions give the two sides, measured in the same run as the decode.
+// bytes. decode_weight_bytes and ReadProbe give the two sides, measured in the same run as the decode.
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kvslim/gguf.h"
@@ -19,11 +21,25 @@ size_t decode_weight_bytes(const GGUFFile& f);
 /// sysfs does not say.
 size_t last_level_cache_bytes();
 
-/// Reads a buffer of `bytes` (rounded down to whole 2 MiB spans, at least one), far larger than
-/// any cache, `passes` times with the pool's threads (each thread its own contiguous share, as the
-/// decode products read their rows), and returns the rate of each pass in GB/s (1e9 bytes/s).
-/// The buffer is allocated and written once before the passes and freed before returning.
-/// Throws kvslim::Error when passes < 1 or the buffer cannot be allocated.
+/// A buffer of `bytes` (rounded down to whole 2 MiB spans, at least one), far larger than any
+/// cache, written once (huge pages as the packed weights get them), then read whole by pass():
+/// the memory side of the decode floor, for `bench --floor` and tools/gemv_stream_bench.
+class ReadProbe {
+ public:
+  /// Throws kvslim::Error when the buffer cannot be allocated.
+  explicit ReadProbe(size_t bytes);
+  /// One read of the buffer with the pool's threads (each thread its own contiguous share, as
+  /// the decode products read their rows): the rate in GB/s (1e9 bytes/s). Throws kvslim::Error
+  /// if the bytes do not read back as written.
+  double pass();
+
+ private:
+  std::unique_ptr<uint8_t, void (*)(void*)> buf_;
+  size_t bytes_;
+};
+
+/// `passes` passes of a ReadProbe of `bytes`, allocated for them and freed before returning: the
+/// rate of each in GB/s. Throws kvslim::Error when passes < 1 or the buffer cannot be allocated.
 std::vector<double> measure_read_rate(size_t bytes, int passes);
 
 }  // namespace kvslim
