@@ -14,7 +14,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/intrinsics.h"
 #include "kernels/packed_weights.h"
 #include "kernels/threads.h"
 #include "kvslim/error.h"
@@ -25,38 +24,31 @@ namespace {
 
 constexpr size_t kSpan = size_t{2} << 20;
 
-// Sums of n bytes (a multiple of 128, p 32-byte aligned) as 64-bit lanes, four loads in flight.
-// 32-byte loads where the CPU has AVX2 (they read 5-10% faster than 16-byte ones on Zen 5, so the
-// floor is not set low by the probe); SSE2, the x86-64 baseline, elsewhere.
-__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint8_t* p, size_t n) {
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  for (size_t i = 0; i < n; i += 128) {
-    const auto* v = reinterpret_cast<const __m256i*>(p + i);
-    s0 = _mm256_add_epi64(s0, _mm256_load_si256(v));
-    s1 = _mm256_add_epi64(s1, _mm256_load_si256(v + 1));
-    s2 = _mm256_add_epi64(s2, _mm256_load_si256(v + 2));
-    s3 = _mm256_add_epi64(s3, _mm256_load_si256(v + 3));
+// Sum of n bytes (a multiple of 128, p 32-byte aligned) as 64-bit lanes of V, four loads in
+// flight. 32-byte loads where the CPU has AVX2 (they read 5-10% faster than 16-byte ones on Zen 5,
+// so the floor is not set low by the probe); SSE2, the x86-64 baseline, elsewhere. One body for
+// both: the target attribute of the caller it is inlined into gives the instructions.
+using U64x2 = uint64_t __attribute__((vector_size(16), may_alias));
+using U64x4 = uint64_t __attribute__((vector_size(32), may_alias));
+
+template <class V>
+inline __attribute__((always_inline)) uint64_t read_sum(const uint8_t* p, size_t n) {
+  V s0{}, s1{}, s2{}, s3{};
+  for (size_t i = 0; i < n; i += 4 * sizeof(V)) {
+    const V* v = reinterpret_cast<const V*>(p + i);
+    s0 += v[0];
+    s1 += v[1];
+    s2 += v[2];
+    s3 += v[3];
   }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-  uint64_t out[4];
-  std::memcpy(out, &s, sizeof out);
-  return out[0] + out[1] + out[2] + out[3];
+  const V s = (s0 + s1) + (s2 + s3);
+  uint64_t total = 0;
+  for (size_t k = 0; k < sizeof(V) / 8; ++k) total += s[k];
+  return total;
 }
 
-uint64_t read_sum_sse2(const uint8_t* p, size_t n) {
-  __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-  for (size_t i = 0; i < n; i += 64) {
-    const auto* v = reinterpret_cast<const __m128i*>(p + i);
-    s0 = _mm_add_epi64(s0, _mm_load_si128(v));
-    s1 = _mm_add_epi64(s1, _mm_load_si128(v + 1));
-    s2 = _mm_add_epi64(s2, _mm_load_si128(v + 2));
-    s3 = _mm_add_epi64(s3, _mm_load_si128(v + 3));
-  }
-  const __m128i s = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
-  uint64_t out[2];
-  std::memcpy(out, &s, sizeof out);
-  return out[0] + out[1];
-}
+__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint8_t* p, size_t n) { return read_sum<U64x4>(p, n); }
+uint64_t read_sum_sse2(const uint8_t* p, size_t n) { return read_sum<U64x2>(p, n); }
 
 }  // namespace
 
