@@ -339,12 +339,12 @@ int run(BenchArgs a) {
   }
   if (!per_cpu.empty())
     fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
+  // Bytes that fit in the last-level cache are not read from memory each token: no floor then.
+  const size_t llc = a.floor ? last_level_cache_bytes() : 0;
   for (const Result& r : results) {
     if (r.read_gbps.empty()) continue;
     const auto [lo, hi] = std::minmax_element(r.read_gbps.begin(), r.read_gbps.end());
     const double floor = r.floor_tps();
-    // Bytes that fit in the last-level cache are not read from memory each token: no floor then.
-    const size_t llc = last_level_cache_bytes();
     const bool cached = r.floor_bytes < 2 * (llc ? llc : size_t{32} << 20);
     fmt::print(text_out,
                "read floor {} {}: {:.2f} t/s mean, {:.2f} median token = {:.0f}% / {:.0f}% of {:.2f} t/s "
