@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -93,6 +94,67 @@ void reference(const Segment& s, const float* q, int rows, const int32_t* vis, c
   }
 }
 
+// Tolerances of the integer products (src/kernels/attention_int.h), which the AVX2 and AVX-VNNI
+// levels use for q8_0 and q4_0 keys and values when head_dim % 16 == 0. Keys: the query row is rounded to
+// int16, so a score moves by at most sqrt(hd) * |scale * q| * |k_j| / 65534 (Euclidean norms, which
+// a Hadamard rotation keeps) =: B, and a probability by at most p (e^{2B} - 1). Values: the weights
+// p_j * dv_j are rounded to int16 per row, value block and pair of tiles (at most 32 entries), so an
+// output of block b moves by at most 32 * max|code| * max_j |p_j dv_j| / 65534 per pair, at most
+// (32 / 65534) * sum_j p_j A_jb over all pairs, where A_jb = max |code| * |dv_j| is the largest
+// decoded |value| of entry j in block b (q8_0: code 127; q4_0: code -8). The float rounding on top
+// of either is far smaller; the bounds get 2% for it.
+struct IntBounds {
+  std::vector<double> prob_rel;  // [rows]: relative bound on each probability
+  std::vector<double> out;       // [rows][hd]: bound on each output
+};
+
+IntBounds int_bounds(const Config& cfg, const Segment& s, const float* q, int rows, float scale,
+                     const std::vector<double>& rp) {
+  const int hd = s.head_dim();
+  const size_t n = s.size();
+  IntBounds b;
+  b.prob_rel.assign(rows, 0.0);
+  b.out.assign(static_cast<size_t>(rows) * hd, 0.0);
+  auto is_int = [](KVCodec c) { return c == KVCodec::Q8_0 || c == KVCodec::Q4_0; };
+  const bool tiers_int = cfg.tiers;  // the low tier holds q8_0 keys and q4_0 values
+  const bool int_k = (is_int(cfg.k) || tiers_int) && cfg.q.kivi_bits == 0;
+  const bool int_v = (is_int(cfg.v) || tiers_int) && cfg.q.kivi_bits == 0;
+  const bool int_level = qdot::level() == qdot::Level::AVX2 || qdot::level() == qdot::Level::AVXVNNI;
+  if (!int_level || hd % 16 != 0 || (!int_k && !int_v)) return b;
+  std::vector<float> k(n * hd), v(n * hd);
+  s.keys(0, n, k.data());
+  s.values(0, n, v.data());
+  const int qb = std::gcd(32, hd);
+  for (int r = 0; r < rows; ++r) {
+    double bound = 0;
+    if (int_k) {
+      double qn = 0, kmax = 0;
+      for (int c = 0; c < hd; ++c) qn += double(scale) * q[r * hd + c] * double(scale) * q[r * hd + c];
+      for (size_t j = 0; j < n; ++j) {
+        double kn = 0;
+        for (int c = 0; c < hd; ++c) kn += double(k[j * hd + c]) * k[j * hd + c];
+        kmax = std::max(kmax, std::sqrt(kn));
+      }
+      bound = 1.02 * std::sqrt(double(hd)) * std::sqrt(qn) * kmax / 65534;
+    }
+    const double rel = std::expm1(2 * bound);
+    b.prob_rel[r] = rel;
+    for (int c = 0; c < hd; ++c) {
+      double from_scores = 0, from_values = 0;
+      for (size_t j = 0; j < n; ++j) {
+        const double p = rp[r * n + j];
+        if (p == 0) continue;
+        from_scores += p * std::fabs(v[j * hd + c]);
+        double a = 0;
+        for (int cc = c / qb * qb; cc < (c / qb + 1) * qb; ++cc) a = std::max(a, double(std::fabs(v[j * hd + cc])));
+        from_values += p * a;
+      }
+      b.out[r * hd + c] = rel * from_scores + (int_v ? 1.02 * 32 / 65534 * from_values : 0.0);
+    }
+  }
+  return b;
+}
+
 Segment build(const Config& cfg, int hd, int n, uint32_t seed) {
   Segment s(hd, cfg.k, cfg.v, cfg.q);
   auto k = sample(static_cast<size_t>(n) * hd, seed), v = sample(static_cast<size_t>(n) * hd, seed + 1);
@@ -136,13 +198,16 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
         attend_segment(s, q.data(), rows, vis.data(), scale, out.data(), hd, mass.data(), probs.data());
         std::vector<double> ro, rp;
         reference(s, q.data(), rows, vis.data(), std::vector<bool>(n, true), scale, ro, rp);
+        IntBounds ib = int_bounds(cfg, s, q.data(), rows, scale, rp);
         for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " hd " << hd << " rows " << rows << " at " << i;
-        for (size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], rp[i], 1e-6) << cfg.name;
+          ASSERT_NEAR(out[i], ro[i], 2e-5 + ib.out[i]) << cfg.name << " hd " << hd << " rows " << rows << " at " << i;
+        for (size_t i = 0; i < probs.size(); ++i)
+          ASSERT_NEAR(probs[i], rp[i], 1e-6 + ib.prob_rel[i / n] * rp[i]) << cfg.name;
         for (size_t j = 0; j < n; ++j) {
           double m = 0;
-          for (int r = 0; r < rows; ++r) m += rp[r * n + j];
-          ASSERT_NEAR(mass[j], m, 1e-5) << cfg.name << " entry " << j;
+          double tol = 1e-5;
+          for (int r = 0; r < rows; ++r) m += rp[r * n + j], tol += ib.prob_rel[r] * rp[r * n + j];
+          ASSERT_NEAR(mass[j], m, tol) << cfg.name << " entry " << j;
         }
         // Decode-time selection: a sparse subset, skipping whole blocks.
         std::vector<int32_t> idx;
@@ -155,8 +220,9 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
         attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), q.data(), rows, vis.data(), scale,
                               out.data(), hd);
         reference(s, q.data(), rows, vis.data(), sel, scale, ro, rp);
+        ib = int_bounds(cfg, s, q.data(), rows, scale, rp);
         for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " subset, hd " << hd << " rows " << rows;
+          ASSERT_NEAR(out[i], ro[i], 2e-5 + ib.out[i]) << cfg.name << " subset, hd " << hd << " rows " << rows;
       }
       // Nothing visible: zeros.
       std::vector<float> q1 = sample(hd, 1), o1(hd, 7.0f);
@@ -192,8 +258,9 @@ TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
         attend_segment(s, q.data(), rows, vis.data(), scale, out.data(), hd);
         std::vector<double> ro, rp;
         reference(s, q.data(), rows, vis.data(), std::vector<bool>(n, true), scale, ro, rp);
+        const IntBounds ib = int_bounds(cfg, s, q.data(), rows, scale, rp);
         for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], ro[i], 2e-5) << cfg.name << " first " << first << " at " << i;
+          ASSERT_NEAR(out[i], ro[i], 2e-5 + ib.out[i]) << cfg.name << " first " << first << " at " << i;
       }
     }
   }
@@ -332,4 +399,37 @@ TEST(KVAttention, BundledModelFidelityOrdersWithPrecision) {
   EXPECT_LT(kl[1], kl[2]);  // q8_0 < q4_0
   EXPECT_LT(kl[3], kl[4]);  // kivi4 < kivi2
   EXPECT_LT(kl[4], 2.0);    // 2 bits still far from noise (KL of unrelated distributions is several nats)
+}
+
+// The integer products of q8_0 and q4_0 caches (src/kernels/attention_int.h) are exact integer
+// sums with the same f32 steps at the AVX2 level (vpmaddwd + vpaddd) and the AVX-VNNI level
+// (vpdpwssd): the two levels give the same bits, for decode groups and causal prefill rows, and
+// for a partial last tile (150 entries) and a lone last block (140).
+TEST(KVAttention, IntegerProductsAgreeBetweenAvx2AndAvxVnni) {
+  if (!qdot::cpu_has(qdot::Level::AVXVNNI)) GTEST_SKIP() << "this CPU has no AVX-VNNI";
+  const qdot::Level saved = qdot::level();
+  for (int n_entries : {150, 140})
+  for (int hd : {64, 80, 128}) {
+    for (const Config& cfg : configs()) {
+      if (cfg.k != KVCodec::Q8_0 && cfg.k != KVCodec::Q4_0 && cfg.v != KVCodec::Q8_0 && cfg.v != KVCodec::Q4_0)
+        continue;
+      Segment s = build(cfg, hd, n_entries, 5);
+      const int32_t n = static_cast<int32_t>(s.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      for (int rows : {8, 21}) {
+        auto q = sample(static_cast<size_t>(rows) * hd, 70 + rows);
+        std::vector<int32_t> vis(rows);
+        for (int r = 0; r < rows; ++r) vis[r] = rows == 8 ? n : n - 4 * (rows - r) + 1;
+        std::vector<float> out[2];
+        for (int k = 0; k < 2; ++k) {
+          qdot::set_level(k ? qdot::Level::AVXVNNI : qdot::Level::AVX2);
+          out[k].resize(static_cast<size_t>(rows) * hd);
+          attend_segment(s, q.data(), rows, vis.data(), scale, out[k].data(), hd);
+        }
+        for (size_t i = 0; i < out[0].size(); ++i)
+          ASSERT_EQ(out[0][i], out[1][i]) << cfg.name << " hd " << hd << " rows " << rows << " entries " << n_entries;
+      }
+    }
+  }
+  qdot::set_level(saved);
 }

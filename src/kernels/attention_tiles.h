@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/intrinsics.h"
 #include "kv/store.h"
 
 namespace kvslim::attn {
@@ -30,10 +31,40 @@ struct PairData {
   const float* kt[2];
   const uint16_t* v16[2];
   const float* v[2];
+  // Integer products for the quantized codecs (q8_0, q4_0; see attention_int.h), else nullptr.
+  // kp[t]: the keys of block t as int16 channel pairs, kp[t][((d / 2) * 16 + j) * 2 + d % 2],
+  // with their f32 scales dk[t][blk * 16 + j] (blk = d / qb). vp: the values of the pair's
+  // entries e = 16 t + j as int16 entry pairs, vp[((e / 2) * head_dim + c) * 2 + e % 2], with
+  // scales dv[blk * 32 + e] (0 past a block's last entry). qb: channels per scale block.
+  const int16_t* kp[2] = {nullptr, nullptr};
+  const float* dk[2] = {nullptr, nullptr};
+  const int16_t* vp = nullptr;
+  const float* dv = nullptr;
+  int qb = 0;
 };
 
 // Steps of the group kernels that do not depend on the register width, shared by the AVX2 kernels
 // (attention.cpp) and the 512-bit ones (attention_avx512.cpp); inlined into each.
+
+/// x[e] <- (x[0][e], ..., x[7][e]): an 8 x 8 transpose of floats (the group kernels' scores,
+/// from one register per row to one per entry).
+inline __attribute__((always_inline, target("avx2"))) void transpose8(__m256* x) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    x[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
 
 /// raw[i][lg] = ST[(16 t + j) * 8 + i] for every entry j of the pair's tiles that row i (< rows)
 /// sees (lg = blk[t].lg[j]); raw: [rows][n].

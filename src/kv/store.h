@@ -69,6 +69,19 @@ class KVStore {
     if (kc_ != KVCodec::F16 || b < n_group_ || (b - n_group_) % kKVTile != 0 || b - n_group_ >= n_row_) return nullptr;
     return reinterpret_cast<const uint16_t*>(tile(b - n_group_));
   }
+  /// The encoded key tile (key_codec()) of the row-part block that starts at store index b, all
+  /// kKVTile lanes readable; nullptr unless b starts a row-part tile.
+  const uint8_t* row_key_tile(size_t b) const {
+    if (b < n_group_ || (b - n_group_) % kKVTile != 0 || b - n_group_ >= n_row_) return nullptr;
+    return tile(b - n_group_);
+  }
+  /// The encoded value rows (value_codec(), value_row_bytes() each) of the row-part entries from
+  /// store index b on; nullptr unless b is in the row part.
+  const uint8_t* row_values(size_t b) const {
+    if (b < n_group_ || b - n_group_ >= n_row_) return nullptr;
+    return v_.data() + (b - n_group_) * vrow_;
+  }
+  size_t value_row_bytes() const { return vrow_; }
   /// The f16 value rows of the row-part entries from store index b on ([entry][head_dim]);
   /// nullptr unless the value codec is f16 and b is in the row part.
   const uint16_t* f16_value_rows(size_t b) const {
