@@ -694,12 +694,11 @@ __attribute__((target("arch=x86-64-v3"))) void pair_groups(const PairData& pd, c
     const float* Qg = Q + static_cast<size_t>(r0) * hd;
     float* Og = O + static_cast<size_t>(r0) * hd;
     float* rg = raw ? raw + static_cast<size_t>(r0) * n : nullptr;
+    const int16_t* Qsg = Qs ? Qs + static_cast<size_t>(r0) * hd : nullptr;  // null without integer keys
+    const float* sqg = sq ? sq + r0 : nullptr;
     switch (std::min(8, rows - r0)) {
 #define KV_CASE(R) \
-  case R:                                                                                                   \
-    pair_group<R>(pd, blk, Qg, Qs + static_cast<size_t>(r0) * hd, sq + r0, hd, vis + r0, m + r0, l + r0, Og, rg, n, \
-                  r0 == 0);                                                                                   \
-    break;
+  case R: pair_group<R>(pd, blk, Qg, Qsg, sqg, hd, vis + r0, m + r0, l + r0, Og, rg, n, r0 == 0); break;
       KV_CASE(8) KV_CASE(7) KV_CASE(6) KV_CASE(5) KV_CASE(4) KV_CASE(3) KV_CASE(2) KV_CASE(1)
 #undef KV_CASE
     }
