@@ -11,7 +11,6 @@
 
 #include "kernels/quant_dot.h"
 #include "kv/store.h"
-#include "kvslim/quant.h"
 
 namespace kvslim::attn {
 
