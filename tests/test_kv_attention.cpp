@@ -270,7 +270,8 @@ TEST(KVAttention, LongPrefillTilesMatchFloat64Softmax) {
 // Each query row's result depends on its own query and prefix only, not on the other rows of the
 // call: at every SIMD level the kernels tile rows differently (AVX2 runs groups of at most 8 with
 // the scores of a group transposed, and with at most 8 rows reads f16 keys and values straight
-// from the cache instead of decoding blocks into buffers), and every tiling must give the same
+// from the cache instead of decoding blocks into buffers; the AVX-512 level, with at most 8 rows,
+// reads q8_0 keys and values straight from the cache too), and every tiling must give the same
 // bits: a call with 24, 13, 15 or 22 rows equals calls with its groups of 8 (and the rest: 5, 7
 // or 6 rows, which the AVX2 prefill loops split into passes of 4 rows and 1, 3 or 2), and with
 // single rows, output and probabilities alike.

@@ -737,6 +737,11 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   const bool direct16 = kGroups8;
   // The AVX-512 level runs the 512-bit group kernels (attention_avx512.cpp).
   const bool wide = kGroups8 && qdot::level() == qdot::Level::AVX512;
+  const int qb = std::gcd(32, hd);  // channels per scale block of the quantized codecs
+  bool any_q8 = false;
+  for (int s = 0; s < seg.n_stores(); ++s)
+    any_q8 = any_q8 || seg.store(s).key_codec() == KVCodec::Q8_0 || seg.store(s).value_codec() == KVCodec::Q8_0;
+  const bool direct8 = wide && rows <= 8 && any_q8;  // see process()
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
@@ -756,7 +761,17 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
           int_k = int_k && attn::int_codec(st.key_codec()) && st.row_key_tile(blk[t].b);
           int_v = int_v && attn::int_codec(st.value_codec()) && st.row_values(blk[t].b);
         }
-        if (int_k || int_v) pd.qb = std::gcd(32, hd);
+        pd.qb = qb;
+        // In decode (one group of rows) the 512-bit kernels read q8_0 keys and values straight from
+        // the cache: code * scale is exact in f32, so the same bits as decoding the tiles first. A
+        // prefill tile's 8 groups would convert each tile 8 times, which took longer (kv_attention_bench
+        // prefill tile 1,687 -> 1,873 us) than decoding it once.
+        for (int t = 0; t < nt && direct8; ++t) {
+          const KVStore& st = *blk[t].st;
+          if (st.key_codec() == KVCodec::Q8_0) pd.k8[t] = st.row_key_tile(blk[t].b);
+          if (st.value_codec() == KVCodec::Q8_0) pd.v8[t] = st.row_values(blk[t].b);
+          if (pd.v8[t]) pd.vstride = st.value_row_bytes();
+        }
         for (int t = 0; t < nt; ++t) {
           const KVStore& st = *blk[t].st;
           if (int_k) {
@@ -776,9 +791,10 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
           pd.nb[t] = static_cast<int>(blk[t].e - blk[t].b);
           pd.k16[t] = direct16 ? st.f16_key_tile(blk[t].b) : nullptr;
           pd.kt[t] = kt + static_cast<size_t>(t) * hd * 16;
-          if (!pd.k16[t] && !int_k) st.block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
+          if (!pd.k16[t] && !pd.k8[t] && !int_k)
+            st.block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
           pd.v16[t] = direct16 ? st.f16_value_rows(blk[t].b) : nullptr;
-          pd.v[t] = pd.v16[t] || int_v ? nullptr
+          pd.v[t] = pd.v16[t] || pd.v8[t] || int_v ? nullptr
                                        : st.block_values(blk[t].b, blk[t].e, sc.v.data() + static_cast<size_t>(t) * hd * 16);
         }
         if (wide) attn::pair_groups_avx512(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);

@@ -133,6 +133,118 @@ KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int n
   if (nt == 2) transpose_store(a[1], ST + 128);
 }
 
+// scores16 over q8_0 key tiles read straight from the cache: the 16 codes of a channel times
+// their block's scales, exact in f32 (8-bit codes, 11-bit scales), so the same values, and the same
+// fma chains, as scores16 over tiles decoded first. qb: channels per scale block.
+template <int R, int HD>
+KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* const* tiles, int nt, float* ST,
+                              const char* const* pf) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  const int nb = hd / qb;
+  __m512 a[2][8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    __m512 sc[2];
+    const int8_t* codes[2];
+    for (int t = 0; t < nt; ++t) {
+      sc[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tiles[t] + b * 32)));
+      codes[t] = reinterpret_cast<const int8_t*>(tiles[t] + nb * 32);
+    }
+    for (int d = b * qb; d < (b + 1) * qb; d += 2) {
+      if (pf)
+#pragma GCC unroll 4
+        for (int f = 0; f < 4; ++f) _mm_prefetch(pf[f] + d * 32, _MM_HINT_T1);
+#pragma GCC unroll 2
+      for (int dd = d; dd < d + 2; ++dd) {
+        if (nt == 2) {
+          __m512 k[2];
+#pragma GCC unroll 2
+          for (int t = 0; t < 2; ++t)
+            k[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[t] + dd * 16)))),
+                                 sc[t]);
+#pragma GCC unroll 8
+          for (int i = 0; i < R; ++i) {
+            const __m512 q = _mm512_set1_ps(Q[i * hd + dd]);
+            a[0][i] = _mm512_fmadd_ps(k[0], q, a[0][i]);
+            a[1][i] = _mm512_fmadd_ps(k[1], q, a[1][i]);
+          }
+        } else {
+          const __m512 k0 = _mm512_mul_ps(
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[0] + dd * 16)))),
+              sc[0]);
+#pragma GCC unroll 8
+          for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + dd]), a[0][i]);
+        }
+      }
+    }
+  }
+  transpose_store(a[0], ST);
+  if (nt == 2) transpose_store(a[1], ST + 128);
+}
+
+// Columns [c, c + 16) of q8_0 value row `row` (qb values a block: f16 scale, then the codes), as
+// rows_decode gives them (code * scale, exact).
+KV512_INLINE __m512 value16_q8(const uint8_t* row, int qb, int c) {
+  const int b = c / qb;
+  const uint8_t* blk = row + static_cast<size_t>(b) * (2 + qb);
+  uint16_t h;
+  std::memcpy(&h, blk, 2);
+  const __m512i codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + (c - b * qb))));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(_cvtsh_ss(h)));
+}
+
+// pv16 over q8_0 value rows read straight from the cache (the same values and fma chains as pv16
+// over decoded rows).
+template <int R, int HD>
+KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
+                          int hd_rt, float* O) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  int c = 0;
+  for (; c + 32 <= hd; c += 32) {
+    __m512 a[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      a[i][0] = _mm512_loadu_ps(O + i * hd + c);
+      a[i][1] = _mm512_loadu_ps(O + i * hd + c + 16);
+    }
+    for (int t = 0; t < nt; ++t) {
+      const float* P = PT + t * 128;
+      for (int j = 0; j < nb[t]; ++j) {
+        const uint8_t* row = v[t] + j * vstride;
+        const __m512 v0 = value16_q8(row, qb, c), v1 = value16_q8(row, qb, c + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          const __m512 p = _mm512_set1_ps(P[j * 8 + i]);
+          a[i][0] = _mm512_fmadd_ps(v0, p, a[i][0]);
+          a[i][1] = _mm512_fmadd_ps(v1, p, a[i][1]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      _mm512_storeu_ps(O + i * hd + c, a[i][0]);
+      _mm512_storeu_ps(O + i * hd + c + 16, a[i][1]);
+    }
+  }
+  for (; c < hd; c += 16) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) a[i] = _mm512_loadu_ps(O + i * hd + c);
+    for (int t = 0; t < nt; ++t) {
+      const float* P = PT + t * 128;
+      for (int j = 0; j < nb[t]; ++j) {
+        const __m512 v0 = value16_q8(v[t] + j * vstride, qb, c);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) a[i] = _mm512_fmadd_ps(v0, _mm512_set1_ps(P[j * 8 + i]), a[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(O + i * hd + c, a[i]);
+  }
+}
+
 // O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of
 // each of the nt tiles in order; hd % 16 == 0. 32 columns per pass (16 chains for 8 rows).
 template <int R, int HD, class VT>
@@ -240,6 +352,20 @@ KV512_INLINE void scores16_hd(const float* Q, int hd, const KT* const* kt, int n
   else if (hd == 128) scores16<R, 128>(Q, hd, kt, nt, ST, pf);
   else scores16<R, 0>(Q, hd, kt, nt, ST, pf);
 }
+template <int R>
+KV512_INLINE void scores16_q8_hd(const float* Q, int hd, int qb, const uint8_t* const* tiles, int nt, float* ST,
+                                 const char* const* pf) {
+  if (hd == 64) scores16_q8<R, 64>(Q, hd, qb, tiles, nt, ST, pf);
+  else if (hd == 128) scores16_q8<R, 128>(Q, hd, qb, tiles, nt, ST, pf);
+  else scores16_q8<R, 0>(Q, hd, qb, tiles, nt, ST, pf);
+}
+template <int R>
+KV512_INLINE void pv16_q8_hd(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
+                             int hd, float* O) {
+  if (hd == 64) pv16_q8<R, 64>(PT, v, vstride, qb, nb, nt, hd, O);
+  else if (hd == 128) pv16_q8<R, 128>(PT, v, vstride, qb, nb, nt, hd, O);
+  else pv16_q8<R, 0>(PT, v, vstride, qb, nb, nt, hd, O);
+}
 template <int R, class VT>
 KV512_INLINE void pv16_hd(const float* PT, const VT* const* v, const int* nb, int nt, int hd, float* O) {
   if (hd == 64) pv16<R, 64>(PT, v, nb, nt, hd, O);
@@ -255,14 +381,24 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
                                             bool fetch) {
   alignas(64) float ST[32 * 8];
   const int nt = pd.nt;
-  if (nt == 2 && pd.k16[0] && pd.k16[1]) {
+  if (nt == 2 && pd.k8[0] && pd.k8[1]) {
+    // q8_0 tiles straight from the cache, fetching the next pair's keys and values as the f16
+    // branch below does.
+    const size_t tile_bytes = static_cast<size_t>(hd / pd.qb) * 32 + static_cast<size_t>(hd) * 16;
+    const char* pf[4];
+    for (int t = 0; t < 2; ++t) {
+      pf[t] = reinterpret_cast<const char*>(pd.k8[t] + (fetch ? 2 * tile_bytes : 0));
+      pf[2 + t] = reinterpret_cast<const char*>(pd.v8[t] ? pd.v8[t] + (fetch ? 32 * pd.vstride : 0) : pd.k8[t]);
+    }
+    scores16_q8_hd<R>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
+  } else if (nt == 2 && pd.k16[0] && pd.k16[1]) {
     const char* pf[4];
     for (int t = 0; t < 2; ++t) {
       pf[t] = reinterpret_cast<const char*>(pd.k16[t] + (fetch ? 32 * hd : 0));
       pf[2 + t] = reinterpret_cast<const char*>(pd.v16[t] ? pd.v16[t] + (fetch ? 32 * hd : 0) : pd.k16[t]);
     }
     scores16_hd<0, R>(Q, hd, pd.k16, 2, ST, pf);
-  } else if (nt == 2 && !pd.k16[0] && !pd.k16[1]) {
+  } else if (nt == 2 && !pd.k16[0] && !pd.k16[1] && !pd.k8[0] && !pd.k8[1]) {
     const char* pf[4];
     for (int t = 0; t < 4; ++t) pf[t] = reinterpret_cast<const char*>(pd.kt[t % 2]);
     scores16_hd<0, R>(Q, hd, pd.kt, 2, ST, pf);
@@ -270,6 +406,7 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
     // A lone block, or a pair across the end of a KIVI part (one tile f16, one decoded).
     for (int t = 0; t < nt; ++t) {
       if (pd.k16[t]) scores16_hd<0, R>(Q, hd, &pd.k16[t], 1, ST + t * 128, nullptr);
+      else if (pd.k8[t]) scores16_q8_hd<R>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
       else scores16_hd<0, R>(Q, hd, &pd.kt[t], 1, ST + t * 128, nullptr);
     }
   }
@@ -277,10 +414,12 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
   alignas(64) int32_t lg[32];
   pair_logical(pd, blk, lg);
   if (!softmax16(ST, nt, lg, vis, R, m, l, O, hd)) return;
+  if (nt == 2 && pd.v8[0] && pd.v8[1]) return pv16_q8_hd<R>(ST, pd.v8, pd.vstride, pd.qb, pd.nb, 2, hd, O);
   if (nt == 2 && pd.v16[0] && pd.v16[1]) return pv16_hd<R>(ST, pd.v16, pd.nb, 2, hd, O);
-  if (nt == 2 && !pd.v16[0] && !pd.v16[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);
+  if (nt == 2 && pd.v[0] && pd.v[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);
   for (int t = 0; t < nt; ++t) {
     if (pd.v16[t]) pv16_hd<R>(ST + t * 128, &pd.v16[t], &pd.nb[t], 1, hd, O);
+    else if (pd.v8[t]) pv16_q8_hd<R>(ST + t * 128, &pd.v8[t], pd.vstride, pd.qb, &pd.nb[t], 1, hd, O);
     else pv16_hd<R>(ST + t * 128, &pd.v[t], &pd.nb[t], 1, hd, O);
   }
 }

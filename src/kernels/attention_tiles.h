@@ -41,6 +41,12 @@ struct PairData {
   const int16_t* vp = nullptr;
   const float* dv = nullptr;
   int qb = 0;
+  // q8_0 read straight from the cache by the 512-bit kernels, else nullptr: k8[t] the key tile of
+  // block t (scales [head_dim / qb][16] f16, then codes [head_dim][16]); v8[t] the value rows from
+  // block t's first entry (ggml's block_q8_0 per qb values, vstride bytes a row).
+  const uint8_t* k8[2] = {nullptr, nullptr};
+  const uint8_t* v8[2] = {nullptr, nullptr};
+  size_t vstride = 0;
 };
 
 // Steps of the group kernels that do not depend on the register width, shared by the AVX2 kernels
