@@ -8,8 +8,8 @@
 // (one scale per row and value block), and vpmaddwd (or AVX-VNNI's vpdpwssd) does 16
 // multiply-adds per 256-bit instruction where an fma does 8. The codes' own scales are applied per
 // block in f32, in one fixed order, so the AVX2 and AVX-VNNI levels give the same bits. The
-// AVX-512 level keeps the float kernels over decoded tiles (faster there; see attention.cpp), so
-// for these two codecs its results differ from the AVX2 levels' within the bounds below.
+// AVX-512 level keeps its float kernels (faster there; see attention.cpp), so for these two codecs
+// its results differ from the AVX2 levels' within the bounds below.
 //
 // Measured (AMD Zen 5 forced to each level, one thread, 16,384 entries, head_dim 64, a group of
 // 8 query rows, against the float kernels over decoded tiles, alternating): AVX2 q8_0 558-561 ->
