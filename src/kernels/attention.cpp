@@ -738,10 +738,10 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   // The AVX-512 level runs the 512-bit group kernels (attention_avx512.cpp).
   const bool wide = kGroups8 && qdot::level() == qdot::Level::AVX512;
   const int qb = std::gcd(32, hd);  // channels per scale block of the quantized codecs
-  bool any_q8 = false;
+  bool any_q = false;
   for (int s = 0; s < seg.n_stores(); ++s)
-    any_q8 = any_q8 || seg.store(s).key_codec() == KVCodec::Q8_0 || seg.store(s).value_codec() == KVCodec::Q8_0;
-  const bool direct8 = wide && rows <= 8 && any_q8;  // see process()
+    any_q = any_q || attn::int_codec(seg.store(s).key_codec()) || attn::int_codec(seg.store(s).value_codec());
+  const bool direct8 = wide && rows <= 8 && any_q;  // see process()
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
@@ -762,15 +762,17 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
           int_v = int_v && attn::int_codec(st.value_codec()) && st.row_values(blk[t].b);
         }
         pd.qb = qb;
-        // In decode (one group of rows) the 512-bit kernels read q8_0 keys and values straight from
-        // the cache: code * scale is exact in f32, so the same bits as decoding the tiles first. A
-        // prefill tile's 8 groups would convert each tile 8 times, which took longer (kv_attention_bench
-        // prefill tile 1,687 -> 1,873 us) than decoding it once.
+        // In decode (one group of rows) the 512-bit kernels read q8_0 and q4_0 keys and values
+        // straight from the cache: code * scale is exact in f32, so the same bits as decoding the
+        // tiles first. A prefill tile's 8 groups would convert each tile 8 times, which took longer
+        // (kv_attention_bench, q8_0: prefill tile 1,687 -> 1,873 us) than decoding it once.
         for (int t = 0; t < nt && direct8; ++t) {
           const KVStore& st = *blk[t].st;
-          if (st.key_codec() == KVCodec::Q8_0) pd.k8[t] = st.row_key_tile(blk[t].b);
-          if (st.value_codec() == KVCodec::Q8_0) pd.v8[t] = st.row_values(blk[t].b);
-          if (pd.v8[t]) pd.vstride = st.value_row_bytes();
+          if (attn::int_codec(st.key_codec())) pd.k8[t] = st.row_key_tile(blk[t].b);
+          if (attn::int_codec(st.value_codec())) pd.v8[t] = st.row_values(blk[t].b);
+          pd.k4[t] = st.key_codec() == KVCodec::Q4_0;
+          pd.v4[t] = st.value_codec() == KVCodec::Q4_0;
+          if (pd.v8[t]) pd.vstride[t] = st.value_row_bytes();
         }
         for (int t = 0; t < nt; ++t) {
           const KVStore& st = *blk[t].st;

@@ -133,10 +133,24 @@ KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int n
   if (nt == 2) transpose_store(a[1], ST + 128);
 }
 
-// scores16 over q8_0 key tiles read straight from the cache: the 16 codes of a channel times
-// their block's scales, exact in f32 (8-bit codes, 11-bit scales), so the same values, and the same
-// fma chains, as scores16 over tiles decoded first. qb: channels per scale block.
-template <int R, int HD>
+// The 16 codes of channel d of a q8_0 key tile (codes: [head_dim][16] int8) or a q4_0 one
+// ([head_dim][8] bytes, lane 2m in the low nibble and 2m + 1 in the high one; value code - 8), as
+// int32 lanes.
+template <bool Q4>
+KV512_INLINE __m512i key_codes16(const uint8_t* codes, int d) {
+  if constexpr (!Q4) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d * 16)));
+  } else {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d * 8)), m4 = _mm_set1_epi8(15);
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    return _mm512_sub_epi32(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(8));
+  }
+}
+
+// scores16 over q8_0 (Q4: q4_0) key tiles read straight from the cache: the 16 codes of a channel
+// times their block's scales, exact in f32 (codes of at most 8 bits, 11-bit scales), so the same
+// values, and the same fma chains, as scores16 over tiles decoded first. qb: channels per scale block.
+template <int R, int HD, bool Q4>
 KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* const* tiles, int nt, float* ST,
                               const char* const* pf) {
   const int hd = head_dim_of<HD>(hd_rt);
@@ -146,10 +160,10 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
   for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     __m512 sc[2];
-    const int8_t* codes[2];
+    const uint8_t* codes[2];
     for (int t = 0; t < nt; ++t) {
       sc[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tiles[t] + b * 32)));
-      codes[t] = reinterpret_cast<const int8_t*>(tiles[t] + nb * 32);
+      codes[t] = tiles[t] + nb * 32;
     }
     for (int d = b * qb; d < (b + 1) * qb; d += 2) {
       if (pf)
@@ -161,9 +175,7 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
           __m512 k[2];
 #pragma GCC unroll 2
           for (int t = 0; t < 2; ++t)
-            k[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[t] + dd * 16)))),
-                                 sc[t]);
+            k[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(key_codes16<Q4>(codes[t], dd)), sc[t]);
 #pragma GCC unroll 8
           for (int i = 0; i < R; ++i) {
             const __m512 q = _mm512_set1_ps(Q[i * hd + dd]);
@@ -171,9 +183,7 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
             a[1][i] = _mm512_fmadd_ps(k[1], q, a[1][i]);
           }
         } else {
-          const __m512 k0 = _mm512_mul_ps(
-              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[0] + dd * 16)))),
-              sc[0]);
+          const __m512 k0 = _mm512_mul_ps(_mm512_cvtepi32_ps(key_codes16<Q4>(codes[0], dd)), sc[0]);
 #pragma GCC unroll 8
           for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + dd]), a[0][i]);
         }
@@ -184,20 +194,36 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
   if (nt == 2) transpose_store(a[1], ST + 128);
 }
 
-// Columns [c, c + 16) of q8_0 value row `row` (qb values a block: f16 scale, then the codes), as
-// rows_decode gives them (code * scale, exact).
+// Columns [c, c + 16) of q8_0 (Q4: q4_0) value row `row` (qb values a block: an f16 scale, then
+// the codes; q4_0: value j in the low nibble of byte j, j + qb / 2 in the high one, code - 8), as
+// rows_decode gives them (code * scale, exact). qb is 16 or 32.
+template <bool Q4>
 KV512_INLINE __m512 value16_q8(const uint8_t* row, int qb, int c) {
-  const int b = c / qb;
-  const uint8_t* blk = row + static_cast<size_t>(b) * (2 + qb);
+  const int b = c / qb, off = c - b * qb;
+  const uint8_t* blk = row + static_cast<size_t>(b) * (2 + (Q4 ? qb / 2 : qb));
   uint16_t h;
   std::memcpy(&h, blk, 2);
-  const __m512i codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + (c - b * qb))));
+  __m512i codes;
+  if constexpr (!Q4) {
+    codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + off)));
+  } else {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i nib;
+    if (qb == 32) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      nib = _mm_and_si128(off == 0 ? x : _mm_srli_epi16(x, 4), m4);
+    } else {
+      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2));
+      nib = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    }
+    codes = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(8));
+  }
   return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(_cvtsh_ss(h)));
 }
 
 // pv16 over q8_0 value rows read straight from the cache (the same values and fma chains as pv16
 // over decoded rows).
-template <int R, int HD>
+template <int R, int HD, bool Q4>
 KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
                           int hd_rt, float* O) {
   const int hd = head_dim_of<HD>(hd_rt);
@@ -213,7 +239,7 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
       const float* P = PT + t * 128;
       for (int j = 0; j < nb[t]; ++j) {
         const uint8_t* row = v[t] + j * vstride;
-        const __m512 v0 = value16_q8(row, qb, c), v1 = value16_q8(row, qb, c + 16);
+        const __m512 v0 = value16_q8<Q4>(row, qb, c), v1 = value16_q8<Q4>(row, qb, c + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) {
           const __m512 p = _mm512_set1_ps(P[j * 8 + i]);
@@ -235,7 +261,7 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
     for (int t = 0; t < nt; ++t) {
       const float* P = PT + t * 128;
       for (int j = 0; j < nb[t]; ++j) {
-        const __m512 v0 = value16_q8(v[t] + j * vstride, qb, c);
+        const __m512 v0 = value16_q8<Q4>(v[t] + j * vstride, qb, c);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) a[i] = _mm512_fmadd_ps(v0, _mm512_set1_ps(P[j * 8 + i]), a[i]);
       }
@@ -354,19 +380,19 @@ KV512_INLINE void scores16_hd(const float* Q, int hd, const KT* const* kt, int n
 }
 // The q8_0 kernels stay out of line, and pair_group16 tests the f16 cases first: inlined and
 // first, they slowed its f16 decode by 2-4% (16,384 entries, one thread; 1-2% out of line).
-template <int R>
-__attribute__((noinline)) void scores16_q8_hd(const float* Q, int hd, int qb, const uint8_t* const* tiles, int nt, float* ST,
-                                 const char* const* pf) {
-  if (hd == 64) scores16_q8<R, 64>(Q, hd, qb, tiles, nt, ST, pf);
-  else if (hd == 128) scores16_q8<R, 128>(Q, hd, qb, tiles, nt, ST, pf);
-  else scores16_q8<R, 0>(Q, hd, qb, tiles, nt, ST, pf);
+template <int R, bool Q4>
+__attribute__((noinline)) void scores16_q8_hd(const float* Q, int hd, int qb, const uint8_t* const* tiles, int nt,
+                                              float* ST, const char* const* pf) {
+  if (hd == 64) scores16_q8<R, 64, Q4>(Q, hd, qb, tiles, nt, ST, pf);
+  else if (hd == 128) scores16_q8<R, 128, Q4>(Q, hd, qb, tiles, nt, ST, pf);
+  else scores16_q8<R, 0, Q4>(Q, hd, qb, tiles, nt, ST, pf);
 }
-template <int R>
-__attribute__((noinline)) void pv16_q8_hd(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
-                             int hd, float* O) {
-  if (hd == 64) pv16_q8<R, 64>(PT, v, vstride, qb, nb, nt, hd, O);
-  else if (hd == 128) pv16_q8<R, 128>(PT, v, vstride, qb, nb, nt, hd, O);
-  else pv16_q8<R, 0>(PT, v, vstride, qb, nb, nt, hd, O);
+template <int R, bool Q4>
+__attribute__((noinline)) void pv16_q8_hd(const float* PT, const uint8_t* const* v, size_t vstride, int qb,
+                                          const int* nb, int nt, int hd, float* O) {
+  if (hd == 64) pv16_q8<R, 64, Q4>(PT, v, vstride, qb, nb, nt, hd, O);
+  else if (hd == 128) pv16_q8<R, 128, Q4>(PT, v, vstride, qb, nb, nt, hd, O);
+  else pv16_q8<R, 0, Q4>(PT, v, vstride, qb, nb, nt, hd, O);
 }
 template <int R, class VT>
 KV512_INLINE void pv16_hd(const float* PT, const VT* const* v, const int* nb, int nt, int hd, float* O) {
@@ -390,16 +416,17 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
       pf[2 + t] = reinterpret_cast<const char*>(pd.v16[t] ? pd.v16[t] + (fetch ? 32 * hd : 0) : pd.k16[t]);
     }
     scores16_hd<0, R>(Q, hd, pd.k16, 2, ST, pf);
-  } else if (nt == 2 && pd.k8[0] && pd.k8[1]) {
+  } else if (nt == 2 && pd.k8[0] && pd.k8[1] && pd.k4[0] == pd.k4[1]) {
     // q8_0 tiles straight from the cache, fetching the next pair's keys and values as the f16
     // branch above does.
-    const size_t tile_bytes = static_cast<size_t>(hd / pd.qb) * 32 + static_cast<size_t>(hd) * 16;
+    const size_t tile_bytes = static_cast<size_t>(hd / pd.qb) * 32 + static_cast<size_t>(hd) * (pd.k4[0] ? 8 : 16);
     const char* pf[4];
     for (int t = 0; t < 2; ++t) {
       pf[t] = reinterpret_cast<const char*>(pd.k8[t] + (fetch ? 2 * tile_bytes : 0));
-      pf[2 + t] = reinterpret_cast<const char*>(pd.v8[t] ? pd.v8[t] + (fetch ? 32 * pd.vstride : 0) : pd.k8[t]);
+      pf[2 + t] = reinterpret_cast<const char*>(pd.v8[t] ? pd.v8[t] + (fetch ? 32 * pd.vstride[t] : 0) : pd.k8[t]);
     }
-    scores16_q8_hd<R>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
+    if (pd.k4[0]) scores16_q8_hd<R, true>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
+    else scores16_q8_hd<R, false>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
   } else if (nt == 2 && !pd.k16[0] && !pd.k16[1] && !pd.k8[0] && !pd.k8[1]) {
     const char* pf[4];
     for (int t = 0; t < 4; ++t) pf[t] = reinterpret_cast<const char*>(pd.kt[t % 2]);
@@ -408,7 +435,8 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
     // A lone block, or a pair across the end of a KIVI part (one tile f16, one decoded).
     for (int t = 0; t < nt; ++t) {
       if (pd.k16[t]) scores16_hd<0, R>(Q, hd, &pd.k16[t], 1, ST + t * 128, nullptr);
-      else if (pd.k8[t]) scores16_q8_hd<R>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
+      else if (pd.k8[t] && pd.k4[t]) scores16_q8_hd<R, true>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
+      else if (pd.k8[t]) scores16_q8_hd<R, false>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
       else scores16_hd<0, R>(Q, hd, &pd.kt[t], 1, ST + t * 128, nullptr);
     }
   }
@@ -417,11 +445,14 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
   pair_logical(pd, blk, lg);
   if (!softmax16(ST, nt, lg, vis, R, m, l, O, hd)) return;
   if (nt == 2 && pd.v16[0] && pd.v16[1]) return pv16_hd<R>(ST, pd.v16, pd.nb, 2, hd, O);
-  if (nt == 2 && pd.v8[0] && pd.v8[1]) return pv16_q8_hd<R>(ST, pd.v8, pd.vstride, pd.qb, pd.nb, 2, hd, O);
+  if (nt == 2 && pd.v8[0] && pd.v8[1] && pd.v4[0] == pd.v4[1])
+    return pd.v4[0] ? pv16_q8_hd<R, true>(ST, pd.v8, pd.vstride[0], pd.qb, pd.nb, 2, hd, O)
+                    : pv16_q8_hd<R, false>(ST, pd.v8, pd.vstride[0], pd.qb, pd.nb, 2, hd, O);
   if (nt == 2 && pd.v[0] && pd.v[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);
   for (int t = 0; t < nt; ++t) {
     if (pd.v16[t]) pv16_hd<R>(ST + t * 128, &pd.v16[t], &pd.nb[t], 1, hd, O);
-    else if (pd.v8[t]) pv16_q8_hd<R>(ST + t * 128, &pd.v8[t], pd.vstride, pd.qb, &pd.nb[t], 1, hd, O);
+    else if (pd.v8[t] && pd.v4[t]) pv16_q8_hd<R, true>(ST + t * 128, &pd.v8[t], pd.vstride[t], pd.qb, &pd.nb[t], 1, hd, O);
+    else if (pd.v8[t]) pv16_q8_hd<R, false>(ST + t * 128, &pd.v8[t], pd.vstride[t], pd.qb, &pd.nb[t], 1, hd, O);
     else pv16_hd<R>(ST + t * 128, &pd.v[t], &pd.nb[t], 1, hd, O);
   }
 }

@@ -41,12 +41,15 @@ struct PairData {
   const int16_t* vp = nullptr;
   const float* dv = nullptr;
   int qb = 0;
-  // q8_0 read straight from the cache by the 512-bit kernels, else nullptr: k8[t] the key tile of
-  // block t (scales [head_dim / qb][16] f16, then codes [head_dim][16]); v8[t] the value rows from
-  // block t's first entry (ggml's block_q8_0 per qb values, vstride bytes a row).
+  // q8_0 or q4_0 read straight from the cache by the 512-bit kernels, else nullptr: k8[t] the key
+  // tile of block t (scales [head_dim / qb][16] f16, then codes [head_dim][16] int8, or q4_0's
+  // [head_dim][8] nibble pairs); v8[t] the value rows from block t's first entry (ggml's block_q8_0
+  // or block_q4_0 per qb values, vstride[t] bytes a row). k4, v4: q4_0 rather than q8_0.
   const uint8_t* k8[2] = {nullptr, nullptr};
   const uint8_t* v8[2] = {nullptr, nullptr};
-  size_t vstride = 0;
+  bool k4[2] = {false, false};
+  bool v4[2] = {false, false};
+  size_t vstride[2] = {0, 0};
 };
 
 // Steps of the group kernels that do not depend on the register width, shared by the AVX2 kernels
