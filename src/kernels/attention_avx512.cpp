@@ -221,11 +221,11 @@ KV512_INLINE __m512 value16_q8(const uint8_t* row, int qb, int c) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(_cvtsh_ss(h)));
 }
 
-// pv16 over q8_0 value rows read straight from the cache (the same values and fma chains as pv16
-// over decoded rows).
-template <int R, int HD, bool Q4>
-KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
-                          int hd_rt, float* O) {
+// O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of
+// each of the nt tiles in order; hd % 16 == 0. 32 columns per pass (16 chains for 8 rows).
+// load(t, j, c): columns [c, c + 16) of row j of tile t.
+template <int R, int HD, class Load>
+KV512_INLINE void pv16_rows(const float* PT, const int* nb, int nt, int hd_rt, float* O, Load load) {
   const int hd = head_dim_of<HD>(hd_rt);
   int c = 0;
   for (; c + 32 <= hd; c += 32) {
@@ -238,8 +238,7 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
     for (int t = 0; t < nt; ++t) {
       const float* P = PT + t * 128;
       for (int j = 0; j < nb[t]; ++j) {
-        const uint8_t* row = v[t] + j * vstride;
-        const __m512 v0 = value16_q8<Q4>(row, qb, c), v1 = value16_q8<Q4>(row, qb, c + 16);
+        const __m512 v0 = load(t, j, c), v1 = load(t, j, c + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) {
           const __m512 p = _mm512_set1_ps(P[j * 8 + i]);
@@ -261,7 +260,7 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
     for (int t = 0; t < nt; ++t) {
       const float* P = PT + t * 128;
       for (int j = 0; j < nb[t]; ++j) {
-        const __m512 v0 = value16_q8<Q4>(v[t] + j * vstride, qb, c);
+        const __m512 v0 = load(t, j, c);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) a[i] = _mm512_fmadd_ps(v0, _mm512_set1_ps(P[j * 8 + i]), a[i]);
       }
@@ -271,54 +270,22 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
   }
 }
 
-// O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of
-// each of the nt tiles in order; hd % 16 == 0. 32 columns per pass (16 chains for 8 rows).
+// pv16_rows over f16 or f32 value rows ([nb][hd]).
 template <int R, int HD, class VT>
 KV512_INLINE void pv16(const float* PT, const VT* const* v, const int* nb, int nt, int hd_rt, float* O) {
   const int hd = head_dim_of<HD>(hd_rt);
-  int c = 0;
-  for (; c + 32 <= hd; c += 32) {
-    __m512 a[8][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      a[i][0] = _mm512_loadu_ps(O + i * hd + c);
-      a[i][1] = _mm512_loadu_ps(O + i * hd + c + 16);
-    }
-    for (int t = 0; t < nt; ++t) {
-      const float* P = PT + t * 128;
-      const VT* vt = v[t];
-      for (int j = 0; j < nb[t]; ++j) {
-        const __m512 v0 = value16(vt, j, hd, c), v1 = value16(vt, j, hd, c + 16);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          const __m512 p = _mm512_set1_ps(P[j * 8 + i]);
-          a[i][0] = _mm512_fmadd_ps(v0, p, a[i][0]);
-          a[i][1] = _mm512_fmadd_ps(v1, p, a[i][1]);
-        }
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      _mm512_storeu_ps(O + i * hd + c, a[i][0]);
-      _mm512_storeu_ps(O + i * hd + c + 16, a[i][1]);
-    }
-  }
-  for (; c < hd; c += 16) {
-    __m512 a[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) a[i] = _mm512_loadu_ps(O + i * hd + c);
-    for (int t = 0; t < nt; ++t) {
-      const float* P = PT + t * 128;
-      const VT* vt = v[t];
-      for (int j = 0; j < nb[t]; ++j) {
-        const __m512 v0 = value16(vt, j, hd, c);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) a[i] = _mm512_fmadd_ps(v0, _mm512_set1_ps(P[j * 8 + i]), a[i]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) _mm512_storeu_ps(O + i * hd + c, a[i]);
-  }
+  pv16_rows<R, HD>(PT, nb, nt, hd, O,
+                   [&](int t, int j, int c) __attribute__((always_inline)) { return value16(v[t], j, hd, c); });
+}
+
+// pv16_rows over q8_0 (Q4: q4_0) value rows read straight from the cache (the same values and fma
+// chains as over decoded rows).
+template <int R, int HD, bool Q4>
+KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstride, int qb, const int* nb, int nt,
+                          int hd_rt, float* O) {
+  pv16_rows<R, HD>(PT, nb, nt, hd_rt, O, [&](int t, int j, int c) __attribute__((always_inline)) {
+    return value16_q8<Q4>(v[t] + j * vstride, qb, c);
+  });
 }
 
 // The online softmax of a group of `rows` (lanes of 8) over the scores ST[j * 8 + i] of the pair's
