@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/quant_dot.h"
 #include "kvslim/kv_cache.h"
 
 using namespace kvslim;
@@ -89,8 +90,23 @@ void baseline(const Segment& seg, const float* q, int rows, float scale, float* 
 
 int main(int argc, char** argv) {
   std::vector<int> depths;
-  for (int i = 1; i < argc; ++i) depths.push_back(std::atoi(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    const long d = std::strtol(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || d < 1 || d > (1 << 24)) {
+      std::fprintf(stderr,
+                   "usage: %s [depth ...]  (entries per segment, 1 .. 16777216; default 512 4096 16384)\n"
+                   "Times attention over one KV segment per cache type, one thread; KVSLIM_SIMD forces a\n"
+                   "lower SIMD level. Got '%s'.\n",
+                   argv[0], argv[i]);
+      return 2;
+    }
+    depths.push_back(static_cast<int>(d));
+  }
   if (depths.empty()) depths = {512, 4096, 16384};
+  std::printf("simd %s; \"f16, previous kernel\": the kernel before the tiled one (decode rows to f32, one dot "
+              "product per row and entry, then axpy), kept as a baseline\n\n",
+              qdot::level_name(qdot::level()));
   const int hd = 64, G = 8, layers = 22, kv_heads = 4;
   std::vector<Cfg> cfgs = {{"f32", KVCodec::F32, KVCodec::F32, {}},   {"f16", KVCodec::F16, KVCodec::F16, {}},
                            {"bf16", KVCodec::BF16, KVCodec::BF16, {}}, {"q8_0", KVCodec::Q8_0, KVCodec::Q8_0, {}},
