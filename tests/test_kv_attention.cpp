@@ -434,3 +434,32 @@ TEST(KVAttention, IntegerProductsAgreeBetweenAvx2AndAvxVnni) {
   }
   qdot::set_level(saved);
 }
+
+// A query row whose largest value is subnormal: the integer path's scale (32767 / max) overflowed
+// a float, and the cast of the resulting infinity to int16 was undefined (UBSan: float-cast-overflow).
+// The scores are then all about 0, so every level must give the uniform average of the decoded
+// values (a hand-derived case, checked against float64).
+TEST(KVAttention, SubnormalQueryRowsAverageTheValues) {
+  const qdot::Level saved = qdot::level();
+  const int hd = 64, n = 40;
+  for (qdot::Level lv : qdot::supported_levels()) {
+    qdot::set_level(lv);
+    for (KVCodec c : {KVCodec::Q8_0, KVCodec::Q4_0, KVCodec::F16}) {
+      Config cfg{"subnormal", c, c, {}};
+      Segment s = build(cfg, hd, n, 13);
+      std::vector<float> q(8 * hd, 1e-39f), out(8 * hd);
+      for (int i = 0; i < 8 * hd; i += 3) q[i] = -1e-39f;
+      std::vector<int32_t> vis(8, n);
+      attend_segment(s, q.data(), 8, vis.data(), 0.125f, out.data(), hd);
+      std::vector<float> v(static_cast<size_t>(n) * hd);
+      s.values(0, n, v.data());
+      for (int r = 0; r < 8; ++r)
+        for (int d = 0; d < hd; ++d) {
+          double mean = 0;
+          for (int j = 0; j < n; ++j) mean += v[j * hd + d];
+          ASSERT_NEAR(out[r * hd + d], mean / n, 1e-5) << qdot::level_name(lv) << " row " << r << " channel " << d;
+        }
+    }
+  }
+  qdot::set_level(saved);
+}

@@ -40,7 +40,9 @@ void quantize_queries(const float* Q, int rows, int rows8, int hd, int16_t* Qs, 
       sq[r] = finite ? 0.0f : NAN;
       continue;
     }
-    const float inv = 32767.0f / amax;
+    // In double: for a subnormal amax, 32767 / amax overflows a float (and the cast of inf to
+    // int16 is undefined), while |q[d] * inv| <= 32767 holds in double.
+    const double inv = 32767.0 / amax;
     for (int d = 0; d < hd; ++d) o[d] = static_cast<int16_t>(std::nearbyint(q[d] * inv));
     sq[r] = amax / 32767.0f;
   }
