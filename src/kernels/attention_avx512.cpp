@@ -133,20 +133,6 @@ KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int n
   if (nt == 2) transpose_store(a[1], ST + 128);
 }
 
-// The 16 codes of channel d of a q8_0 key tile (codes: [head_dim][16] int8) or a q4_0 one
-// ([head_dim][8] bytes, lane 2m in the low nibble and 2m + 1 in the high one; value code - 8), as
-// int32 lanes.
-template <bool Q4>
-KV512_INLINE __m512i key_codes16(const uint8_t* codes, int d) {
-  if constexpr (!Q4) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d * 16)));
-  } else {
-    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d * 8)), m4 = _mm_set1_epi8(15);
-    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
-    return _mm512_sub_epi32(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(8));
-  }
-}
-
 // scores16 over q8_0 (Q4: q4_0) key tiles read straight from the cache: the 16 codes of a channel
 // times their block's scales, exact in f32 (codes of at most 8 bits, 11-bit scales), so the same
 // values, and the same fma chains, as scores16 over tiles decoded first. qb: channels per scale block.
@@ -175,7 +161,7 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
           __m512 k[2];
 #pragma GCC unroll 2
           for (int t = 0; t < 2; ++t)
-            k[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(key_codes16<Q4>(codes[t], dd)), sc[t]);
+            k[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(key_codes_i8<Q4>(codes[t], dd))), sc[t]);
 #pragma GCC unroll 8
           for (int i = 0; i < R; ++i) {
             const __m512 q = _mm512_set1_ps(Q[i * hd + dd]);
@@ -183,7 +169,7 @@ KV512_INLINE void scores16_q8(const float* Q, int hd_rt, int qb, const uint8_t* 
             a[1][i] = _mm512_fmadd_ps(k[1], q, a[1][i]);
           }
         } else {
-          const __m512 k0 = _mm512_mul_ps(_mm512_cvtepi32_ps(key_codes16<Q4>(codes[0], dd)), sc[0]);
+          const __m512 k0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(key_codes_i8<Q4>(codes[0], dd))), sc[0]);
 #pragma GCC unroll 8
           for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + dd]), a[0][i]);
         }
@@ -203,21 +189,7 @@ KV512_INLINE __m512 value16_q8(const uint8_t* row, int qb, int c) {
   const uint8_t* blk = row + static_cast<size_t>(b) * (2 + (Q4 ? qb / 2 : qb));
   uint16_t h;
   std::memcpy(&h, blk, 2);
-  __m512i codes;
-  if constexpr (!Q4) {
-    codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + off)));
-  } else {
-    const __m128i m4 = _mm_set1_epi8(15);
-    __m128i nib;
-    if (qb == 32) {
-      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      nib = _mm_and_si128(off == 0 ? x : _mm_srli_epi16(x, 4), m4);
-    } else {
-      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2));
-      nib = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
-    }
-    codes = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(8));
-  }
+  const __m512i codes = _mm512_cvtepi8_epi32(value_codes_i8<Q4>(blk, qb, off));
   return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(_cvtsh_ss(h)));
 }
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/quant_dot.h"
 #include "kv/store.h"
@@ -32,9 +33,12 @@ void quantize_queries(const float* Q, int rows, int rows8, int hd, int16_t* Qs, 
     const float* q = Q + static_cast<size_t>(r) * hd;
     int16_t* o = Qs + static_cast<size_t>(r) * hd;
     float amax = 0;
-    for (int d = 0; d < hd; ++d) amax = std::fmax(amax, std::fabs(q[d]));
-    bool finite = std::isfinite(amax);
-    for (int d = 0; d < hd; ++d) finite = finite && !std::isnan(q[d]);  // fmax skips NaNs
+    bool nan = false;  // fmax skips NaNs
+    for (int d = 0; d < hd; ++d) {
+      amax = std::fmax(amax, std::fabs(q[d]));
+      nan = nan || std::isnan(q[d]);
+    }
+    const bool finite = !nan && std::isfinite(amax);
     if (!finite || amax == 0) {
       std::memset(o, 0, hd * sizeof(int16_t));
       sq[r] = finite ? 0.0f : NAN;
@@ -68,19 +72,6 @@ KV_AVX2_FN inline void interleave16(__m128i a, __m128i b, int16_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b)));
 }
 
-// Channels [c0, c0 + 16) of a value block (blk: its f16 scale, then its codes; qb 16 or 32) as
-// int8 (q4_0: code - 8; value j in the low nibble of byte j, value j + qb / 2 in the high one).
-KV_AVX2_FN inline __m128i value_codes16(KVCodec c, int qb, const uint8_t* blk, int c0) {
-  if (c == KVCodec::Q8_0) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + c0));
-  const __m128i m4 = _mm_set1_epi8(15), k8 = _mm_set1_epi8(8);
-  if (qb == 32) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    return _mm_sub_epi8(_mm_and_si128(c0 == 0 ? x : _mm_srli_epi16(x, 4), m4), k8);
-  }
-  const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2));
-  return _mm_sub_epi8(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)), k8);
-}
-
 KV_AVX2_FN inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -95,14 +86,14 @@ KV_AVX2_FN void expand_keys(const KVStore& st, size_t b, int hd, int16_t* kp, fl
   const uint8_t* tile = st.row_key_tile(b);
   for (int i = 0; i < nb; ++i) scales16(tile + i * 32, dk + i * 16);
   const uint8_t* codes = tile + nb * kKVTile * 2;
-  const __m128i m4 = _mm_set1_epi8(15), k8 = _mm_set1_epi8(8);
-  // The 16 codes of channel d as int8 (q4_0: lane 2m in the low nibble, 2m + 1 in the high one).
-  auto channel = [&](int d) __attribute__((always_inline)) {
-    if (c == KVCodec::Q8_0) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d * 16));
-    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d * 8));
-    return _mm_sub_epi8(_mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)), k8);
+  // The codec is chosen once, outside the loop (Q4: std::true_type for q4_0).
+  auto expand = [&](auto q4) __attribute__((always_inline)) {
+    constexpr bool Q4 = decltype(q4)::value;
+    for (int p = 0; p < hd / 2; ++p)
+      interleave16(key_codes_i8<Q4>(codes, 2 * p), key_codes_i8<Q4>(codes, 2 * p + 1), kp + p * 32);
   };
-  for (int p = 0; p < hd / 2; ++p) interleave16(channel(2 * p), channel(2 * p + 1), kp + p * 32);
+  if (c == KVCodec::Q8_0) expand(std::false_type{});
+  else expand(std::true_type{});
 }
 
 KV_AVX2_FN void expand_values(const KVStore& st, size_t b, size_t e, int hd, int e0, int16_t* vp, float* dv) {
@@ -112,21 +103,27 @@ KV_AVX2_FN void expand_values(const KVStore& st, size_t b, size_t e, int hd, int
   const size_t bb = 2 + (c == KVCodec::Q8_0 ? qb : qb / 2);  // bytes per block
   const uint8_t* rows = st.row_values(b);
   const size_t stride = st.value_row_bytes();
-  for (int j = 0; j < kKVTile; j += 2) {
-    // Entries past the block's end read as zero codes with a zero scale.
-    const uint8_t* ra = j < n ? rows + j * stride : nullptr;
-    const uint8_t* rb = j + 1 < n ? rows + (j + 1) * stride : nullptr;
-    int16_t* o = vp + static_cast<size_t>((e0 + j) / 2) * hd * 2;
-    for (int bl = 0; bl < nb; ++bl) {
-      const uint8_t* ba = ra ? ra + bl * bb : nullptr;
-      const uint8_t* bbk = rb ? rb + bl * bb : nullptr;
-      dv[bl * 32 + e0 + j] = ba ? f16_at(ba) : 0.0f;
-      dv[bl * 32 + e0 + j + 1] = bbk ? f16_at(bbk) : 0.0f;
-      for (int c0 = 0; c0 < qb; c0 += 16)
-        interleave16(ba ? value_codes16(c, qb, ba, c0) : _mm_setzero_si128(),
-                     bbk ? value_codes16(c, qb, bbk, c0) : _mm_setzero_si128(), o + (bl * qb + c0) * 2);
+  // The codec is chosen once, outside the loops (Q4: std::true_type for q4_0).
+  auto expand = [&](auto q4) __attribute__((always_inline)) {
+    constexpr bool Q4 = decltype(q4)::value;
+    for (int j = 0; j < kKVTile; j += 2) {
+      // Entries past the block's end read as zero codes with a zero scale.
+      const uint8_t* ra = j < n ? rows + j * stride : nullptr;
+      const uint8_t* rb = j + 1 < n ? rows + (j + 1) * stride : nullptr;
+      int16_t* o = vp + static_cast<size_t>((e0 + j) / 2) * hd * 2;
+      for (int bl = 0; bl < nb; ++bl) {
+        const uint8_t* ba = ra ? ra + bl * bb : nullptr;
+        const uint8_t* bbk = rb ? rb + bl * bb : nullptr;
+        dv[bl * 32 + e0 + j] = ba ? f16_at(ba) : 0.0f;
+        dv[bl * 32 + e0 + j + 1] = bbk ? f16_at(bbk) : 0.0f;
+        for (int c0 = 0; c0 < qb; c0 += 16)
+          interleave16(ba ? value_codes_i8<Q4>(ba, qb, c0) : _mm_setzero_si128(),
+                       bbk ? value_codes_i8<Q4>(bbk, qb, c0) : _mm_setzero_si128(), o + (bl * qb + c0) * 2);
+      }
     }
-  }
+  };
+  if (c == KVCodec::Q8_0) expand(std::false_type{});
+  else expand(std::true_type{});
 }
 
 void scores_int(const PairData& pd, const int16_t* Qs, const float* sq, int hd, float* ST) {

@@ -75,6 +75,41 @@ inline __attribute__((always_inline, target("avx2"))) void transpose8(__m256* x)
   }
 }
 
+/// The 16 codes of channel d of a q8_0 key tile (codes: [head_dim][16] int8) or, with Q4, a q4_0
+/// one ([head_dim][8] bytes, lane 2m in the low nibble and 2m + 1 in the high one), as int8 lanes
+/// (q4_0: code - 8). The integer path (attention_int.cpp) and the 512-bit kernels read them alike.
+template <bool Q4>
+inline __attribute__((always_inline)) __m128i key_codes_i8(const uint8_t* codes, int d) {
+  if constexpr (!Q4) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d * 16));
+  } else {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d * 8)), m4 = _mm_set1_epi8(15);
+    return _mm_sub_epi8(_mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)),
+                        _mm_set1_epi8(8));
+  }
+}
+
+/// Channels [off, off + 16) of a q8_0 value block (blk: its f16 scale, then qb codes) or, with Q4,
+/// a q4_0 one (value j in the low nibble of byte j, j + qb / 2 in the high one), as int8 lanes
+/// (q4_0: code - 8). qb is 16 or 32; off is 0 or 16.
+template <bool Q4>
+inline __attribute__((always_inline)) __m128i value_codes_i8(const uint8_t* blk, int qb, int off) {
+  if constexpr (!Q4) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + off));
+  } else {
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m128i nib;
+    if (qb == 32) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      nib = _mm_and_si128(off == 0 ? x : _mm_srli_epi16(x, 4), m4);
+    } else {
+      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2));
+      nib = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    }
+    return _mm_sub_epi8(nib, _mm_set1_epi8(8));
+  }
+}
+
 /// raw[i][lg] = ST[(16 t + j) * 8 + i] for every entry j of the pair's tiles that row i (< rows)
 /// sees (lg = blk[t].lg[j]); raw: [rows][n].
 inline void copy_raw_scores(const PairData& pd, const BlockRef* blk, const float* ST, int rows, const int32_t* vis,
