@@ -738,10 +738,28 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   // The AVX-512 level runs the 512-bit group kernels (attention_avx512.cpp).
   const bool wide = kGroups8 && qdot::level() == qdot::Level::AVX512;
   const int qb = std::gcd(32, hd);  // channels per scale block of the quantized codecs
-  bool any_q = false;
-  for (int s = 0; s < seg.n_stores(); ++s)
-    any_q = any_q || attn::int_codec(seg.store(s).key_codec()) || attn::int_codec(seg.store(s).value_codec());
-  const bool direct8 = wide && rows <= 8 && any_q;  // see process()
+  bool q_keys = false, q_values = false;  // some store holds q8_0 or q4_0 keys / values
+  for (int s = 0; s < seg.n_stores(); ++s) {
+    q_keys = q_keys || attn::int_codec(seg.store(s).key_codec());
+    q_values = q_values || attn::int_codec(seg.store(s).value_codec());
+  }
+  // q8_0 and q4_0 keys (and, on their own, values) of row-part tiles take integer products on the
+  // AVX2 and AVX-VNNI levels. Not on AVX-512: there the 512-bit float kernels over the decoded tiles
+  // were faster (AMD Zen 5, 16,384 q8_0 entries: 317 us a head against 382 for 512-bit integer
+  // products, whose tile expansion and weight rounding do not shrink with the register width).
+  const bool int_level = kGroups8 && !wide && vec_hd;
+  // ... which read the query rows as int16.
+  if (int_level && q_keys) {
+    const int rows8 = (rows + 7) / 8 * 8;
+    sc.Qs.resize(static_cast<size_t>(rows8) * hd);
+    sc.sq.resize(rows8);
+    attn::quantize_queries(Q, rows, rows8, hd, sc.Qs.data(), sc.sq.data());
+  }
+  // In decode (one group of rows) the 512-bit kernels read q8_0 and q4_0 keys and values straight
+  // from the cache: code * scale is exact in f32, so the same bits as decoding the tiles first. A
+  // prefill tile's 8 groups would convert each tile 8 times, which took longer (kv_attention_bench,
+  // q8_0: prefill tile 1,687 -> 1,873 us) than decoding it once.
+  const bool direct8 = wide && rows <= 8 && (q_keys || q_values);
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
@@ -750,46 +768,35 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
       if (vec_hd) {
         PairData pd;
         pd.nt = nt;
-        // q8_0 and q4_0 keys (and, on their own, values) of row-part tiles: integer products on
-        // the AVX2 and AVX-VNNI levels. Not on AVX-512: there the 512-bit float kernels over the
-        // decoded tiles were faster (AMD Zen 5, 16,384 q8_0 entries: 317 us a head against 382
-        // for 512-bit integer products, whose tile expansion and weight rounding do not shrink
-        // with the register width).
-        bool int_k = !wide, int_v = !wide;
+        // Integer products where both tiles of the pair take them.
+        bool int_k = int_level && q_keys, int_v = int_level && q_values;
         for (int t = 0; t < nt; ++t) {
           const KVStore& st = *blk[t].st;
           int_k = int_k && attn::int_codec(st.key_codec()) && st.row_key_tile(blk[t].b);
           int_v = int_v && attn::int_codec(st.value_codec()) && st.row_values(blk[t].b);
         }
         pd.qb = qb;
-        // In decode (one group of rows) the 512-bit kernels read q8_0 and q4_0 keys and values
-        // straight from the cache: code * scale is exact in f32, so the same bits as decoding the
-        // tiles first. A prefill tile's 8 groups would convert each tile 8 times, which took longer
-        // (kv_attention_bench, q8_0: prefill tile 1,687 -> 1,873 us) than decoding it once.
-        for (int t = 0; t < nt && direct8; ++t) {
-          const KVStore& st = *blk[t].st;
-          if (attn::int_codec(st.key_codec())) pd.k8[t] = st.row_key_tile(blk[t].b);
-          if (attn::int_codec(st.value_codec())) pd.v8[t] = st.row_values(blk[t].b);
-          pd.k4[t] = st.key_codec() == KVCodec::Q4_0;
-          pd.v4[t] = st.value_codec() == KVCodec::Q4_0;
-          if (pd.v8[t]) pd.vstride[t] = st.value_row_bytes();
-        }
-        for (int t = 0; t < nt; ++t) {
-          const KVStore& st = *blk[t].st;
-          if (int_k) {
-            pd.kp[t] = sc.kp.data() + static_cast<size_t>(t) * hd * 16;
-            pd.dk[t] = sc.dk.data() + static_cast<size_t>(t) * hd;
-            attn::expand_keys(st, blk[t].b, hd, sc.kp.data() + static_cast<size_t>(t) * hd * 16,
-                              sc.dk.data() + static_cast<size_t>(t) * hd);
-          }
-          if (int_v) attn::expand_values(st, blk[t].b, blk[t].e, hd, 16 * t, sc.vp.data(), sc.dv.data());
-        }
         if (int_v) {
           pd.vp = sc.vp.data();
           pd.dv = sc.dv.data();
         }
         for (int t = 0; t < nt; ++t) {
           const KVStore& st = *blk[t].st;
+          if (direct8) {
+            if (attn::int_codec(st.key_codec())) pd.k8[t] = st.row_key_tile(blk[t].b);
+            if (attn::int_codec(st.value_codec())) pd.v8[t] = st.row_values(blk[t].b);
+            pd.k4[t] = st.key_codec() == KVCodec::Q4_0;
+            pd.v4[t] = st.value_codec() == KVCodec::Q4_0;
+            if (pd.v8[t]) pd.vstride[t] = st.value_row_bytes();
+          }
+          if (int_k) {
+            int16_t* kp = sc.kp.data() + static_cast<size_t>(t) * hd * 16;
+            float* dk = sc.dk.data() + static_cast<size_t>(t) * hd;
+            attn::expand_keys(st, blk[t].b, hd, kp, dk);
+            pd.kp[t] = kp;
+            pd.dk[t] = dk;
+          }
+          if (int_v) attn::expand_values(st, blk[t].b, blk[t].e, hd, 16 * t, sc.vp.data(), sc.dv.data());
           pd.nb[t] = static_cast<int>(blk[t].e - blk[t].b);
           pd.k16[t] = direct16 ? st.f16_key_tile(blk[t].b) : nullptr;
           pd.kt[t] = kt + static_cast<size_t>(t) * hd * 16;
@@ -990,16 +997,6 @@ void prepare(const Segment& seg, const float* q, int rows, float scale, Scratch&
     std::memcpy(d, q + static_cast<size_t>(r) * hd, hd * sizeof(float));
     seg.rotate(d);
     for (int i = 0; i < hd; ++i) d[i] *= scale;
-  }
-  // The integer products (q8_0 and q4_0 caches, AVX2 and AVX-VNNI levels) read the rows as int16.
-  bool int_keys = false;
-  for (int i = 0; i < seg.n_stores(); ++i) int_keys = int_keys || attn::int_codec(seg.store(i).key_codec());
-  const qdot::Level lv = qdot::level();
-  if (int_keys && (lv == qdot::Level::AVX2 || lv == qdot::Level::AVXVNNI) && hd % 16 == 0) {
-    const int rows8 = (rows + 7) / 8 * 8;
-    sc.Qs.resize(static_cast<size_t>(rows8) * hd);
-    sc.sq.resize(rows8);
-    attn::quantize_queries(sc.Q.data(), rows, rows8, hd, sc.Qs.data(), sc.sq.data());
   }
 }
 
