@@ -56,8 +56,8 @@ void pack_q6k(const uint8_t* const rows[8], uint8_t* out) {
     if (!p) continue;
     std::memcpy(out + 2 * r, p + 208, 2);  // d
     for (int g = 0; g < 16; ++g) out[16 + 8 * g + r] = p[192 + g];
-    for (int v = 0; v < 32; ++v) std::memcpy(out + 160 + 32 * v + 4 * r, p + 4 * v, 4);         // ql
-    for (int v = 0; v < 16; ++v) std::memcpy(out + 1184 + 32 * v + 4 * r, p + 128 + 4 * v, 4);  // qh
+    for (int v = 0; v < 32; ++v) std::memcpy(out + q6k_unit(v / 16, v % 8) + 64 * (v % 16 / 8) + 4 * r, p + 4 * v, 4);  // ql
+    for (int w = 0; w < 16; ++w) std::memcpy(out + q6k_unit(w / 8, w % 8) + 128 + 4 * r, p + 128 + 4 * w, 4);  // qh
   }
 }
 

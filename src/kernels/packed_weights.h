@@ -18,8 +18,14 @@
 // q6_K, 1,696 bytes (212 per row; the file has 210):
 //   [0, 16)      d of rows 0..7 (f16)
 //   [16, 144)    int8 scale of group g (16 columns) and row r at 16 + 8 g + r; [144, 160) zero
-//   [160, 1184)  ql: 32 vectors, vector v byte 4 r + i = ql byte 4 v + i of row r
-//   [1184, 1696) qh: 16 vectors, vector w byte 4 r + i = qh byte 4 w + i of row r
+//   [160, 1696)  48 vectors of 32 bytes: ql vector v (byte 4 r + i = ql byte 4 v + i of row r) and
+//                qh vector w (qh byte 4 w + i), in the order the kernels read them: unit (n, j)
+//                (ql vectors 16 n + j and 16 n + 8 + j, qh vector 8 n + j) at q6k_unit(n, j).
+//                Units j and j + 1 (j even) lie side by side in each of the three 64-byte runs,
+//                and the 192-byte pair blocks follow the AVX-512 kernel's visiting order. (With
+//                ql then qh each in file order the kernels jumped between three regions of the
+//                block: streamed from memory they ran at about half their in-cache rate, Zen 5,
+//                bench/results/zen5_s16/notes.txt.)
 //   (ggml's order: ql byte 64 n + l holds columns 128 n + l and 128 n + 64 + l, byte 64 n + 32 + l
 //   columns 128 n + 32 + l and 128 n + 96 + l; qh byte 32 n + l the top 2 bits of all four)
 //
@@ -36,6 +42,11 @@
 #include "kernels/matmul.h"
 
 namespace kvslim::qdot {
+
+/// Byte offset in a packed q6_K block of unit (n, j) (n = 0, 1: 128-column half; j = 0..7): its ql
+/// vector 16 n + j, with ql vector 16 n + 8 + j 64 bytes and qh vector 8 n + j 128 bytes after it.
+/// Pair blocks (j / 2) in the order 0, 2, 1, 3: the AVX-512 kernel takes j = {0,1}, {4,5}, {2,3}, {6,7}.
+constexpr int q6k_unit(int n, int j) { return 160 + (4 * n + (((j >> 1) & 1) << 1 | (j >> 2))) * 192 + 32 * (j & 1); }
 
 /// Bytes of one packed 8-row super-block of type t; 0 if t is not packed.
 size_t packed_block_bytes(GGMLType t);
