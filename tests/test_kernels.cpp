@@ -526,27 +526,49 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 
 }  // namespace
 
-// Packed rows (8-row interleaved blocks) give the scalar reference's result on the file's rows,
-// bit for bit, at every level and batch size (decode 1-3 tokens, prefill tiles above), with row
-// counts that leave a partial 8-row block and a partial AVX-512 tile. The AVX2 q8_0 and q4_K prefill
-// take 16 rows and 4 activation rows at a time (micro_q8x2, micro_q4x2): rows 16, 27 (a last 16-row block with 3
-// rows in its second half) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
-// activation rows (a last group of 1, 2 or 3).
+// Packed rows (16-row interleaved blocks for q4_K at the AVX-512 level, else 8-row) give the scalar
+// reference's result on the file's rows, bit for bit, at every level and batch size (decode 1-3
+// tokens, prefill tiles above), with row counts that leave a partial block and a partial AVX-512
+// tile. The AVX2 q8_0 and q4_K prefill take 16 rows and 4 activation rows at a time (micro_q8x2,
+// micro_q4x2): rows 16, 27 (a last 16-row block with 3 rows in its second half; q4_K at AVX-512:
+// 11 rows in the last block) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
+// activation rows (a last group of 1, 2 or 3). The rows are packed at every level in turn (each
+// level's layout) and each packing is read at every level: a level that does not read the layout
+// takes the in-place kernels, with the same bits.
 TEST(Kernels, PackedRowsBitIdentical) {
+  Restore restore;
   for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0})
   for (int64_t rows : {1, 8, 16, 27, 40}) {
     for (int64_t cols : {256, 768}) {
       Matrix m = make_matrix(t, rows, cols, 71 + static_cast<uint32_t>(rows));
-      const WeightView pv = packed_view(m);
-      ASSERT_TRUE(pv.packed);
-      for (int64_t n : {1, 2, 3, 5, 6, 7, 9, 13}) {
-        std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
-        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
-        for (qdot::Level lv : levels())
-          EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
-              << type_name(t) << " " << qdot::level_name(lv) << " rows " << rows << " cols " << cols << " n " << n;
+      for (qdot::Level pack_level : levels()) {
+        qdot::set_level(pack_level);
+        const WeightView pv = packed_view(m);
+        ASSERT_TRUE(pv.packed);
+        for (int64_t n : {1, 2, 3, 5, 6, 7, 9, 13}) {
+          std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
+          const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+          for (qdot::Level lv : levels())
+            EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
+                << type_name(t) << " packed at " << qdot::level_name(pack_level) << ", read at " << qdot::level_name(lv)
+                << " rows " << rows << " cols " << cols << " n " << n;
+        }
       }
     }
+  }
+}
+
+// q4_K packs 16 rows a block at the AVX-512 level and 8 at the others (packed_weights.h).
+TEST(Kernels, PackedQ4KBlockRowsFollowTheLevel) {
+  Restore restore;
+  Matrix m = make_matrix(GGMLType::Q4_K, 40, 256, 97);
+  for (qdot::Level lv : levels()) {
+    qdot::set_level(lv);
+    const WeightView pv = packed_view(m);
+    const int n = lv == qdot::Level::AVX512 ? 16 : 8;
+    EXPECT_EQ(pv.packed->block_rows, n) << qdot::level_name(lv);
+    EXPECT_EQ(pv.packed->row_blocks, (40 + n - 1) / n) << qdot::level_name(lv);
+    EXPECT_EQ(pv.packed->block_bytes, size_t{148} * n) << qdot::level_name(lv);
   }
 }
 

@@ -1,4 +1,4 @@
-// Repacking of weight rows into 8-row interleaved blocks (layout in kernels/packed_weights.h).
+// Repacking of weight rows into 16- or 8-row interleaved blocks (layout in kernels/packed_weights.h).
 #include "kernels/packed_weights.h"
 
 #include <sys/mman.h>
@@ -17,7 +17,7 @@ namespace kvslim::qdot {
 
 namespace {
 
-constexpr size_t kQ4KBlock = 1184;  // 8 rows x (2 + 2 + 8 + 8 + 128) bytes
+constexpr size_t kQ4KRowBytes = 148;  // per row of a block: 2 + 2 + 8 + 8 + 128 bytes
 constexpr size_t kQ8Block = 2176;   // 8 rows x 8 blocks x 34 bytes
 constexpr size_t kQ6KBlock = 1696;  // 8 rows x (2 + 16 + 128 + 64) bytes and 16 of padding
 
@@ -34,17 +34,18 @@ void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
   }
 }
 
-// One 8-row q4_K super-block: rows[r] points at the rows' 144-byte blocks (null past the end).
-void pack_q4k(const uint8_t* const rows[8], uint8_t* out) {
-  std::memset(out, 0, kQ4KBlock);
-  for (int r = 0; r < 8; ++r) {
+// One n-row q4_K super-block (n = 8 or 16): rows[r] points at the rows' 144-byte blocks (null past
+// the end).
+void pack_q4k(const uint8_t* const rows[], int n, uint8_t* out) {
+  std::memset(out, 0, kQ4KRowBytes * n);
+  for (int r = 0; r < n; ++r) {
     const uint8_t* p = rows[r];
     if (!p) continue;
-    std::memcpy(out + 2 * r, p, 2);       // d
-    std::memcpy(out + 16 + 2 * r, p + 2, 2);  // dmin
-    for (int g = 0; g < 8; ++g) k4_scale_min(g, p + 4, out[32 + 8 * g + r], out[96 + 8 * g + r]);
+    std::memcpy(out + 2 * r, p, 2);              // d
+    std::memcpy(out + 2 * n + 2 * r, p + 2, 2);  // dmin
+    for (int g = 0; g < 8; ++g) k4_scale_min(g, p + 4, out[4 * n + n * g + r], out[12 * n + n * g + r]);
     const uint8_t* qs = p + 16;
-    for (int v = 0; v < 32; ++v) std::memcpy(out + 160 + 32 * v + 4 * r, qs + 4 * v, 4);
+    for (int v = 0; v < 32; ++v) std::memcpy(out + 20 * n + 4 * n * v + 4 * r, qs + 4 * v, 4);
   }
 }
 
@@ -79,8 +80,10 @@ void free_bytes(void* p) { std::free(p); }
 }  // namespace
 
 size_t packed_block_bytes(GGMLType t) {
-  return t == GGMLType::Q4_K ? kQ4KBlock : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8Block : 0;
+  return t == GGMLType::Q4_K ? kQ4KRowBytes * packed_block_rows(t) : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8Block : 0;
 }
+
+int packed_block_rows(GGMLType t) { return t == GGMLType::Q4_K && level() == Level::AVX512 ? 16 : 8; }
 
 bool packable(const WeightView& W) {
   return packed_block_bytes(W.type) > 0 && W.cols > 0 && W.cols % 256 == 0 && W.rows > 0 && W.data;
@@ -94,7 +97,8 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   P->type = W.type;
   P->rows = W.rows;
   P->cols = W.cols;
-  P->row_blocks = (W.rows + 7) / 8;
+  P->block_rows = packed_block_rows(W.type);
+  P->row_blocks = (W.rows + P->block_rows - 1) / P->block_rows;
   P->block_bytes = packed_block_bytes(W.type);
   const int64_t nsb = W.cols / 256;
   const size_t total = static_cast<size_t>(P->row_blocks * nsb) * P->block_bytes;
@@ -114,10 +118,11 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   parallel_for(P->row_blocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t s = 0; s < nsb; ++s) {
-        const uint8_t* rows[8];
-        for (int r = 0; r < 8; ++r) rows[r] = 8 * b + r < W.rows ? W.row(8 * b + r) + s * in_block : nullptr;
+        const uint8_t* rows[16];
+        const int64_t n = P->block_rows;
+        for (int r = 0; r < n; ++r) rows[r] = n * b + r < W.rows ? W.row(n * b + r) + s * in_block : nullptr;
         uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
-        if (W.type == GGMLType::Q4_K) pack_q4k(rows, out);
+        if (W.type == GGMLType::Q4_K) pack_q4k(rows, P->block_rows, out);
         else if (W.type == GGMLType::Q6_K) pack_q6k(rows, out);
         else pack_q8(rows, out);
       }

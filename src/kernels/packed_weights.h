@@ -1,19 +1,26 @@
 #pragma once
 // Weight matrices repacked at load time for the SIMD decode kernels: rows interleaved in blocks of
-// eight, so that one 32-byte vector holds the same four columns' bytes of 8 rows and the matrix-
-// vector product needs no horizontal sums (rows sit in the vector lanes, as in the prefill tiles).
+// n = 8 or 16, so that one vector holds the same four columns' bytes of all the block's rows and the
+// matrix-vector product needs no horizontal sums (rows sit in the vector lanes, as in the prefill
+// tiles).
 //
-// Layout: [row block b = rows / 8, rounded up][super-block s = cols / 256][kPackedBytes(type)],
-// rows past the end zero (their scales are zero; their results are never stored).
+// Layout: [row block b = rows / n, rounded up][super-block s = cols / 256][block_bytes], rows past
+// the end zero (their scales are zero; their results are never stored).
 //
-// q4_K, one 8-row super-block of 256 columns, 1,184 bytes (148 per row; the file has 144):
-//   [0, 16)      d of rows 0..7 (f16)
-//   [16, 32)     dmin of rows 0..7 (f16)
-//   [32, 96)     6-bit scale of group g (32 columns) and row r at 32 + 8 g + r (one byte each)
-//   [96, 160)    6-bit min of group g and row r at 96 + 8 g + r
-//   [160, 1184)  32 vectors of 32 bytes, vector 8 p + q (p = 0..3, q = 0..7): byte 4 r + i is byte
-//                32 p + 4 q + i of row r's 128 quant bytes, i.e. columns 64 p + 4 q + i (low
-//                nibble, group 2 p) and 64 p + 32 + 4 q + i (high nibble, group 2 p + 1).
+// q4_K, one n-row super-block of 256 columns, 148 n bytes (148 per row; the file has 144); n = 16
+// when packed at the AVX-512 level, else 8:
+//   [0, 2n)        d of rows 0..n-1 (f16)
+//   [2n, 4n)       dmin of rows 0..n-1 (f16)
+//   [4n, 12n)      6-bit scale of group g (32 columns) and row r at 4n + n g + r (one byte each)
+//   [12n, 20n)     6-bit min of group g and row r at 12n + n g + r
+//   [20n, 148n)    32 vectors of 4n bytes, vector 8 p + q (p = 0..3, q = 0..7): byte 4 r + i is byte
+//                  32 p + 4 q + i of row r's 128 quant bytes, i.e. columns 64 p + 4 q + i (low
+//                  nibble, group 2 p) and 64 p + 32 + 4 q + i (high nibble, group 2 p + 1).
+//   With n = 16 (2,368 bytes, 37 cache lines) the AVX-512 kernel holds all 16 rows in one register:
+//   with 8-row blocks it folded two packed vectors per register and ran its float part per 8 rows;
+//   16 rows a register does the same steps on twice the rows (Zen 5: 102-106 -> 127-152 GMAC/s in
+//   cache, Q4_K_M decode +10%). The AVX2 kernels were slower from 16-row blocks when streamed from
+//   memory (decode -9%), so they keep 8 (bench/results/zen5_s16/notes.txt).
 //
 // q6_K, 1,696 bytes (212 per row; the file has 210):
 //   [0, 16)      d of rows 0..7 (f16)
@@ -48,14 +55,17 @@ namespace kvslim::qdot {
 /// Pair blocks (j / 2) in the order 0, 2, 1, 3: the AVX-512 kernel takes j = {0,1}, {4,5}, {2,3}, {6,7}.
 constexpr int q6k_unit(int n, int j) { return 160 + (4 * n + (((j >> 1) & 1) << 1 | (j >> 2))) * 192 + 32 * (j & 1); }
 
-/// Bytes of one packed 8-row super-block of type t; 0 if t is not packed.
+/// Bytes of one packed super-block of type t (block rows x 256 columns); 0 if t is not packed.
 size_t packed_block_bytes(GGMLType t);
+/// Rows of one packed block of type t: 16 for q4_K at the AVX-512 level (qdot::level() now), else 8.
+int packed_block_rows(GGMLType t);
 
 /// A repacked weight matrix (see the file comment). Owns its bytes (64-byte aligned).
 struct PackedRows {
   GGMLType type = GGMLType::F32;
   int64_t rows = 0, cols = 0;
-  int64_t row_blocks = 0;  ///< ceil(rows / 8)
+  int block_rows = 8;       ///< rows per block: packed_block_rows(type)
+  int64_t row_blocks = 0;  ///< ceil(rows / block_rows)
   size_t block_bytes = 0;  ///< packed_block_bytes(type)
   std::unique_ptr<uint8_t[], void (*)(void*)> bytes{nullptr, nullptr};
   /// Packed super-block s of row block b.
