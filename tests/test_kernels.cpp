@@ -526,7 +526,7 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 
 }  // namespace
 
-// Packed rows (16-row interleaved blocks for q4_K at the AVX-512 level, else 8-row) give the scalar
+// Packed rows (16-row interleaved blocks for q4_K and q8_0 at the AVX-512 level, else 8-row) give the scalar
 // reference's result on the file's rows, bit for bit, at every level and batch size (decode 1-3
 // tokens, prefill tiles above), with row counts that leave a partial block and a partial AVX-512
 // tile. The AVX2 q8_0 and q4_K prefill take 16 rows and 4 activation rows at a time (micro_q8x2,
@@ -558,17 +558,21 @@ TEST(Kernels, PackedRowsBitIdentical) {
   }
 }
 
-// q4_K packs 16 rows a block at the AVX-512 level and 8 at the others (packed_weights.h).
-TEST(Kernels, PackedQ4KBlockRowsFollowTheLevel) {
+// q4_K and q8_0 pack 16 rows a block at the AVX-512 level and 8 at the others; q6_K 8 everywhere
+// (packed_weights.h).
+TEST(Kernels, PackedBlockRowsFollowTheLevel) {
   Restore restore;
-  Matrix m = make_matrix(GGMLType::Q4_K, 40, 256, 97);
-  for (qdot::Level lv : levels()) {
-    qdot::set_level(lv);
-    const WeightView pv = packed_view(m);
-    const int n = lv == qdot::Level::AVX512 ? 16 : 8;
-    EXPECT_EQ(pv.packed->block_rows, n) << qdot::level_name(lv);
-    EXPECT_EQ(pv.packed->row_blocks, (40 + n - 1) / n) << qdot::level_name(lv);
-    EXPECT_EQ(pv.packed->block_bytes, size_t{148} * n) << qdot::level_name(lv);
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q8_0, GGMLType::Q6_K}) {
+    Matrix m = make_matrix(t, 40, 256, 97);
+    const size_t row_bytes = t == GGMLType::Q4_K ? 148 : t == GGMLType::Q8_0 ? 272 : 212;
+    for (qdot::Level lv : levels()) {
+      qdot::set_level(lv);
+      const WeightView pv = packed_view(m);
+      const int n = lv == qdot::Level::AVX512 && t != GGMLType::Q6_K ? 16 : 8;
+      EXPECT_EQ(pv.packed->block_rows, n) << type_name(t) << " " << qdot::level_name(lv);
+      EXPECT_EQ(pv.packed->row_blocks, (40 + n - 1) / n) << type_name(t) << " " << qdot::level_name(lv);
+      EXPECT_EQ(pv.packed->block_bytes, row_bytes * n) << type_name(t) << " " << qdot::level_name(lv);
+    }
   }
 }
 
@@ -639,7 +643,7 @@ TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
 // pages) and decodes to the same bits as the file's rows, at every SIMD level.
 TEST(Kernels, LargePackedMatrixIsHugePageAlignedAndExact) {
   Restore restore;
-  const int64_t cols = 2048, rows = 1000;  // 125 x 8 x 2,176 bytes packed = 2.08 MiB
+  const int64_t cols = 2048, rows = 1000;  // 125 x 8 x 2,176 bytes packed = 2.08 MiB (AVX-512: 63 x 8 x 4,352)
   Matrix m = make_matrix(GGMLType::Q8_0, rows, cols, 95);
   const WeightView pv = packed_view(m);
   ASSERT_TRUE(pv.packed);

@@ -18,7 +18,7 @@ namespace kvslim::qdot {
 namespace {
 
 constexpr size_t kQ4KRowBytes = 148;  // per row of a block: 2 + 2 + 8 + 8 + 128 bytes
-constexpr size_t kQ8Block = 2176;   // 8 rows x 8 blocks x 34 bytes
+constexpr size_t kQ8RowBytes = 272;   // per row of a block: 8 blocks x 34 bytes
 constexpr size_t kQ6KBlock = 1696;  // 8 rows x (2 + 16 + 128 + 64) bytes and 16 of padding
 
 // Six-bit scale and min j (0..7) of a q4_K super-block's 12 scale bytes (ggml's packing: j < 4
@@ -62,15 +62,16 @@ void pack_q6k(const uint8_t* const rows[8], uint8_t* out) {
   }
 }
 
-// One 8-row q8_0 super-block of 8 blocks of 32: rows[r] points at the rows' 8 34-byte blocks.
-void pack_q8(const uint8_t* const rows[8], uint8_t* out) {
-  std::memset(out, 0, kQ8Block);
-  for (int r = 0; r < 8; ++r) {
+// One n-row q8_0 super-block of 8 blocks of 32 (n = 8 or 16): rows[r] points at the rows' 8 34-byte
+// blocks (null past the end).
+void pack_q8(const uint8_t* const rows[], int n, uint8_t* out) {
+  std::memset(out, 0, kQ8RowBytes * n);
+  for (int r = 0; r < n; ++r) {
     if (!rows[r]) continue;
     for (int g = 0; g < 8; ++g) {
       const uint8_t* p = rows[r] + 34 * g;
-      std::memcpy(out + 16 * g + 2 * r, p, 2);  // d
-      for (int q = 0; q < 8; ++q) std::memcpy(out + 128 + 32 * (8 * g + q) + 4 * r, p + 2 + 4 * q, 4);
+      std::memcpy(out + 2 * n * g + 2 * r, p, 2);  // d
+      for (int q = 0; q < 8; ++q) std::memcpy(out + 16 * n + 4 * n * (8 * g + q) + 4 * r, p + 2 + 4 * q, 4);
     }
   }
 }
@@ -80,10 +81,12 @@ void free_bytes(void* p) { std::free(p); }
 }  // namespace
 
 size_t packed_block_bytes(GGMLType t) {
-  return t == GGMLType::Q4_K ? kQ4KRowBytes * packed_block_rows(t) : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8Block : 0;
+  return t == GGMLType::Q4_K ? kQ4KRowBytes * packed_block_rows(t) : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8RowBytes * packed_block_rows(t) : 0;
 }
 
-int packed_block_rows(GGMLType t) { return t == GGMLType::Q4_K && level() == Level::AVX512 ? 16 : 8; }
+int packed_block_rows(GGMLType t) {
+  return (t == GGMLType::Q4_K || t == GGMLType::Q8_0) && level() == Level::AVX512 ? 16 : 8;
+}
 
 bool packable(const WeightView& W) {
   return packed_block_bytes(W.type) > 0 && W.cols > 0 && W.cols % 256 == 0 && W.rows > 0 && W.data;
@@ -124,7 +127,7 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
         uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
         if (W.type == GGMLType::Q4_K) pack_q4k(rows, P->block_rows, out);
         else if (W.type == GGMLType::Q6_K) pack_q6k(rows, out);
-        else pack_q8(rows, out);
+        else pack_q8(rows, P->block_rows, out);
       }
   });
   return P;

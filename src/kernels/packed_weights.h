@@ -36,9 +36,13 @@
 //   (ggml's order: ql byte 64 n + l holds columns 128 n + l and 128 n + 64 + l, byte 64 n + 32 + l
 //   columns 128 n + 32 + l and 128 n + 96 + l; qh byte 32 n + l the top 2 bits of all four)
 //
-// q8_0, 2,176 bytes (272 per row of 8 blocks, as in the file):
-//   [0, 128)     d of block g (32 columns) and row r at 16 g + 2 r (f16)
-//   [128, 2176)  64 vectors, vector 8 g + q byte 4 r + i = code of column 32 g + 4 q + i of row r
+// q8_0, one n-row super-block of 8 blocks of 32, 272 n bytes (272 per row, as in the file); n = 16
+// when packed at the AVX-512 level, else 8:
+//   [0, 16n)       d of block g (32 columns) and row r at 2n g + 2r (f16)
+//   [16n, 272n)    64 vectors of 4n bytes, vector 8 g + q byte 4 r + i = code of column 32 g + 4 q + i
+//                  of row r
+//   (n = 16: the AVX-512 kernel takes all 16 rows a register; in cache 64 -> 80 GMAC/s, Zen 5; Q8_0
+//   decode, bound by the memory there, did not change measurably.)
 //
 // The packed values are the file's own (no rounding): every kernel computes the canonical result
 // of kernels/quant_dot.h from them, bit for bit the same as from the file's rows.
@@ -57,7 +61,8 @@ constexpr int q6k_unit(int n, int j) { return 160 + (4 * n + (((j >> 1) & 1) << 
 
 /// Bytes of one packed super-block of type t (block rows x 256 columns); 0 if t is not packed.
 size_t packed_block_bytes(GGMLType t);
-/// Rows of one packed block of type t: 16 for q4_K at the AVX-512 level (qdot::level() now), else 8.
+/// Rows of one packed block of type t: 16 for q4_K and q8_0 at the AVX-512 level (qdot::level()
+/// now), else 8.
 int packed_block_rows(GGMLType t);
 
 /// A repacked weight matrix (see the file comment). Owns its bytes (64-byte aligned).
