@@ -78,11 +78,14 @@ void pack_q8(const uint8_t* const rows[], int n, uint8_t* out) {
 
 void free_bytes(void* p) { std::free(p); }
 
+// Bytes of a packed super-block of type t with n rows (q6_K: 8 rows only).
+size_t block_bytes_for(GGMLType t, int n) {
+  return t == GGMLType::Q4_K ? kQ4KRowBytes * n : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8RowBytes * n : 0;
+}
+
 }  // namespace
 
-size_t packed_block_bytes(GGMLType t) {
-  return t == GGMLType::Q4_K ? kQ4KRowBytes * packed_block_rows(t) : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8RowBytes * packed_block_rows(t) : 0;
-}
+size_t packed_block_bytes(GGMLType t) { return block_bytes_for(t, packed_block_rows(t)); }
 
 int packed_block_rows(GGMLType t) {
   return (t == GGMLType::Q4_K || t == GGMLType::Q8_0) && level() == Level::AVX512 ? 16 : 8;
@@ -102,7 +105,7 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   P->cols = W.cols;
   P->block_rows = packed_block_rows(W.type);
   P->row_blocks = (W.rows + P->block_rows - 1) / P->block_rows;
-  P->block_bytes = packed_block_bytes(W.type);
+  P->block_bytes = block_bytes_for(W.type, P->block_rows);  // the level is read once, above
   const int64_t nsb = W.cols / 256;
   const size_t total = static_cast<size_t>(P->row_blocks * nsb) * P->block_bytes;
   // Matrices of 2 MiB and more start on a 2 MiB boundary and their whole 2 MiB spans are offered
