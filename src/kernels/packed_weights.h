@@ -19,9 +19,9 @@
 //   With n = 16 (2,368 bytes, 37 cache lines) the AVX-512 kernel holds all 16 rows in one register:
 //   with 8-row blocks it folded two packed vectors per register and ran its float part per 8 rows;
 //   16 rows a register does the same steps on twice the rows (Zen 5: 102-106 -> 127-152 GMAC/s in
-//   cache; Q4_K_M decode 4% and 12% faster, means of two alternating runs). The AVX2 kernels were slower from
-//   16-row blocks when streamed from memory (decode -9%), so they keep 8, as q6_K does at every level
-//   (bench/results/zen5_s16/notes.txt).
+//   cache; Q4_K_M decode 4% and 12% faster, means of two alternating runs). The AVX2 kernels were
+//   slower from 16-row blocks when streamed from memory (decode -9%), so they keep 8, as q6_K does
+//   at every level (bench/results/zen5_s16/notes.txt).
 //
 // q6_K, 1,696 bytes (212 per row; the file has 210):
 //   [0, 16)      d of rows 0..7 (f16)
