@@ -524,17 +524,38 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
   return y;
 }
 
+/// Whether level lv reads v's packed bytes (kernels/packed_weights.h): the scalar level never does,
+/// the others when the block height is theirs (16 rows for q4_K and q8_0 at AVX-512, else 8).
+bool reads_packed(qdot::Level lv, const WeightView& v) {
+  if (lv == qdot::Level::Scalar) return false;
+  const int wide = lv == qdot::Level::AVX512 && v.type != GGMLType::Q6_K ? 16 : 8;
+  return v.packed->block_rows == wide;
+}
+
+/// run_view, with the file's rows replaced by zeros where level lv is to read the packed bytes: a
+/// call that fell back to the in-place kernels then gives zeros instead of the reference, so a test
+/// comparing with the reference also checks that the packed kernels ran.
+std::vector<float> run_view_packed(qdot::Level lv, WeightView v, const std::vector<float>& x, int64_t n) {
+  std::vector<uint8_t> zeros;
+  if (reads_packed(lv, v)) {
+    zeros.assign(static_cast<size_t>(v.rows) * v.row_stride, 0);
+    v.data = zeros.data();
+  }
+  return run_view(lv, v, x, n);
+}
+
 }  // namespace
 
 // Packed rows (16-row interleaved blocks for q4_K and q8_0 at the AVX-512 level, else 8-row) give the scalar
 // reference's result on the file's rows, bit for bit, at every level and batch size (decode 1-3
 // tokens, prefill tiles above), with row counts that leave a partial block and a partial AVX-512
 // tile. The AVX2 q8_0 and q4_K prefill take 16 rows and 4 activation rows at a time (micro_q8x2,
-// micro_q4x2): rows 16, 27 (a last 16-row block with 3 rows in its second half; q4_K at AVX-512:
-// 11 rows in the last block) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
+// micro_q4x2): rows 16, 27 (a last 16-row block with 3 rows in its second half; q4_K and q8_0 at
+// AVX-512: 11 rows in the last block) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
 // activation rows (a last group of 1, 2 or 3). The rows are packed at every level in turn (each
 // level's layout) and each packing is read at every level: a level that does not read the layout
-// takes the in-place kernels, with the same bits.
+// takes the in-place kernels, with the same bits; one that does reads only the packed bytes (its
+// file rows are zeros there, run_view_packed).
 TEST(Kernels, PackedRowsBitIdentical) {
   Restore restore;
   for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0})
@@ -549,7 +570,7 @@ TEST(Kernels, PackedRowsBitIdentical) {
           std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
           const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
           for (qdot::Level lv : levels())
-            EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
+            EXPECT_TRUE(same_bits(ref, run_view_packed(lv, pv, x, n)))
                 << type_name(t) << " packed at " << qdot::level_name(pack_level) << ", read at " << qdot::level_name(lv)
                 << " rows " << rows << " cols " << cols << " n " << n;
         }
@@ -583,6 +604,7 @@ TEST(Kernels, PackedBlockRowsFollowTheLevel) {
 // scales 0x7F = 127 (each column 127 * 31 = 3937); activations all +1 or all -1 (codes +-127,
 // scale 1/127); q8_0: codes 127, then -128, with d = 1.
 TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
+  Restore restore;
   struct Case {
     GGMLType t;
     int block_bytes;
@@ -605,59 +627,76 @@ TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
     }
     const double column = c.t == GGMLType::Q6_K ? 127.0 * 31 : c.column;
     m.view = WeightView{c.t, m.bytes.data(), cols, rows, rb, {}};
-    const WeightView pv = packed_view(m);
-    for (float sign : {1.0f, -1.0f})
-      for (int64_t n : {1, 3, 9}) {
-        std::vector<float> x(static_cast<size_t>(n * cols), sign);
-        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
-        for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * std::fabs(column) * cols) << type_name(c.t);
-        for (qdot::Level lv : levels())
-          EXPECT_TRUE(same_bits(ref, run_view(lv, pv, x, n)))
-              << type_name(c.t) << " " << qdot::level_name(lv) << " n " << n << " sign " << sign;
-      }
+    for (qdot::Level pack_level : levels()) {  // each level's block layout, read by its own kernels
+      qdot::set_level(pack_level);
+      const WeightView pv = packed_view(m);
+      for (float sign : {1.0f, -1.0f})
+        for (int64_t n : {1, 3, 9}) {
+          std::vector<float> x(static_cast<size_t>(n * cols), sign);
+          const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+          for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * std::fabs(column) * cols) << type_name(c.t);
+          for (qdot::Level lv : levels())
+            EXPECT_TRUE(same_bits(ref, run_view_packed(lv, pv, x, n)))
+                << type_name(c.t) << " packed at " << qdot::level_name(pack_level) << ", read at "
+                << qdot::level_name(lv) << " n " << n << " sign " << sign;
+        }
+    }
   }
 }
 
-// matmul with packed rows: the same bits as without, for 1-3 threads (rows are split in 16s).
+// matmul with packed rows: the same bits as without, for 1-3 threads (rows are split in 16s, so
+// calls start inside the matrix), at every level with the rows packed for it.
 TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
   Restore restore;
   const int64_t cols = 512, rows = 100;
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
-  Matrix m = make_matrix(t, rows, cols, 81);
-  const WeightView pv = packed_view(m);
-  for (int64_t n : {1, 7}) {
-    std::vector<float> x = make_acts(n, cols, 82);
-    std::vector<float> ref(static_cast<size_t>(n * rows));
-    matmul(m.view, x.data(), n, ref.data());
-    for (int th : {1, 2, 3}) {
-      set_num_threads(th);
-      std::vector<float> y(ref.size());
-      matmul(pv, x.data(), n, y.data());
-      EXPECT_TRUE(same_bits(ref, y)) << type_name(t) << " n " << n << " threads " << th;
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0})
+    for (qdot::Level lv : levels()) {
+      if (lv == qdot::Level::Scalar) continue;  // no packed kernels
+      qdot::set_level(lv);
+      Matrix m = make_matrix(t, rows, cols, 81);
+      WeightView pv = packed_view(m);
+      ASSERT_TRUE(reads_packed(lv, pv));
+      const std::vector<uint8_t> zeros(m.bytes.size(), 0);
+      pv.data = zeros.data();  // only the packed bytes can give the reference
+      for (int64_t n : {1, 7}) {
+        std::vector<float> x = make_acts(n, cols, 82);
+        std::vector<float> ref(static_cast<size_t>(n * rows));
+        set_num_threads(1);
+        matmul(m.view, x.data(), n, ref.data());
+        for (int th : {1, 2, 3}) {
+          set_num_threads(th);
+          std::vector<float> y(ref.size());
+          matmul(pv, x.data(), n, y.data());
+          EXPECT_TRUE(same_bits(ref, y)) << type_name(t) << " " << qdot::level_name(lv) << " n " << n << " threads " << th;
+        }
+      }
     }
-  }
-  }
 }
 
 // A packed matrix of 2 MiB or more starts on a 2 MiB boundary (so that its spans can be huge
-// pages) and decodes to the same bits as the file's rows, at every SIMD level.
+// pages) and decodes to the same bits as the file's rows, at every SIMD level with the rows packed
+// for it (read from the packed bytes only).
 TEST(Kernels, LargePackedMatrixIsHugePageAlignedAndExact) {
   Restore restore;
-  const int64_t cols = 2048, rows = 1000;  // 125 x 8 x 2,176 bytes packed = 2.08 MiB (AVX-512: 63 x 8 x 4,352)
+  const int64_t cols = 2048, rows = 1000;  // 125 x 8 x 2,176 bytes packed = 2.08 MiB (AVX-512: 63 x 4,352 x 8)
   Matrix m = make_matrix(GGMLType::Q8_0, rows, cols, 95);
-  const WeightView pv = packed_view(m);
-  ASSERT_TRUE(pv.packed);
-  ASSERT_GE(static_cast<size_t>(pv.packed->row_blocks * (cols / 256)) * pv.packed->block_bytes, size_t{2} << 20);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(pv.packed->bytes.get()) % (uintptr_t{2} << 20), 0u);
   std::vector<float> x = make_acts(1, cols, 96);
   set_num_threads(1);
+  std::vector<float> ref(static_cast<size_t>(rows));
+  matmul(m.view, x.data(), 1, ref.data());
+  const std::vector<uint8_t> zeros(m.bytes.size(), 0);
   for (qdot::Level lv : levels()) {
     if (lv == qdot::Level::Scalar) continue;  // the scalar level does not read packed rows
     qdot::set_level(lv);
-    std::vector<float> ref(static_cast<size_t>(rows)), y(ref.size());
-    matmul(m.view, x.data(), 1, ref.data());
+    WeightView pv = packed_view(m);
+    ASSERT_TRUE(pv.packed);
+    ASSERT_GE(static_cast<size_t>(pv.packed->row_blocks * (cols / 256)) * pv.packed->block_bytes, size_t{2} << 20);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(pv.packed->bytes.get()) % (uintptr_t{2} << 20), 0u);
+    ASSERT_TRUE(reads_packed(lv, pv));
+    pv.data = zeros.data();
+    std::vector<float> y(ref.size());
     matmul(pv, x.data(), 1, y.data());
-    EXPECT_TRUE(same_bits(ref, y)) << "level " << static_cast<int>(lv);
+    EXPECT_TRUE(same_bits(ref, y)) << qdot::level_name(lv);
   }
 }
 

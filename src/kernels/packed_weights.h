@@ -27,8 +27,10 @@
 //   [0, 16)      d of rows 0..7 (f16)
 //   [16, 144)    int8 scale of group g (16 columns) and row r at 16 + 8 g + r; [144, 160) zero
 //   [160, 1696)  48 vectors of 32 bytes: ql vector v (byte 4 r + i = ql byte 4 v + i of row r) and
-//                qh vector w (qh byte 4 w + i), in the order the kernels read them: unit (n, j)
-//                (ql vectors 16 n + j and 16 n + 8 + j, qh vector 8 n + j) at q6k_unit(n, j).
+//                qh vector w (qh byte 4 w + i), in the order the AVX-512 and AVX2 decode kernels
+//                read them (AVX-VNNI and the prefill tile packer move back and forth within 384
+//                bytes): unit (n, j) (ql vectors 16 n + j and 16 n + 8 + j, qh vector 8 n + j) at
+//                q6k_unit(n, j).
 //                Units j and j + 1 (j even) lie side by side in each of the three 64-byte runs,
 //                and the 192-byte pair blocks follow the AVX-512 kernel's visiting order. (With
 //                ql then qh each in file order the kernels jumped between three regions of the
@@ -70,9 +72,9 @@ int packed_block_rows(GGMLType t);
 struct PackedRows {
   GGMLType type = GGMLType::F32;
   int64_t rows = 0, cols = 0;
-  int block_rows = 8;       ///< rows per block: packed_block_rows(type)
+  int block_rows = 8;       ///< rows per block: packed_block_rows(type) at packing time
   int64_t row_blocks = 0;  ///< ceil(rows / block_rows)
-  size_t block_bytes = 0;  ///< packed_block_bytes(type)
+  size_t block_bytes = 0;  ///< bytes of one block of block_rows rows
   std::unique_ptr<uint8_t[], void (*)(void*)> bytes{nullptr, nullptr};
   /// Packed super-block s of row block b.
   const uint8_t* block(int64_t b, int64_t s) const {
