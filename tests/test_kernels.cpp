@@ -406,7 +406,8 @@ TEST(BenchCli, RunsAndWritesJson) {
 
 // --floor: each decode row carries the read passes timed around it (4 before, 4 after), the bytes
 // a step reads at least (the file's weights by decode_weight_bytes, tested by hand in
-// test_decode_floor.cpp, plus the KV cache at the row's start) and the rate they allow.
+// test_decode_floor.cpp, plus the KV cache at the row's start) and the rate they allow, and a
+// read pass after every token with the shares of the floor paired token by token.
 TEST(BenchCli, FloorReportsTheDecodeShareOfTheReadRate) {
   const std::string stem = ::testing::TempDir() + "/kvslim_floor_" + std::to_string(::getpid());
   const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
@@ -428,9 +429,31 @@ TEST(BenchCli, FloorReportsTheDecodeShareOfTheReadRate) {
   const double bytes = r["floor_bytes_per_token"].get<double>();
   EXPECT_EQ(bytes, static_cast<double>(decode_weight_bytes(*file)) + r["kv_bytes"].get<double>());
   EXPECT_NEAR(r["floor_ts"].get<double>(), median * 1e9 / bytes, 1e-6 * r["floor_ts"].get<double>());
+  // A read pass right after every decode token: the paired shares, recomputed from the samples.
+  const auto ms = r["samples_token_ms"].get<std::vector<double>>();
+  const auto tg = r["token_read_gbps"].get<std::vector<double>>();
+  ASSERT_EQ(ms.size(), 4u);
+  ASSERT_EQ(tg.size(), ms.size());
+  double floor_s = 0, token_s = 0;
+  std::vector<double> share;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    EXPECT_GT(tg[i], 0.0);
+    const double f = bytes / (tg[i] * 1e9);
+    floor_s += f;
+    token_s += ms[i] / 1000;
+    share.push_back(f / (ms[i] / 1000));
+  }
+  std::sort(share.begin(), share.end());
+  EXPECT_NEAR(r["paired_floor_share_total"].get<double>(), floor_s / token_s, 1e-9 * floor_s / token_s);
+  EXPECT_NEAR(r["paired_floor_share_median"].get<double>(), 0.5 * (share[1] + share[2]), 1e-9 * share[3]);
+  // The passes are not decode time: the test's rate is its tokens over their own times.
+  EXPECT_NEAR(r["samples_ts"][0].get<double>(), 4 / token_s, 1e-6 * 4 / token_s);
+  // The probe's 256 MiB stay resident through the run; they are not the decode's memory.
+  EXPECT_LT(r["peak_rss_bytes"].get<double>(), 200.0 * (1 << 20));
   std::stringstream table;
   table << std::ifstream(stem + ".out").rdbuf();
   EXPECT_NE(table.str().find("read floor none tg4 @ d8: "), std::string::npos) << table.str();
+  EXPECT_NE(table.str().find("paired read floor none tg4 @ d8: "), std::string::npos) << table.str();
   // stories260K's 1 MB fits in any last-level cache: the line says the floor does not apply.
   EXPECT_NE(table.str().find("fit in the CPU's caches"), std::string::npos) << table.str();
 

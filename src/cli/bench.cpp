@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -118,6 +119,30 @@ struct Result {
   /// the KV cache at the test's start).
   std::vector<double> read_gbps;
   size_t floor_bytes = 0;
+  /// --floor: a read pass right after every decode token (GB/s), paired with token_ms: on a host
+  /// whose read rate drifts within seconds (other tenants), each token is compared with the memory
+  /// as it was at that moment rather than with passes seconds away.
+  std::vector<double> token_read_gbps;
+  /// Paired shares of the floor: the median over tokens of (token's rate / the rate its read pass
+  /// allows), and the sum of the floor times over the sum of the token times. 0 without --floor.
+  double paired_median() const {
+    if (token_read_gbps.size() != token_ms.size() || token_ms.empty() || floor_bytes == 0) return 0;
+    std::vector<double> v;
+    for (size_t i = 0; i < token_ms.size(); ++i)
+      v.push_back(static_cast<double>(floor_bytes) / (token_read_gbps[i] * 1e9) / (token_ms[i] / 1000.0));
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  }
+  double paired_total() const {
+    if (token_read_gbps.size() != token_ms.size() || token_ms.empty() || floor_bytes == 0) return 0;
+    double floor_s = 0, token_s = 0;
+    for (size_t i = 0; i < token_ms.size(); ++i) {
+      floor_s += static_cast<double>(floor_bytes) / (token_read_gbps[i] * 1e9);
+      token_s += token_ms[i] / 1000.0;
+    }
+    return floor_s / token_s;
+  }
   /// Decode rate the read rate allows (median pass, the mean of the middle two for an even count):
   /// floor_bytes per token; 0 without --floor.
   double floor_tps() const {
@@ -135,6 +160,8 @@ struct Result {
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
     return 1000.0 / v[v.size() / 2];
   }
+  Result(std::string press_name, std::string test_name, int prompt, int gen, int at_depth)
+      : press(std::move(press_name)), test(std::move(test_name)), n_prompt(prompt), n_gen(gen), depth(at_depth) {}
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -226,6 +253,18 @@ int run(BenchArgs a) {
     for (int i = 0; i < 4 && w.position() < so.n_ctx; ++i) w.advance(static_cast<Token>(i));
   }
 
+  // --floor: one probe for the whole run (its pages stay resident, so its bytes are taken off
+  // every RSS peak below).
+  std::unique_ptr<ReadProbe> probe;
+  if (a.floor) probe = std::make_unique<ReadProbe>(kProbeBytes);
+  const size_t probe_rss = probe ? probe->bytes() : 0;
+  auto rss_peak = [&] { return peak_rss() - std::min(peak_rss(), probe_rss); };
+  auto read_passes = [&] {
+    std::vector<double> g;
+    for (int p = 0; p < kProbePasses; ++p) g.push_back(probe->pass());
+    return g;
+  };
+
   std::vector<Result> results;
   const bool per_test_peak = reset_peak_rss();
   const size_t n_tests = a.presses.size() * ((a.n_prompt > 0 ? 1 : 0) + (a.n_gen > 0 ? a.depths.size() : 0));
@@ -242,7 +281,7 @@ int run(BenchArgs a) {
   for (const std::unique_ptr<Press>& press : presses) {
     const std::string pname = press->describe();
     if (a.n_prompt > 0) {
-      Result r{pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0, {}, {}, 0, 0, 0, {}, {}, 0};
+      Result r(pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0);
       report(pname, r.test);
       reset_peak_rss();
       for (int rep = 0; rep < a.reps; ++rep) {
@@ -256,19 +295,19 @@ int run(BenchArgs a) {
         r.press_seconds += req.stats().press_seconds / a.reps;
         r.kv_bytes = req.cache().bytes();
       }
-      r.peak_rss = peak_rss();
+      r.peak_rss = rss_peak();
       results.push_back(r);
     }
     if (a.n_gen > 0)
       for (int depth : a.depths) {
-        Result r{pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth, {}, {}, 0, 0, 0, {}, {}, 0};
+        Result r(pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth);
         report(pname, r.test);
         reset_peak_rss();
         Request req(*model, *press, ro);
         if (depth > 0) {
           // The fill itself is a prefill of `depth` tokens (with compression after every chunk
           // when --chunk-size is set): reported as its own row, as it is the long-prompt cost.
-          Result fill{pname, fmt::format("fill d{}", depth), depth, 0, depth, {}, {}, 0, 0, 0, {}, {}, 0};
+          Result fill(pname, fmt::format("fill d{}", depth), depth, 0, depth);
           req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng));
           const auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
@@ -277,7 +316,7 @@ int run(BenchArgs a) {
           fill.cpu_tps.push_back(depth / std::max(1e-9, process_cpu_seconds() - c0));
           fill.press_seconds = req.stats().press_seconds;
           fill.kv_bytes = req.cache().bytes();
-          fill.peak_rss = peak_rss();
+          fill.peak_rss = rss_peak();
           results.push_back(fill);
           r.press_seconds = fill.press_seconds;
         } else {
@@ -286,8 +325,7 @@ int run(BenchArgs a) {
         r.kv_bytes = req.cache().bytes();
         if (a.floor) {
           r.floor_bytes = weight_floor_bytes + r.kv_bytes;
-          r.read_gbps = measure_read_rate(kProbeBytes, kProbePasses);
-          reset_peak_rss();  // the probe's buffer (freed) is not the decode's memory
+          r.read_gbps = read_passes();
         }
         // Repetitions continue the same context: depth drifts by n_gen per repetition. The
         // tokens are fed (not sampled) so every press decodes the same sequence.
@@ -295,17 +333,25 @@ int run(BenchArgs a) {
           std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
           auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
+          double token_s = 0, token_cpu = 0;
           for (Token t : toks) {
+            const double ct = probe ? process_cpu_seconds() : 0;
             auto t1 = Clock::now();
             req.advance(t);
-            r.token_ms.push_back(1000.0 * since(t1));
+            const double s1 = since(t1);
+            r.token_ms.push_back(1000.0 * s1);
+            token_s += s1;
+            if (probe) {
+              token_cpu += process_cpu_seconds() - ct;
+              r.token_read_gbps.push_back(probe->pass());  // not timed as decode
+            }
           }
-          r.tps.push_back(a.n_gen / since(t0));
-          r.cpu_tps.push_back(a.n_gen / std::max(1e-9, process_cpu_seconds() - c0));
+          r.tps.push_back(a.n_gen / (probe ? token_s : since(t0)));
+          r.cpu_tps.push_back(a.n_gen / std::max(1e-9, probe ? token_cpu : process_cpu_seconds() - c0));
         }
-        r.peak_rss = peak_rss();
+        r.peak_rss = rss_peak();
         if (a.floor)
-          for (double g : measure_read_rate(kProbeBytes, kProbePasses)) r.read_gbps.push_back(g);
+          for (double g : read_passes()) r.read_gbps.push_back(g);
         results.push_back(r);
       }
   }
@@ -355,6 +401,11 @@ int run(BenchArgs a) {
                floor * r.floor_bytes / 1e9, r.read_gbps.size(), *lo, *hi,
                cached ? "; these bytes fit in the CPU's caches, so the memory's read rate does not bound this decode"
                       : "");
+    const auto [plo, phi] = std::minmax_element(r.token_read_gbps.begin(), r.token_read_gbps.end());
+    fmt::print(text_out,
+               "paired read floor {} {}: {:.0f}% median token / {:.0f}% total time of the rate that a read pass "
+               "right after each token allows ({} pairs, reads {:.1f}-{:.1f} GB/s)\n",
+               r.press, r.test, 100 * r.paired_median(), 100 * r.paired_total(), r.token_read_gbps.size(), *plo, *phi);
   }
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
   fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
@@ -391,6 +442,9 @@ int run(BenchArgs a) {
                      {"read_gbps", r.read_gbps},
                      {"floor_bytes_per_token", r.floor_bytes},
                      {"floor_ts", r.floor_tps()},
+                     {"token_read_gbps", r.token_read_gbps},
+                     {"paired_floor_share_median", r.paired_median()},
+                     {"paired_floor_share_total", r.paired_total()},
                      {"press_seconds", r.press_seconds},
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},
@@ -428,9 +482,11 @@ void add_bench(CLI::App& app, Action& action) {
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->add_flag("--floor", a->floor,
                 "time the memory's read rate around each decode test (256 MiB, 4 passes before and after, the "
-                "same threads) and print the decode rate as a share of the rate it allows when every byte a "
-                "step needs is read once per token: the file's weight tensors (of the token embeddings one "
-                "row, unless the output matrix reads the table) plus the KV cache (MB = 1e6 bytes)");
+                "same threads) and after every decode token (one pass, not counted as decode time), and print "
+                "the decode rate as a share of the rate it allows when every byte a step needs is read once per "
+                "token: the file's weight tensors (of the token embeddings one row, unless the output matrix "
+                "reads the table) plus the KV cache (MB = 1e6 bytes); the paired line compares each token with "
+                "the pass right after it");
   sub->callback([a, &action, ratio_opt] {
     a->ratio_given = ratio_opt->count() > 0;
     action = [a] { return run(*a); };

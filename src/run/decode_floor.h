@@ -32,6 +32,8 @@ class ReadProbe {
   /// the decode products read their rows): the rate in GB/s (1e9 bytes/s). Throws kvslim::Error
   /// if the bytes do not read back as written.
   double pass();
+  /// Bytes one pass reads (resident while the probe lives).
+  size_t bytes() const { return bytes_; }
 
  private:
   std::unique_ptr<uint8_t, void (*)(void*)> buf_;
