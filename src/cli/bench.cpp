@@ -10,8 +10,8 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
