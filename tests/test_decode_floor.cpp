@@ -34,8 +34,9 @@ TEST(DecodeFloor, WeightBytesCountOneEmbeddingRowUnlessTied) {
 // The probe reads its buffer back as written (it checks the sums itself) and gives one positive
 // rate per pass; no time is asserted.
 TEST(DecodeFloor, ReadRateGivesOneRatePerPass) {
-  const std::vector<double> r = measure_read_rate(size_t{4} << 20, 3);
+  ReadProbe probe(size_t{4} << 20);
+  const std::vector<double> r = probe.passes(3);
   ASSERT_EQ(r.size(), 3u);
   for (double g : r) EXPECT_GT(g, 0.0);
-  EXPECT_THROW(measure_read_rate(size_t{4} << 20, 0), Error);
+  EXPECT_THROW(probe.passes(0), Error);
 }

@@ -103,6 +103,13 @@ std::vector<Token> random_tokens(int n, int n_vocab, std::mt19937_64& rng) {
   return t;
 }
 
+// Median of v (the mean of the middle two for an even count); v is not empty.
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 struct Result {
   std::string press;
   std::string test;  // "pp512", "tg32 @ d4096"
@@ -126,32 +133,28 @@ struct Result {
   /// Paired shares of the floor: the median over tokens of (token's rate / the rate its read pass
   /// allows), and the sum of the floor times over the sum of the token times. 0 without --floor.
   double paired_median() const {
-    if (token_read_gbps.size() != token_ms.size() || token_ms.empty() || floor_bytes == 0) return 0;
+    if (!paired()) return 0;
     std::vector<double> v;
-    for (size_t i = 0; i < token_ms.size(); ++i)
-      v.push_back(static_cast<double>(floor_bytes) / (token_read_gbps[i] * 1e9) / (token_ms[i] / 1000.0));
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    for (size_t i = 0; i < token_ms.size(); ++i) v.push_back(floor_seconds(i) / (token_ms[i] / 1000.0));
+    return median_of(std::move(v));
   }
   double paired_total() const {
-    if (token_read_gbps.size() != token_ms.size() || token_ms.empty() || floor_bytes == 0) return 0;
+    if (!paired()) return 0;
     double floor_s = 0, token_s = 0;
     for (size_t i = 0; i < token_ms.size(); ++i) {
-      floor_s += static_cast<double>(floor_bytes) / (token_read_gbps[i] * 1e9);
+      floor_s += floor_seconds(i);
       token_s += token_ms[i] / 1000.0;
     }
     return floor_s / token_s;
   }
+  bool paired() const { return token_read_gbps.size() == token_ms.size() && !token_ms.empty() && floor_bytes > 0; }
+  /// Seconds token i's bytes take at the rate of the read pass after it.
+  double floor_seconds(size_t i) const { return static_cast<double>(floor_bytes) / (token_read_gbps[i] * 1e9); }
   /// Decode rate the read rate allows (median pass, the mean of the middle two for an even count):
   /// floor_bytes per token; 0 without --floor.
   double floor_tps() const {
     if (read_gbps.empty() || floor_bytes == 0) return 0;
-    std::vector<double> v = read_gbps;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    return median * 1e9 / static_cast<double>(floor_bytes);
+    return median_of(read_gbps) * 1e9 / static_cast<double>(floor_bytes);
   }
   /// Median single-token decode rate (0 for prefill tests): robust to other load on the machine.
   double median_tps() const {
@@ -258,11 +261,9 @@ int run(BenchArgs a) {
   std::unique_ptr<ReadProbe> probe;
   if (a.floor) probe = std::make_unique<ReadProbe>(kProbeBytes);
   const size_t probe_rss = probe ? probe->bytes() : 0;
-  auto rss_peak = [&] { return peak_rss() - std::min(peak_rss(), probe_rss); };
-  auto read_passes = [&] {
-    std::vector<double> g;
-    for (int p = 0; p < kProbePasses; ++p) g.push_back(probe->pass());
-    return g;
+  auto rss_peak = [&] {
+    const size_t p = peak_rss();
+    return p - std::min(p, probe_rss);
   };
 
   std::vector<Result> results;
@@ -325,7 +326,7 @@ int run(BenchArgs a) {
         r.kv_bytes = req.cache().bytes();
         if (a.floor) {
           r.floor_bytes = weight_floor_bytes + r.kv_bytes;
-          r.read_gbps = read_passes();
+          r.read_gbps = probe->passes(kProbePasses);
         }
         // Repetitions continue the same context: depth drifts by n_gen per repetition. The
         // tokens are fed (not sampled) so every press decodes the same sequence.
@@ -351,7 +352,7 @@ int run(BenchArgs a) {
         }
         r.peak_rss = rss_peak();
         if (a.floor)
-          for (double g : read_passes()) r.read_gbps.push_back(g);
+          for (double g : probe->passes(kProbePasses)) r.read_gbps.push_back(g);
         results.push_back(r);
       }
   }

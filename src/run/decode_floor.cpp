@@ -129,11 +129,10 @@ double ReadProbe::pass() {
   return static_cast<double>(share * nt) / std::max(s, 1e-9) / 1e9;
 }
 
-std::vector<double> measure_read_rate(size_t bytes, int passes) {
-  if (passes < 1) throw Error(fmt::format("measure_read_rate: passes must be >= 1, not {}", passes));
-  ReadProbe probe(bytes);
+std::vector<double> ReadProbe::passes(int n) {
+  if (n < 1) throw Error(fmt::format("read probe: passes must be >= 1, not {}", n));
   std::vector<double> rates;
-  for (int p = 0; p < passes; ++p) rates.push_back(probe.pass());
+  for (int p = 0; p < n; ++p) rates.push_back(pass());
   return rates;
 }
 

@@ -32,6 +32,8 @@ class ReadProbe {
   /// the decode products read their rows): the rate in GB/s (1e9 bytes/s). Throws kvslim::Error
   /// if the bytes do not read back as written.
   double pass();
+  /// n passes, the rate of each (GB/s). Throws kvslim::Error when n < 1 or a pass does.
+  std::vector<double> passes(int n);
   /// Bytes one pass reads (resident while the probe lives).
   size_t bytes() const { return bytes_; }
 
@@ -39,9 +41,5 @@ class ReadProbe {
   std::unique_ptr<uint8_t, void (*)(void*)> buf_;
   size_t bytes_;
 };
-
-/// `passes` passes of a ReadProbe of `bytes`, allocated for them and freed before returning: the
-/// rate of each in GB/s. Throws kvslim::Error when passes < 1 or the buffer cannot be allocated.
-std::vector<double> measure_read_rate(size_t bytes, int passes);
 
 }  // namespace kvslim
