@@ -463,3 +463,47 @@ TEST(KVAttention, SubnormalQueryRowsAverageTheValues) {
   }
   qdot::set_level(saved);
 }
+
+// Decode groups (at most 8 rows) over KIVI groups at the default and larger group sizes, where a
+// pair of key tiles shares one group: the AVX-512 level reads the codes in place there and decodes
+// them in registers (pair_group16), while more rows (a prefill call) decode each block into f32
+// tiles first. Both must give the same bits for the same row, and match the float64 softmax; also
+// after retain has shrunk the groups (blocks that end inside a tile), and with 2 and 4 bits.
+TEST(KVAttention, KiviInPlaceDecodeMatchesDecodedTiles) {
+  const qdot::Level saved = qdot::level();
+  for (qdot::Level lv : qdot::supported_levels())
+  for (int bits : {4, 2})
+  for (int G : {32, 64, 16})
+  for (int hd : {64, 128, 96}) {
+    if (hd % std::min(G, hd)) continue;
+    qdot::set_level(lv);
+    SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + ", bits " + std::to_string(bits) + ", G " +
+                 std::to_string(G) + ", head_dim " + std::to_string(hd));
+    KVQuantOptions o;
+    o.kivi_bits = bits;
+    o.kivi_group = G;
+    o.kivi_residual = 40;
+    Config cfg{"kivi", KVCodec::F16, KVCodec::F16, o};
+    for (bool shrink : {false, true}) {
+      Segment s = build(cfg, hd, 333, 5);
+      if (shrink) {
+        std::vector<int32_t> keep;
+        for (int32_t j = 0; j < static_cast<int32_t>(s.size()); ++j)
+          if (j % 7 != 3 && j % 11 != 5) keep.push_back(j);
+        s.retain(keep);
+      }
+      const int32_t n = static_cast<int32_t>(s.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      auto q = sample(static_cast<size_t>(16) * hd, 77);
+      std::vector<int32_t> vis(16, n);
+      std::vector<float> out8(static_cast<size_t>(8) * hd), out16(static_cast<size_t>(16) * hd);
+      attend_segment(s, q.data(), 8, vis.data(), scale, out8.data(), hd);
+      attend_segment(s, q.data(), 16, vis.data(), scale, out16.data(), hd);
+      for (size_t i = 0; i < out8.size(); ++i) ASSERT_EQ(out8[i], out16[i]) << "shrink " << shrink << " at " << i;
+      std::vector<double> ro, rp;
+      reference(s, q.data(), 8, vis.data(), std::vector<bool>(n, true), scale, ro, rp);
+      for (size_t i = 0; i < out8.size(); ++i) ASSERT_NEAR(out8[i], ro[i], 2e-5) << "shrink " << shrink << " at " << i;
+    }
+  }
+  qdot::set_level(saved);
+}

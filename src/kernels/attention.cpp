@@ -8,7 +8,9 @@
 // chosen at run time; for head_dim % 16 == 0 the AVX2 and AVX-VNNI levels run the group kernels
 // below (AVX2 intrinsics) and the AVX-512 level their 512-bit copy (attention_avx512.cpp). On
 // the AVX2 and AVX-VNNI levels, q8_0 and q4_0 keys and values take integer products instead
-// (attention_int.h).
+// (attention_int.h). Decode groups (at most 8 rows) read f16 tiles, and at the x86 levels KIVI
+// groups (and at AVX-512 q8_0 and q4_0 tiles), straight from the cache, decoding them in
+// registers to the values the buffers would hold.
 #include "kernels/attention.h"
 #include "kernels/attention_int.h"
 #include "kernels/attention_latent.h"
@@ -25,6 +27,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 namespace kvslim {
@@ -241,6 +244,48 @@ KV_AVX2_INLINE __m256 value8(const VT* v, size_t j, int hd, int c) {
 
 using attn::transpose8;
 
+// The codes of 8 entries (entry j at bit j * BITS of p; BITS 4 or 2) as int32 lanes in entry
+// order: the word holding them in every lane, each lane shifted by its own amount.
+template <int BITS>
+KV_AVX2_INLINE __m256i kivi_codes8(const uint8_t* p) {
+  uint32_t w = 0;
+  std::memcpy(&w, p, BITS);
+  const __m256i sh = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh), _mm256_set1_epi32((1 << BITS) - 1));
+}
+
+// A KIVI key block read in place (kv/store.h KiviBlock), its zero points and steps as floats:
+// key8 decodes each channel's codes in registers as the KIVI decoders do (fma(code, step, zero)),
+// so the score kernels form the same values, and the same fma chains, as over decoded tiles.
+template <int BITS>
+struct KiviKeys8 {
+  const uint8_t* codes;
+  size_t stride;
+  const float* zero;
+  const float* step;
+};
+template <int BITS>
+KV_AVX2_INLINE __m256 key8(const KiviKeys8<BITS>* k, int d, int h) {
+  const __m256 code = _mm256_cvtepi32_ps(kivi_codes8<BITS>(k->codes + d * k->stride + h * BITS));
+  return _mm256_fmadd_ps(code, _mm256_broadcast_ss(k->step + d), _mm256_broadcast_ss(k->zero + d));
+}
+
+// KIVI value records read in place, decoded in registers as the KIVI decoders do. par: each
+// entry's (zero, step) pairs as floats, [entry][hd / gv][2] (attn::kivi_value_params).
+template <int BITS>
+struct KiviValues8 {
+  const KiviBlock* kb;
+  const float* par;
+};
+template <int BITS>
+KV_AVX2_INLINE __m256 value8(const KiviValues8<BITS>* v, size_t j, int hd, int c) {
+  const KiviBlock& kb = *v->kb;
+  const int ng = hd / kb.gv;
+  const float* zs = v->par + (j * ng + c / kb.gv) * 2;
+  const __m256 code = _mm256_cvtepi32_ps(kivi_codes8<BITS>(kb.values + j * kb.value_bytes + ng * 4 + c * BITS / 8));
+  return _mm256_fmadd_ps(code, _mm256_broadcast_ss(zs + 1), _mm256_broadcast_ss(zs));
+}
+
 // ST[j * 8 + i] = sum_d Q[i][d] * kt[d][j] for R rows (lanes i >= R: 0) and the 16 entries of a tile.
 // f32 keys (decoded codecs): rows 4 at a time against both key registers of a channel, so that each
 // broadcast query value feeds two fmas (6 loads per 8 fmas instead of 9: the loop was bound by
@@ -248,7 +293,7 @@ using attn::transpose8;
 // Each score is the same chain of fmas over the channels in order either way.
 template <int R, class KT>
 KV_AVX2_INLINE void scores_t8(const float* Q, int hd, const KT* kt, float* ST) {
-  if constexpr (sizeof(KT) == 4) {
+  if constexpr (std::is_same_v<KT, float>) {
     __m256 x[2][8];
 #pragma GCC unroll 8
     for (int i = R; i < 8; ++i) x[0][i] = x[1][i] = _mm256_setzero_ps();
@@ -320,7 +365,7 @@ KV_AVX2_INLINE void scores_t8(const float* Q, int hd, const KT* kt, float* ST) {
 // feeding two fmas (as scores_t8); each output is the same chain of fmas over the entries in order.
 template <int R, class VT>
 KV_AVX2_INLINE void pv_t8(const float* PT, const VT* V, int nb, int hd, float* O) {
-  if constexpr (sizeof(VT) == 4) {
+  if constexpr (std::is_same_v<VT, float>) {
     if (hd % 16 == 0) {
       for (int c = 0; c < hd; c += 16) {
 #pragma GCC unroll 2
@@ -629,6 +674,28 @@ KV_AVX2_INLINE bool softmax_t8(float* ST, int nt, const int32_t* lg, const int32
   return true;
 }
 
+// scores_t8 and pv_t8 over a KIVI block read in place (one tile; 8 chains, so that each channel's
+// codes are decoded once for the 8 rows, where the pair kernels' 12 chains decode them twice).
+template <int R, int BITS>
+__attribute__((target("arch=x86-64-v3"), noinline)) void kivi_scores_t8(const float* Q, int hd,
+                                                                        const KiviBlock& kb, float* ST) {
+  alignas(32) float zf[attn::kKiviMaxHeadDim], sf[attn::kKiviMaxHeadDim];
+  for (int d = 0; d < hd; d += 8) {
+    _mm256_store_ps(zf + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb.zero + d))));
+    _mm256_store_ps(sf + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb.step + d))));
+  }
+  const KiviKeys8<BITS> k{kb.codes, kb.code_stride, zf, sf};
+  scores_t8<R>(Q, hd, &k, ST);
+}
+template <int R, int BITS>
+__attribute__((target("arch=x86-64-v3"), noinline)) void kivi_pv_t8(const float* PT, const KiviBlock& kb,
+                                                                    int nb, int hd, float* O) {
+  alignas(32) float par[attn::kKiviMaxParams];
+  attn::kivi_value_params(kb, nb, hd, par);
+  const KiviValues8<BITS> v{&kb, par};
+  pv_t8<R>(PT, &v, nb, hd, O);
+}
+
 // One pair of blocks for a group of R rows: scores, softmax, values. raw (when non-null): the
 // group's rows of the raw-score matrix, [R][n].
 // fetch: prefetch the next pair of f16 tiles (the call's first group does it for all).
@@ -641,7 +708,8 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
   alignas(32) float ST[32 * 8];
   // A group of 8 rows against a pair of tiles: the 12-chain kernels above.
   // (Both tiles f16 from the cache or both decoded: a pair across the KIVI part's end mixes them.)
-  const bool pair8 = R == 8 && pd.nt == 2 && hd % 32 == 0 && !pd.k16[0] == !pd.k16[1];
+  const bool pair8 =
+      R == 8 && pd.nt == 2 && hd % 32 == 0 && !pd.k16[0] == !pd.k16[1] && !pd.kq[0].codes && !pd.kq[1].codes;
   if (pd.kp[0]) {
     attn::scores_int(pd, Qs, sq, hd, ST);
   } else if (pair8) {
@@ -666,6 +734,8 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
   } else {
     for (int t = 0; t < pd.nt; ++t) {
       if (pd.k16[t]) scores_t8<R>(Q, hd, pd.k16[t], ST + t * 128);
+      else if (pd.kq[t].codes && pd.kq[t].bits == 4) kivi_scores_t8<R, 4>(Q, hd, pd.kq[t], ST + t * 128);
+      else if (pd.kq[t].codes) kivi_scores_t8<R, 2>(Q, hd, pd.kq[t], ST + t * 128);
       else scores_t8<R>(Q, hd, pd.kt[t], ST + t * 128);
     }
   }
@@ -680,7 +750,9 @@ __attribute__((target("arch=x86-64-v3"), noinline)) void pair_group(const PairDa
   }
   for (int t = 0; t < pd.nt; ++t) {
     if (pd.v16[t]) pv_t8<R>(ST + t * 128, pd.v16[t], pd.nb[t], hd, O);
-    else pv_t8<R>(ST + t * 128, pd.v[t], pd.nb[t], hd, O);
+    else if (pd.v[t]) pv_t8<R>(ST + t * 128, pd.v[t], pd.nb[t], hd, O);
+    else if (pd.kq[t].bits == 4) kivi_pv_t8<R, 4>(ST + t * 128, pd.kq[t], pd.nb[t], hd, O);
+    else kivi_pv_t8<R, 2>(ST + t * 128, pd.kq[t], pd.nb[t], hd, O);
   }
 }
 
@@ -760,6 +832,10 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   // prefill tile's 8 groups would convert each tile 8 times, which took longer (kv_attention_bench,
   // q8_0: prefill tile 1,687 -> 1,873 us) than decoding it once.
   const bool direct8 = wide && rows <= 8 && (q_keys || q_values);
+  // KIVI groups likewise, at every x86 level (decoded in registers as the KIVI decoders decode
+  // them: the same bits). For a prefill tile the same argument as for q8_0 applies: 8 groups would
+  // decode each block 8 times.
+  const bool direct_kivi = kGroups8 && vec_hd && rows <= 8 && hd <= attn::kKiviMaxHeadDim;
 
   // Blocks are consumed in pairs (two tiles share the loads of the score loop); a lone block
   // is consumed as a pair with an empty second tile.
@@ -789,6 +865,7 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
             pd.v4[t] = st.value_codec() == KVCodec::Q4_0;
             if (pd.v8[t]) pd.vstride[t] = st.value_row_bytes();
           }
+          if (direct_kivi && st.kivi_bits() && !st.kivi_block(blk[t].b, blk[t].e, pd.kq[t])) pd.kq[t] = {};
           if (int_k) {
             int16_t* kp = sc.kp.data() + static_cast<size_t>(t) * hd * 16;
             float* dk = sc.dk.data() + static_cast<size_t>(t) * hd;
@@ -800,10 +877,10 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
           pd.nb[t] = static_cast<int>(blk[t].e - blk[t].b);
           pd.k16[t] = direct16 ? st.f16_key_tile(blk[t].b) : nullptr;
           pd.kt[t] = kt + static_cast<size_t>(t) * hd * 16;
-          if (!pd.k16[t] && !pd.k8[t] && !int_k)
+          if (!pd.k16[t] && !pd.k8[t] && !int_k && !pd.kq[t].codes)
             st.block_keys_t(blk[t].b, blk[t].e, kt + static_cast<size_t>(t) * hd * 16);
           pd.v16[t] = direct16 ? st.f16_value_rows(blk[t].b) : nullptr;
-          pd.v[t] = pd.v16[t] || pd.v8[t] || int_v ? nullptr
+          pd.v[t] = pd.v16[t] || pd.v8[t] || int_v || attn::kivi_direct_values(pd.kq[t]) ? nullptr
                                        : st.block_values(blk[t].b, blk[t].e, sc.v.data() + static_cast<size_t>(t) * hd * 16);
         }
         if (wide) attn::pair_groups_avx512(pd, blk, Q, rows, hd, vis, m, l, O, raw, n);

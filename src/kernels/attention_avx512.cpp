@@ -193,6 +193,70 @@ KV512_INLINE __m512 value16_q8(const uint8_t* row, int qb, int c) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(_cvtsh_ss(h)));
 }
 
+// The codes of 16 entries (entry j at bit j * BITS of p; BITS 4 or 2) as int32 lanes in entry
+// order: the 4-byte words holding them spread over the lanes, each lane shifted by its own amount.
+template <int BITS>
+KV512_INLINE __m512i kivi_codes16(const uint8_t* p) {
+  if constexpr (BITS == 4) {
+    const __m512i w = _mm512_permutexvar_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                               _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    const __m512i sh = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+    return _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32(15));
+  } else {
+    uint32_t w;
+    std::memcpy(&w, p, sizeof w);
+    const __m512i sh = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(w)), sh), _mm512_set1_epi32(3));
+  }
+}
+
+// scores16 over KIVI key blocks read straight from the cache: each channel's 16 codes decoded in
+// registers as the KIVI decoders do (fma(code, step, zero)), so the same values, and the same fma
+// chains, as scores16 over tiles decoded first.
+template <int R, int HD, int BITS>
+KV512_INLINE void scores16_kivi(const float* Q, int hd_rt, const KiviBlock* kb, int nt, float* ST) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  // [tile][channel]: the zero points and steps as floats (a pair in one group converts them once).
+  alignas(64) float zf[2][kKiviMaxHeadDim], sf[2][kKiviMaxHeadDim];
+  for (int t = 0; t < nt; ++t) {
+    if (t == 1 && kb[1].zero == kb[0].zero) {
+      std::memcpy(zf[1], zf[0], hd * sizeof(float));
+      std::memcpy(sf[1], sf[0], hd * sizeof(float));
+      continue;
+    }
+    for (int d = 0; d < hd; d += 16) {
+      _mm512_store_ps(zf[t] + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb[t].zero + d))));
+      _mm512_store_ps(sf[t] + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb[t].step + d))));
+    }
+  }
+  auto key = [&](int t, int d) __attribute__((always_inline)) {
+    const __m512 code = _mm512_cvtepi32_ps(kivi_codes16<BITS>(kb[t].codes + d * kb[t].code_stride));
+    return _mm512_fmadd_ps(code, _mm512_set1_ps(sf[t][d]), _mm512_set1_ps(zf[t][d]));
+  };
+  __m512 a[2][8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
+  if (nt == 2) {
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k0 = key(0, d), k1 = key(1, d);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const __m512 q = _mm512_set1_ps(Q[i * hd + d]);
+        a[0][i] = _mm512_fmadd_ps(k0, q, a[0][i]);
+        a[1][i] = _mm512_fmadd_ps(k1, q, a[1][i]);
+      }
+    }
+  } else {
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k0 = key(0, d);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + d]), a[0][i]);
+    }
+  }
+  transpose_store(a[0], ST);
+  if (nt == 2) transpose_store(a[1], ST + 128);
+}
+
 // O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of
 // each of the nt tiles in order; hd % 16 == 0. 32 columns per pass (16 chains for 8 rows).
 // load(t, j, c): columns [c, c + 16) of row j of tile t.
@@ -257,6 +321,21 @@ KV512_INLINE void pv16_q8(const float* PT, const uint8_t* const* v, size_t vstri
                           int hd_rt, float* O) {
   pv16_rows<R, HD>(PT, nb, nt, hd_rt, O, [&](int t, int j, int c) __attribute__((always_inline)) {
     return value16_q8<Q4>(v[t] + j * vstride, qb, c);
+  });
+}
+
+// pv16_rows over KIVI value records read straight from the cache, decoded in registers as the
+// KIVI decoders do (fma(code, step, zero) per value group of gv % 16 == 0 channels).
+template <int R, int HD, int BITS>
+KV512_INLINE void pv16_kivi(const float* PT, const KiviBlock* kb, const int* nb, int nt, int hd_rt, float* O) {
+  const int hd = head_dim_of<HD>(hd_rt);
+  alignas(64) float par[2][kKiviMaxParams];
+  for (int t = 0; t < nt; ++t) kivi_value_params(kb[t], nb[t], hd, par[t]);
+  pv16_rows<R, HD>(PT, nb, nt, hd, O, [&](int t, int j, int c) __attribute__((always_inline)) {
+    const int ng = hd / kb[t].gv;
+    const float* zs = par[t] + (j * ng + c / kb[t].gv) * 2;
+    const __m512 code = _mm512_cvtepi32_ps(kivi_codes16<BITS>(kb[t].values + j * kb[t].value_bytes + ng * 4 + c * BITS / 8));
+    return _mm512_fmadd_ps(code, _mm512_set1_ps(zs[1]), _mm512_set1_ps(zs[0]));
   });
 }
 
@@ -333,6 +412,29 @@ __attribute__((noinline)) void pv16_q8_hd(const float* PT, const uint8_t* const*
   else if (hd == 128) pv16_q8<R, 128, Q4>(PT, v, vstride, qb, nb, nt, hd, O);
   else pv16_q8<R, 0, Q4>(PT, v, vstride, qb, nb, nt, hd, O);
 }
+template <int R, int BITS>
+__attribute__((noinline)) void scores16_kivi_hd(const float* Q, int hd, const KiviBlock* kb, int nt, float* ST) {
+  if (hd == 64) scores16_kivi<R, 64, BITS>(Q, hd, kb, nt, ST);
+  else if (hd == 128) scores16_kivi<R, 128, BITS>(Q, hd, kb, nt, ST);
+  else scores16_kivi<R, 0, BITS>(Q, hd, kb, nt, ST);
+}
+template <int R>
+KV512_INLINE void scores16_kivi_bits(const float* Q, int hd, const KiviBlock* kb, int nt, float* ST) {
+  if (kb[0].bits == 4) scores16_kivi_hd<R, 4>(Q, hd, kb, nt, ST);
+  else scores16_kivi_hd<R, 2>(Q, hd, kb, nt, ST);
+}
+template <int R, int BITS>
+__attribute__((noinline)) void pv16_kivi_hd(const float* PT, const KiviBlock* kb, const int* nb, int nt, int hd,
+                                            float* O) {
+  if (hd == 64) pv16_kivi<R, 64, BITS>(PT, kb, nb, nt, hd, O);
+  else if (hd == 128) pv16_kivi<R, 128, BITS>(PT, kb, nb, nt, hd, O);
+  else pv16_kivi<R, 0, BITS>(PT, kb, nb, nt, hd, O);
+}
+template <int R>
+KV512_INLINE void pv16_kivi_bits(const float* PT, const KiviBlock* kb, const int* nb, int nt, int hd, float* O) {
+  if (kb[0].bits == 4) pv16_kivi_hd<R, 4>(PT, kb, nb, nt, hd, O);
+  else pv16_kivi_hd<R, 2>(PT, kb, nb, nt, hd, O);
+}
 template <int R, class VT>
 KV512_INLINE void pv16_hd(const float* PT, const VT* const* v, const int* nb, int nt, int hd, float* O) {
   if (hd == 64) pv16<R, 64>(PT, v, nb, nt, hd, O);
@@ -366,7 +468,9 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
     }
     if (pd.k4[0]) scores16_q8_hd<R, true>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
     else scores16_q8_hd<R, false>(Q, hd, pd.qb, pd.k8, 2, ST, pf);
-  } else if (nt == 2 && !pd.k16[0] && !pd.k16[1] && !pd.k8[0] && !pd.k8[1]) {
+  } else if (nt == 2 && pd.kq[0].codes && pd.kq[1].codes && pd.kq[0].bits == pd.kq[1].bits) {
+    scores16_kivi_bits<R>(Q, hd, pd.kq, 2, ST);
+  } else if (nt == 2 && !pd.k16[0] && !pd.k16[1] && !pd.k8[0] && !pd.k8[1] && !pd.kq[0].codes && !pd.kq[1].codes) {
     const char* pf[4];
     for (int t = 0; t < 4; ++t) pf[t] = reinterpret_cast<const char*>(pd.kt[t % 2]);
     scores16_hd<0, R>(Q, hd, pd.kt, 2, ST, pf);
@@ -376,6 +480,7 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
       if (pd.k16[t]) scores16_hd<0, R>(Q, hd, &pd.k16[t], 1, ST + t * 128, nullptr);
       else if (pd.k8[t] && pd.k4[t]) scores16_q8_hd<R, true>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
       else if (pd.k8[t]) scores16_q8_hd<R, false>(Q, hd, pd.qb, &pd.k8[t], 1, ST + t * 128, nullptr);
+      else if (pd.kq[t].codes) scores16_kivi_bits<R>(Q, hd, &pd.kq[t], 1, ST + t * 128);
       else scores16_hd<0, R>(Q, hd, &pd.kt[t], 1, ST + t * 128, nullptr);
     }
   }
@@ -387,11 +492,14 @@ __attribute__((noinline)) void pair_group16(const PairData& pd, const BlockRef* 
   if (nt == 2 && pd.v8[0] && pd.v8[1] && pd.v4[0] == pd.v4[1])
     return pd.v4[0] ? pv16_q8_hd<R, true>(ST, pd.v8, pd.vstride[0], pd.qb, pd.nb, 2, hd, O)
                     : pv16_q8_hd<R, false>(ST, pd.v8, pd.vstride[0], pd.qb, pd.nb, 2, hd, O);
+  if (nt == 2 && kivi_direct_values(pd.kq[0]) && kivi_direct_values(pd.kq[1]) && pd.kq[0].bits == pd.kq[1].bits)
+    return pv16_kivi_bits<R>(ST, pd.kq, pd.nb, 2, hd, O);
   if (nt == 2 && pd.v[0] && pd.v[1]) return pv16_hd<R>(ST, pd.v, pd.nb, 2, hd, O);
   for (int t = 0; t < nt; ++t) {
     if (pd.v16[t]) pv16_hd<R>(ST + t * 128, &pd.v16[t], &pd.nb[t], 1, hd, O);
     else if (pd.v8[t] && pd.v4[t]) pv16_q8_hd<R, true>(ST + t * 128, &pd.v8[t], pd.vstride[t], pd.qb, &pd.nb[t], 1, hd, O);
     else if (pd.v8[t]) pv16_q8_hd<R, false>(ST + t * 128, &pd.v8[t], pd.vstride[t], pd.qb, &pd.nb[t], 1, hd, O);
+    else if (kivi_direct_values(pd.kq[t])) pv16_kivi_bits<R>(ST + t * 128, &pd.kq[t], &pd.nb[t], 1, hd, O);
     else pv16_hd<R>(ST + t * 128, &pd.v[t], &pd.nb[t], 1, hd, O);
   }
 }

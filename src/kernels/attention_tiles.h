@@ -50,7 +50,31 @@ struct PairData {
   bool k4[2] = {false, false};
   bool v4[2] = {false, false};
   size_t vstride[2] = {0, 0};
+  // KIVI group blocks read straight from the cache by the 512-bit decode kernels (kv/store.h),
+  // else kq[t].codes == nullptr. Their values too where the value groups are whole 16-column
+  // chunks (kivi_direct_values), else the values are decoded into v.
+  KiviBlock kq[2] = {};
 };
+
+/// Whether the 512-bit kernels read the values of KIVI block `k` in place (value groups of whole
+/// 16-column chunks).
+inline bool kivi_direct_values(const KiviBlock& k) { return k.codes && k.gv % 16 == 0; }
+
+/// Largest head_dim the in-place KIVI kernels take (their zero points and steps go to the stack).
+constexpr int kKiviMaxHeadDim = 256;
+/// Floats of kivi_value_params for a block at most (value groups of at least 16 channels).
+constexpr int kKiviMaxParams = 16 * 2 * (kKiviMaxHeadDim / 16);
+
+/// The (zero, step) pairs of the value records of the nb entries of KIVI block `k` as floats,
+/// par[(j * (hd / gv) + g) * 2 + {0, 1}], converted once per block rather than per column chunk.
+inline __attribute__((always_inline, target("avx2,f16c"))) void kivi_value_params(const KiviBlock& k, int nb, int hd,
+                                                                                  float* par) {
+  const int np = 2 * (hd / k.gv);
+  for (int j = 0; j < nb; ++j) {
+    const auto* h = reinterpret_cast<const uint16_t*>(k.values + j * k.value_bytes);
+    for (int i = 0; i < np; ++i) par[j * np + i] = _cvtsh_ss(h[i]);
+  }
+}
 
 // Steps of the group kernels that do not depend on the register width, shared by the AVX2 kernels
 // (attention.cpp) and the 512-bit ones (attention_avx512.cpp); inlined into each.

@@ -307,6 +307,24 @@ void KVStore::group_block_keys_t(size_t g, int t0, int, float* kt) const {
   group_keys_t(g_.data() + gofs_[g], hd_, bits_, code_stride(gn_[g], bits_), t0, kt);
 }
 
+bool KVStore::kivi_block(size_t b, size_t e, KiviBlock& out) const {
+  if (b >= n_group_) return false;
+  const size_t g = group_of(b);
+  const size_t t0 = b - gstart_[g];
+  if (t0 % kKVTile != 0 || e > gstart_[g + 1]) return false;
+  const uint8_t* grp = g_.data() + gofs_[g];
+  const size_t cs = code_stride(gn_[g], bits_);
+  out.zero = reinterpret_cast<const uint16_t*>(grp);
+  out.step = out.zero + hd_;
+  out.codes = grp + static_cast<size_t>(hd_) * 4 + t0 * bits_ / 8;
+  out.code_stride = cs;
+  out.value_bytes = static_cast<size_t>(hd_ / gv_) * 4 + static_cast<size_t>(hd_) * bits_ / 8;
+  out.values = grp + static_cast<size_t>(hd_) * 4 + hd_ * cs + t0 * out.value_bytes;
+  out.bits = bits_;
+  out.gv = gv_;
+  return true;
+}
+
 void KVStore::group_block_values(size_t g, int t0, int nb, float* out) const {
   const uint8_t* grp = g_.data() + gofs_[g];
   const size_t vrec = static_cast<size_t>(hd_ / gv_) * 4 + static_cast<size_t>(hd_) * bits_ / 8;

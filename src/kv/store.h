@@ -16,6 +16,21 @@ namespace kvslim {
 /// reads one channel of kKVTile entries with one vector load), values row by row.
 constexpr int kKVTile = 16;
 
+/// A block of a KIVI group as stored (KVStore::kivi_block), for kernels that read the codes in
+/// place. Key channel d of the block's entry j: code at bit j * bits of codes + d * code_stride,
+/// value zero[d] + step[d] * code (f16 zero points and steps of the group). Value of entry j:
+/// the record values + j * value_bytes, [head_dim / gv] x (f16 zero, f16 step), then the codes of
+/// channel c at bit c * bits. At least 8 bytes are readable from every channel's first code byte.
+struct KiviBlock {
+  const uint8_t* codes;
+  size_t code_stride;
+  const uint16_t* zero;
+  const uint16_t* step;
+  const uint8_t* values;
+  size_t value_bytes;
+  int bits, gv;
+};
+
 /// One storage tier of a segment: a KIVI part (quantized token groups, oldest entries) followed
 /// by a row part (row codecs). Without KIVI the row part holds every entry. Internal building
 /// block of Segment, read by the attention kernel (Segment::store).
@@ -82,6 +97,9 @@ class KVStore {
     return v_.data() + (b - n_group_) * vrow_;
   }
   size_t value_row_bytes() const { return vrow_; }
+  /// The KIVI group block [b, e) (a block of block_end's in the KIVI part) as stored; false for a
+  /// block of the row part or one that does not start on a key tile of its group.
+  bool kivi_block(size_t b, size_t e, KiviBlock& out) const;
   /// The f16 value rows of the row-part entries from store index b on ([entry][head_dim]);
   /// nullptr unless the value codec is f16 and b is in the row part.
   const uint16_t* f16_value_rows(size_t b) const {
