@@ -6,7 +6,10 @@
 // down and output) with the pool's threads; each pass is followed by a plain read of a 1 GiB
 // buffer with the same threads (ReadProbe, as `bench --floor`), so every line compares the two in one run on
 // whatever else the host is doing. Prints GB/s of packed weight bytes, the read GB/s, and their
-// ratio: the fraction of the bandwidth floor the products reach.
+// ratio: the fraction of the bandwidth floor the products reach. Each pass also reads the same packed
+// bytes plainly in the same parallel regions as the products, each thread its static half of each
+// matrix ("regions" columns): what the decode step's shape of work (about 110 regions and short
+// streams a token) allows a read that does no arithmetic.
 //
 // Weights are copies of 64 rows quantized from random normals (contents do not change the speed).
 //
@@ -17,9 +20,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <random>
@@ -65,6 +70,26 @@ double packed_bytes(const WeightView& W) {
   return static_cast<double>(W.packed->row_blocks) * (W.cols / 256) * W.packed->block_bytes;
 }
 
+// Reads the packed bytes of the matrices of one product's region as the pool splits the products:
+// thread i its i-th share of each matrix, in one parallel region. The sums keep the loads.
+uint64_t plain_read(std::initializer_list<const WeightView*> Ws) {
+  std::vector<uint64_t> sums(static_cast<size_t>(num_threads()), 0);
+  parallel_for(num_threads(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      for (const WeightView* W : Ws) {
+        const size_t words = static_cast<size_t>(packed_bytes(*W)) / 8 / num_threads() / 4 * 4;
+        const auto* p = reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + words * i;
+        uint64_t a[4] = {0, 0, 0, 0};
+        for (size_t k = 0; k < words; k += 4)
+          for (int u = 0; u < 4; ++u) a[u] += p[k + u];
+        sums[i] += a[0] + a[1] + a[2] + a[3];
+      }
+  });
+  uint64_t t = 0;
+  for (uint64_t v : sums) t += v;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,7 +133,9 @@ int main(int argc, char** argv) {
   }
 
   std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
-  std::printf("%5s %10s %12s %12s %8s\n", "pass", "ms", "gemv GB/s", "read GB/s", "ratio");
+  std::printf("%5s %10s %12s %12s %12s %8s %14s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s", "ratio",
+              "regions/read");
+  uint64_t sink = 0;
   for (int p = 0; p < passes; ++p) {
     const double t0 = now();
     for (const Layer& L : layers) {
@@ -119,8 +146,15 @@ int main(int argc, char** argv) {
     }
     matmul(out, x.data(), 1, y0.data());
     const double t1 = now();
-    const double gemv = bytes / (t1 - t0) / 1e9, read = probe->pass();
-    std::printf("%5d %10.2f %12.1f %12.1f %8.2f\n", p, (t1 - t0) * 1e3, gemv, read, gemv / read);
+    for (const Layer& L : layers) {
+      sink += plain_read({&L.q, &L.k, &L.v}) + plain_read({&L.o}) + plain_read({&L.gate, &L.up}) + plain_read({&L.down});
+    }
+    sink += plain_read({&out});
+    const double t2 = now();
+    const double gemv = bytes / (t1 - t0) / 1e9, plain = bytes / (t2 - t1) / 1e9, read = probe->pass();
+    std::printf("%5d %10.2f %12.1f %12.1f %12.1f %8.2f %14.2f\n", p, (t1 - t0) * 1e3, gemv, plain, read, gemv / read,
+                plain / read);
   }
+  std::printf("checksum of the plain reads %016llx\n", static_cast<unsigned long long>(sink));
   return 0;
 }
