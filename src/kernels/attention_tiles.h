@@ -50,17 +50,18 @@ struct PairData {
   bool k4[2] = {false, false};
   bool v4[2] = {false, false};
   size_t vstride[2] = {0, 0};
-  // KIVI group blocks read straight from the cache by the 512-bit decode kernels (kv/store.h),
+  // KIVI group blocks read straight from the cache by the group kernels in decode (kv/store.h),
   // else kq[t].codes == nullptr. Their values too where the value groups are whole 16-column
   // chunks (kivi_direct_values), else the values are decoded into v.
   KiviBlock kq[2] = {};
 };
 
-/// Whether the 512-bit kernels read the values of KIVI block `k` in place (value groups of whole
+/// Whether the group kernels read the values of KIVI block `k` in place (value groups of whole
 /// 16-column chunks).
 inline bool kivi_direct_values(const KiviBlock& k) { return k.codes && k.gv % 16 == 0; }
 
-/// Largest head_dim the in-place KIVI kernels take (their zero points and steps go to the stack).
+/// Largest head_dim the in-place KIVI kernels take (their zero points, steps and, at AVX-512, the
+/// keys' value tables, 16 floats a channel, go to the stack).
 constexpr int kKiviMaxHeadDim = 256;
 /// Floats of kivi_value_params for a block at most (value groups of at least 16 channels).
 constexpr int kKiviMaxParams = 16 * 2 * (kKiviMaxHeadDim / 16);
