@@ -7,9 +7,12 @@
 // buffer with the same threads (ReadProbe, as `bench --floor`), so every line compares the two in one run on
 // whatever else the host is doing. Prints GB/s of packed weight bytes, the read GB/s, and their
 // ratio: the fraction of the bandwidth floor the products reach. Each pass also reads the same packed
-// bytes plainly in the same parallel regions as the products, each thread its static half of each
-// matrix ("regions" columns): what the decode step's shape of work (about 110 regions and short
-// streams a token) allows a read that does no arithmetic.
+// bytes plainly in the same parallel regions as the products, each thread its static share of each
+// matrix ("regions" columns: what the decode step's shape of work, about 110 regions and short
+// streams a token, allows a read that does no arithmetic; the products themselves take guided
+// dynamic chunks of rows), and then a thread-major copy of those shares in the same regions ("tmajor"
+// column: each thread's shares of every matrix back to back in execution order, so that a thread
+// reads one contiguous stream per token, as a packed layout built for a fixed thread count could).
 //
 // Weights are copies of 64 rows quantized from random normals (contents do not change the speed).
 //
@@ -29,6 +32,8 @@
 #include <memory>
 #include <random>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "kernels/matmul.h"
 #include "kernels/packed_weights.h"
@@ -72,17 +77,31 @@ double packed_bytes(const WeightView& W) {
 
 // Reads the packed bytes of the matrices of one product's region as the pool splits the products:
 // thread i its i-th share of each matrix, in one parallel region. The sums keep the loads.
-uint64_t plain_read(std::initializer_list<const WeightView*> Ws) {
+// 64-bit words of thread i's static share of W's packed bytes (a multiple of 4).
+size_t share_words(const WeightView& W) { return static_cast<size_t>(packed_bytes(W)) / 8 / num_threads() / 4 * 4; }
+
+uint64_t sum_words(const uint64_t* p, size_t words) {
+  uint64_t a[4] = {0, 0, 0, 0};
+  for (size_t k = 0; k < words; k += 4)
+    for (int u = 0; u < 4; ++u) a[u] += p[k + u];
+  return a[0] + a[1] + a[2] + a[3];
+}
+
+// Reads the matrices of one product's region, each thread its static share of each, in one parallel
+// region. With `tmajor`, thread i reads the copies of its shares at its cursor in tmajor[i] instead
+// and moves the cursor on. The sums keep the loads.
+uint64_t plain_read(std::initializer_list<const WeightView*> Ws, std::vector<const uint64_t*>* tmajor = nullptr) {
   std::vector<uint64_t> sums(static_cast<size_t>(num_threads()), 0);
   parallel_for(num_threads(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       for (const WeightView* W : Ws) {
-        const size_t words = static_cast<size_t>(packed_bytes(*W)) / 8 / num_threads() / 4 * 4;
-        const auto* p = reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + words * i;
-        uint64_t a[4] = {0, 0, 0, 0};
-        for (size_t k = 0; k < words; k += 4)
-          for (int u = 0; u < 4; ++u) a[u] += p[k + u];
-        sums[i] += a[0] + a[1] + a[2] + a[3];
+        const size_t words = share_words(*W);
+        if (tmajor) {
+          sums[i] += sum_words((*tmajor)[i], words);
+          (*tmajor)[i] += words;
+        } else {
+          sums[i] += sum_words(reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + words * i, words);
+        }
       }
   });
   uint64_t t = 0;
@@ -133,8 +152,33 @@ int main(int argc, char** argv) {
   }
 
   std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
-  std::printf("%5s %10s %12s %12s %12s %8s %14s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s", "ratio",
-              "regions/read");
+  // The thread-major copy: per thread, its shares of the matrices in the order a pass reads them.
+  std::vector<const WeightView*> order;
+  for (const Layer& L : layers)
+    for (const WeightView* W : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) order.push_back(W);
+  order.push_back(&out);
+  // On 2 MiB pages where the packed weights are (packed_weights.h), so that only the order differs.
+  size_t tm_words = 0;
+  for (const WeightView* W : order) tm_words += share_words(*W);
+  std::vector<std::unique_ptr<uint64_t[], void (*)(void*)>> tm;
+  for (int i = 0; i < num_threads(); ++i) {
+    void* mem = nullptr;
+    const size_t huge = size_t{1} << 21, n = (tm_words * 8 + huge - 1) / huge * huge;
+    if (posix_memalign(&mem, huge, n) != 0) {
+      std::fprintf(stderr, "gemv_stream_bench: cannot allocate the thread-major copy (%zu MiB)\n", n >> 20);
+      return 1;
+    }
+    if (qdot::huge_pages_enabled()) madvise(mem, n, MADV_HUGEPAGE);
+    tm.emplace_back(static_cast<uint64_t*>(mem), std::free);
+    uint64_t* dst = tm.back().get();
+    for (const WeightView* W : order) {
+      const auto* src = reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + share_words(*W) * i;
+      dst = std::copy(src, src + share_words(*W), dst);
+    }
+  }
+
+  std::printf("%5s %10s %12s %12s %12s %8s %14s %13s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s",
+              "ratio", "regions/read", "tmajor/read");
   uint64_t sink = 0;
   for (int p = 0; p < passes; ++p) {
     const double t0 = now();
@@ -151,9 +195,18 @@ int main(int argc, char** argv) {
     }
     sink += plain_read({&out});
     const double t2 = now();
-    const double gemv = bytes / (t1 - t0) / 1e9, plain = bytes / (t2 - t1) / 1e9, read = probe->pass();
-    std::printf("%5d %10.2f %12.1f %12.1f %12.1f %8.2f %14.2f\n", p, (t1 - t0) * 1e3, gemv, plain, read, gemv / read,
-                plain / read);
+    std::vector<const uint64_t*> cur;
+    for (const auto& v : tm) cur.push_back(v.get());
+    for (const Layer& L : layers) {
+      sink += plain_read({&L.q, &L.k, &L.v}, &cur) + plain_read({&L.o}, &cur) + plain_read({&L.gate, &L.up}, &cur) +
+              plain_read({&L.down}, &cur);
+    }
+    sink += plain_read({&out}, &cur);
+    const double t3 = now();
+    const double gemv = bytes / (t1 - t0) / 1e9, plain = bytes / (t2 - t1) / 1e9, tmaj = bytes / (t3 - t2) / 1e9,
+                 read = probe->pass();
+    std::printf("%5d %10.2f %12.1f %12.1f %12.1f %8.2f %14.2f %13.2f\n", p, (t1 - t0) * 1e3, gemv, plain, read,
+                gemv / read, plain / read, tmaj / read);
   }
   std::printf("checksum of the plain reads %016llx\n", static_cast<unsigned long long>(sink));
   return 0;
