@@ -464,11 +464,12 @@ TEST(KVAttention, SubnormalQueryRowsAverageTheValues) {
   qdot::set_level(saved);
 }
 
-// Decode groups (at most 8 rows) over KIVI groups at the default and larger group sizes, where a
-// pair of key tiles shares one group: the AVX-512 level reads the codes in place there and decodes
-// them in registers (pair_group16), while more rows (a prefill call) decode each block into f32
-// tiles first. Both must give the same bits for the same row, and match the float64 softmax; also
-// after retain has shrunk the groups (blocks that end inside a tile), and with 2 and 4 bits.
+// Decode groups (at most 8 rows) over KIVI groups where a pair of key tiles shares one group (G 32,
+// the default, and 64) and where it does not (16): the x86 levels read the codes in place and decode
+// them in registers (pair_group16 at AVX-512, pair_group at AVX2 and AVX-VNNI), while more rows (a
+// prefill call) decode each block into f32 tiles first. Both must give the same bits for the same
+// row, and match the float64 softmax; also after retain has shrunk the groups (blocks that end
+// inside a tile), and with 2 and 4 bits.
 TEST(KVAttention, KiviInPlaceDecodeMatchesDecodedTiles) {
   const qdot::Level saved = qdot::level();
   for (qdot::Level lv : qdot::supported_levels())
