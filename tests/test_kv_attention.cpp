@@ -469,13 +469,13 @@ TEST(KVAttention, SubnormalQueryRowsAverageTheValues) {
 // them in registers (pair_group16 at AVX-512, pair_group at AVX2 and AVX-VNNI), while more rows (a
 // prefill call) decode each block into f32 tiles first. Both must give the same bits for the same
 // row, and match the float64 softmax; also after retain has shrunk the groups (blocks that end
-// inside a tile), and with 2 and 4 bits.
+// inside a tile), with 2 and 4 bits, and up to the largest head_dim the in-place kernels take.
 TEST(KVAttention, KiviInPlaceDecodeMatchesDecodedTiles) {
   const qdot::Level saved = qdot::level();
   for (qdot::Level lv : qdot::supported_levels())
   for (int bits : {4, 2})
   for (int G : {32, 64, 16})
-  for (int hd : {64, 128, 96}) {
+  for (int hd : {64, 128, 96, 256, 272}) {  // 272: past kKiviMaxHeadDim, so decoded into buffers
     if (hd % std::min(G, hd)) continue;
     qdot::set_level(lv);
     SCOPED_TRACE(std::string("level ") + qdot::level_name(lv) + ", bits " + std::to_string(bits) + ", G " +
