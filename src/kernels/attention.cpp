@@ -865,7 +865,7 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
             pd.v4[t] = st.value_codec() == KVCodec::Q4_0;
             if (pd.v8[t]) pd.vstride[t] = st.value_row_bytes();
           }
-          if (direct_kivi && st.kivi_bits() && !st.kivi_block(blk[t].b, blk[t].e, pd.kq[t])) pd.kq[t] = {};
+          if (direct_kivi && st.kivi_bits()) st.kivi_block(blk[t].b, blk[t].e, pd.kq[t]);
           if (int_k) {
             int16_t* kp = sc.kp.data() + static_cast<size_t>(t) * hd * 16;
             float* dk = sc.dk.data() + static_cast<size_t>(t) * hd;

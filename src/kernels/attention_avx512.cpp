@@ -96,23 +96,20 @@ KV512_INLINE void transpose_store(const __m512* x, float* ST) {
 }
 
 // Scores of rows [0, R) against nt (1 or 2) tiles into ST[(16 t + j) * 8 + i] (rows >= R: 0).
-// pf: four lines per two channels to fetch (into L2, as the AVX2 kernel: the next pair while this
-// one is computed, or this pair's own lines, already cached).
-template <int R, int HD, class KT>
-KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int nt, float* ST, const char* const* pf) {
+// key(t, d): the 16 entries of channel d of tile t. fetch(d): called before each pair of channels
+// of two tiles (the f16 kernel's prefetches; a no-op elsewhere).
+template <int R, int HD, class Key, class Fetch>
+KV512_INLINE void scores16_rows(const float* Q, int hd_rt, int nt, float* ST, Key key, Fetch fetch) {
   const int hd = head_dim_of<HD>(hd_rt);
   __m512 a[2][8];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
   if (nt == 2) {
-    const KT* k0p = kt[0];
-    const KT* k1p = kt[1];
     for (int d = 0; d < hd; d += 2) {
-#pragma GCC unroll 4
-      for (int f = 0; f < 4; ++f) _mm_prefetch(pf[f] + d * 32, _MM_HINT_T1);
+      fetch(d);
 #pragma GCC unroll 2
       for (int dd = d; dd < d + 2; ++dd) {
-        const __m512 k0 = key16(k0p, dd), k1 = key16(k1p, dd);
+        const __m512 k0 = key(0, dd), k1 = key(1, dd);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) {
           const __m512 q = _mm512_set1_ps(Q[i * hd + dd]);
@@ -122,15 +119,27 @@ KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int n
       }
     }
   } else {
-    const KT* k0p = kt[0];
     for (int d = 0; d < hd; ++d) {
-      const __m512 k0 = key16(k0p, d);
+      const __m512 k0 = key(0, d);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + d]), a[0][i]);
     }
   }
   transpose_store(a[0], ST);
   if (nt == 2) transpose_store(a[1], ST + 128);
+}
+
+// scores16_rows over f16 or f32 key tiles. pf: four lines per two channels to fetch (into L2, as
+// the AVX2 kernel: the next pair while this one is computed, or this pair's own lines, already
+// cached); unused for one tile.
+template <int R, int HD, class KT>
+KV512_INLINE void scores16(const float* Q, int hd_rt, const KT* const* kt, int nt, float* ST, const char* const* pf) {
+  scores16_rows<R, HD>(
+      Q, hd_rt, nt, ST, [&](int t, int d) __attribute__((always_inline)) { return key16(kt[t], d); },
+      [&](int d) __attribute__((always_inline)) {
+#pragma GCC unroll 4
+        for (int f = 0; f < 4; ++f) _mm_prefetch(pf[f] + d * 32, _MM_HINT_T1);
+      });
 }
 
 // scores16 over q8_0 (Q4: q4_0) key tiles read straight from the cache: the 16 codes of a channel
@@ -244,28 +253,7 @@ KV512_INLINE void scores16_kivi(const float* Q, int hd_rt, const KiviBlock* kb, 
     const __m512i idx = kivi_index16<BITS>(kb[t].codes + d * kb[t].code_stride);
     return _mm512_permutexvar_ps(idx, _mm512_load_ps(tab[t < ntab ? t : 0][d]));
   };
-  __m512 a[2][8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) a[0][i] = a[1][i] = _mm512_setzero_ps();
-  if (nt == 2) {
-    for (int d = 0; d < hd; ++d) {
-      const __m512 k0 = key(0, d), k1 = key(1, d);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        const __m512 q = _mm512_set1_ps(Q[i * hd + d]);
-        a[0][i] = _mm512_fmadd_ps(k0, q, a[0][i]);
-        a[1][i] = _mm512_fmadd_ps(k1, q, a[1][i]);
-      }
-    }
-  } else {
-    for (int d = 0; d < hd; ++d) {
-      const __m512 k0 = key(0, d);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) a[0][i] = _mm512_fmadd_ps(k0, _mm512_set1_ps(Q[i * hd + d]), a[0][i]);
-    }
-  }
-  transpose_store(a[0], ST);
-  if (nt == 2) transpose_store(a[1], ST + 128);
+  scores16_rows<R, HD>(Q, hd, nt, ST, key, [](int) __attribute__((always_inline)) {});
 }
 
 // O[i][c] += sum_j PT[(16 t + j) * 8 + i] * v[t][j][c] for rows [0, R), over the nb[t] rows of

@@ -97,8 +97,9 @@ class KVStore {
     return v_.data() + (b - n_group_) * vrow_;
   }
   size_t value_row_bytes() const { return vrow_; }
-  /// The KIVI group block [b, e) (a block of block_end's in the KIVI part) as stored; false for a
-  /// block of the row part or one that does not start on a key tile of its group.
+  /// The KIVI group block [b, e) (a block of block_end's in the KIVI part) as stored; false, with
+  /// `out` left as it was, for a block of the row part or one that does not start on a key tile of
+  /// its group.
   bool kivi_block(size_t b, size_t e, KiviBlock& out) const;
   /// The f16 value rows of the row-part entries from store index b on ([entry][head_dim]);
   /// nullptr unless the value codec is f16 and b is in the row part.
