@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <random>
@@ -75,8 +74,6 @@ double packed_bytes(const WeightView& W) {
   return static_cast<double>(W.packed->row_blocks) * (W.cols / 256) * W.packed->block_bytes;
 }
 
-// Reads the packed bytes of the matrices of one product's region as the pool splits the products:
-// thread i its i-th share of each matrix, in one parallel region. The sums keep the loads.
 // 64-bit words of thread i's static share of W's packed bytes (a multiple of 4).
 size_t share_words(const WeightView& W) { return static_cast<size_t>(packed_bytes(W)) / 8 / num_threads() / 4 * 4; }
 
@@ -90,7 +87,7 @@ uint64_t sum_words(const uint64_t* p, size_t words) {
 // Reads the matrices of one product's region, each thread its static share of each, in one parallel
 // region. With `tmajor`, thread i reads the copies of its shares at its cursor in tmajor[i] instead
 // and moves the cursor on. The sums keep the loads.
-uint64_t plain_read(std::initializer_list<const WeightView*> Ws, std::vector<const uint64_t*>* tmajor = nullptr) {
+uint64_t plain_read(const std::vector<const WeightView*>& Ws, std::vector<const uint64_t*>* tmajor = nullptr) {
   std::vector<uint64_t> sums(static_cast<size_t>(num_threads()), 0);
   parallel_for(num_threads(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
@@ -152,14 +149,20 @@ int main(int argc, char** argv) {
   }
 
   std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
-  // The thread-major copy: per thread, its shares of the matrices in the order a pass reads them.
-  std::vector<const WeightView*> order;
-  for (const Layer& L : layers)
-    for (const WeightView* W : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) order.push_back(W);
-  order.push_back(&out);
-  // On 2 MiB pages where the packed weights are (packed_weights.h), so that only the order differs.
+  // The matrices of each parallel region of a pass, in the order the products below run them.
+  std::vector<std::vector<const WeightView*>> regions;
+  for (const Layer& L : layers) {
+    regions.push_back({&L.q, &L.k, &L.v});
+    regions.push_back({&L.o});
+    regions.push_back({&L.gate, &L.up});
+    regions.push_back({&L.down});
+  }
+  regions.push_back({&out});
+  // The thread-major copy: per thread, its shares of the matrices in that order, on 2 MiB pages
+  // where the packed weights are (packed_weights.h), so that only the order differs.
   size_t tm_words = 0;
-  for (const WeightView* W : order) tm_words += share_words(*W);
+  for (const auto& R : regions)
+    for (const WeightView* W : R) tm_words += share_words(*W);
   std::vector<std::unique_ptr<uint64_t[], void (*)(void*)>> tm;
   for (int i = 0; i < num_threads(); ++i) {
     void* mem = nullptr;
@@ -171,10 +174,11 @@ int main(int argc, char** argv) {
     if (qdot::huge_pages_enabled()) madvise(mem, n, MADV_HUGEPAGE);
     tm.emplace_back(static_cast<uint64_t*>(mem), std::free);
     uint64_t* dst = tm.back().get();
-    for (const WeightView* W : order) {
-      const auto* src = reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + share_words(*W) * i;
-      dst = std::copy(src, src + share_words(*W), dst);
-    }
+    for (const auto& R : regions)
+      for (const WeightView* W : R) {
+        const auto* src = reinterpret_cast<const uint64_t*>(W->packed->bytes.get()) + share_words(*W) * i;
+        dst = std::copy(src, src + share_words(*W), dst);
+      }
   }
 
   std::printf("%5s %10s %12s %12s %12s %8s %14s %13s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s",
@@ -190,18 +194,11 @@ int main(int argc, char** argv) {
     }
     matmul(out, x.data(), 1, y0.data());
     const double t1 = now();
-    for (const Layer& L : layers) {
-      sink += plain_read({&L.q, &L.k, &L.v}) + plain_read({&L.o}) + plain_read({&L.gate, &L.up}) + plain_read({&L.down});
-    }
-    sink += plain_read({&out});
+    for (const auto& R : regions) sink += plain_read(R);
     const double t2 = now();
     std::vector<const uint64_t*> cur;
     for (const auto& v : tm) cur.push_back(v.get());
-    for (const Layer& L : layers) {
-      sink += plain_read({&L.q, &L.k, &L.v}, &cur) + plain_read({&L.o}, &cur) + plain_read({&L.gate, &L.up}, &cur) +
-              plain_read({&L.down}, &cur);
-    }
-    sink += plain_read({&out}, &cur);
+    for (const auto& R : regions) sink += plain_read(R, &cur);
     const double t3 = now();
     const double gemv = bytes / (t1 - t0) / 1e9, plain = bytes / (t2 - t1) / 1e9, tmaj = bytes / (t3 - t2) / 1e9,
                  read = probe->pass();
