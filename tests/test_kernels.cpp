@@ -548,10 +548,10 @@ std::vector<float> run_view(qdot::Level lv, const WeightView& v, const std::vect
 }
 
 /// Whether level lv reads v's packed bytes (kernels/packed_weights.h): the scalar level never does,
-/// the others when the block height is theirs (16 rows for q4_K and q8_0 at AVX-512, else 8).
+/// the others when the block height is theirs (16 rows at AVX-512, else 8).
 bool reads_packed(qdot::Level lv, const WeightView& v) {
   if (lv == qdot::Level::Scalar) return false;
-  const int wide = lv == qdot::Level::AVX512 && v.type != GGMLType::Q6_K ? 16 : 8;
+  const int wide = lv == qdot::Level::AVX512 ? 16 : 8;
   return v.packed->block_rows == wide;
 }
 
@@ -569,11 +569,11 @@ std::vector<float> run_view_packed(qdot::Level lv, WeightView v, const std::vect
 
 }  // namespace
 
-// Packed rows (16-row interleaved blocks for q4_K and q8_0 at the AVX-512 level, else 8-row) give the scalar
+// Packed rows (16-row interleaved blocks at the AVX-512 level, else 8-row) give the scalar
 // reference's result on the file's rows, bit for bit, at every level and batch size (decode 1-3
 // tokens, prefill tiles above), with row counts that leave a partial block and a partial AVX-512
 // tile. The AVX2 q8_0 and q4_K prefill take 16 rows and 4 activation rows at a time (micro_q8x2,
-// micro_q4x2): rows 16, 27 (a last 16-row block with 3 rows in its second half; q4_K and q8_0 at
+// micro_q4x2): rows 16, 27 (a last 16-row block with 3 rows in its second half; every type at
 // AVX-512: 11 rows in the last block) and 40 (two 16-row blocks, then 8 rows alone), and 5, 6, 7, 9, 13
 // activation rows (a last group of 1, 2 or 3). The rows are packed at every level in turn (each
 // level's layout) and each packing is read at every level: a level that does not read the layout
@@ -602,8 +602,7 @@ TEST(Kernels, PackedRowsBitIdentical) {
   }
 }
 
-// q4_K and q8_0 pack 16 rows a block at the AVX-512 level and 8 at the others; q6_K 8 everywhere
-// (packed_weights.h).
+// Every packed type takes 16 rows a block at the AVX-512 level and 8 at the others (packed_weights.h).
 TEST(Kernels, PackedBlockRowsFollowTheLevel) {
   Restore restore;
   for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q8_0, GGMLType::Q6_K}) {
@@ -612,7 +611,7 @@ TEST(Kernels, PackedBlockRowsFollowTheLevel) {
     for (qdot::Level lv : levels()) {
       qdot::set_level(lv);
       const WeightView pv = packed_view(m);
-      const int n = lv == qdot::Level::AVX512 && t != GGMLType::Q6_K ? 16 : 8;
+      const int n = lv == qdot::Level::AVX512 ? 16 : 8;
       EXPECT_EQ(pv.packed->block_rows, n) << type_name(t) << " " << qdot::level_name(lv);
       EXPECT_EQ(pv.packed->row_blocks, (40 + n - 1) / n) << type_name(t) << " " << qdot::level_name(lv);
       EXPECT_EQ(pv.packed->block_bytes, row_bytes * n) << type_name(t) << " " << qdot::level_name(lv);

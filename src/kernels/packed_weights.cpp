@@ -19,7 +19,7 @@ namespace {
 
 constexpr size_t kQ4KRowBytes = 148;  // per row of a block: 2 + 2 + 8 + 8 + 128 bytes
 constexpr size_t kQ8RowBytes = 272;   // per row of a block: 8 blocks x 34 bytes
-constexpr size_t kQ6KBlock = 1696;  // 8 rows x (2 + 16 + 128 + 64) bytes and 16 of padding
+constexpr size_t kQ6KRowBytes = 212;  // per row of a block: 2 + 16 + 192 bytes and 2 of padding
 
 // Six-bit scale and min j (0..7) of a q4_K super-block's 12 scale bytes (ggml's packing: j < 4
 // in the low six bits of bytes j and j+4; j >= 4 from the nibbles of byte j+4 and the top bits
@@ -49,16 +49,31 @@ void pack_q4k(const uint8_t* const rows[], int n, uint8_t* out) {
   }
 }
 
-// One 8-row q6_K super-block: rows[r] points at the rows' 210-byte blocks (null past the end).
-void pack_q6k(const uint8_t* const rows[8], uint8_t* out) {
-  std::memset(out, 0, kQ6KBlock);
-  for (int r = 0; r < 8; ++r) {
+// Unsigned 6-bit value (the code plus 32) of column c (0..255) of a q6_K super-block p (210 bytes:
+// ql[128], qh[64], scales[16], d), in ggml's bit planes (packed_weights.h).
+int q6k_code(const uint8_t* p, int c) {
+  const int h = c / 128, l = c % 128, quarter = l / 32, i = l % 32;
+  const uint8_t ql = p[64 * h + 32 * (quarter & 1) + i];
+  const int low = quarter < 2 ? ql & 0xF : ql >> 4;
+  return low | (((p[128 + 32 * h + i] >> (2 * quarter)) & 3) << 4);
+}
+
+// One n-row q6_K super-block (n = 8 or 16): rows[r] points at the rows' 210-byte blocks (null past
+// the end).
+void pack_q6k(const uint8_t* const rows[], int n, uint8_t* out) {
+  std::memset(out, 0, kQ6KRowBytes * n);
+  for (int r = 0; r < n; ++r) {
     const uint8_t* p = rows[r];
     if (!p) continue;
     std::memcpy(out + 2 * r, p + 208, 2);  // d
-    for (int g = 0; g < 16; ++g) out[16 + 8 * g + r] = p[192 + g];
-    for (int v = 0; v < 32; ++v) std::memcpy(out + q6k_unit(v / 16, v % 8) + 64 * (v % 16 / 8) + 4 * r, p + 4 * v, 4);  // ql
-    for (int w = 0; w < 16; ++w) std::memcpy(out + q6k_unit(w / 8, w % 8) + 128 + 4 * r, p + 128 + 4 * w, 4);  // qh
+    for (int g = 0; g < 16; ++g) out[2 * n + n * g + r] = p[192 + g];
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 4; ++i) {
+          const int c = 128 * h + 4 * j + i, u3 = q6k_code(p, c + 96);
+          uint8_t* v = out + q6k_unit(n, h, j) + 4 * r + i;
+          for (int k = 0; k < 3; ++k) v[4 * n * k] = static_cast<uint8_t>(q6k_code(p, c + 32 * k) | ((u3 >> (2 * k)) & 3) << 6);
+        }
   }
 }
 
@@ -78,17 +93,17 @@ void pack_q8(const uint8_t* const rows[], int n, uint8_t* out) {
 
 void free_bytes(void* p) { std::free(p); }
 
-// Bytes of a packed super-block of type t with n rows (q6_K: 8 rows only).
+// Bytes of a packed super-block of type t with n rows.
 size_t block_bytes_for(GGMLType t, int n) {
-  return t == GGMLType::Q4_K ? kQ4KRowBytes * n : t == GGMLType::Q6_K ? kQ6KBlock : t == GGMLType::Q8_0 ? kQ8RowBytes * n : 0;
+  return t == GGMLType::Q4_K ? kQ4KRowBytes * n : t == GGMLType::Q6_K ? kQ6KRowBytes * n : t == GGMLType::Q8_0 ? kQ8RowBytes * n : 0;
 }
 
 }  // namespace
 
 size_t packed_block_bytes(GGMLType t) { return block_bytes_for(t, packed_block_rows(t)); }
 
-int packed_block_rows(GGMLType t) {
-  return (t == GGMLType::Q4_K || t == GGMLType::Q8_0) && level() == Level::AVX512 ? 16 : 8;
+int packed_block_rows(GGMLType) {
+  return level() == Level::AVX512 ? 16 : 8;
 }
 
 bool packable(const WeightView& W) {
@@ -129,7 +144,7 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
         for (int r = 0; r < n; ++r) rows[r] = n * b + r < W.rows ? W.row(n * b + r) + s * in_block : nullptr;
         uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
         if (W.type == GGMLType::Q4_K) pack_q4k(rows, P->block_rows, out);
-        else if (W.type == GGMLType::Q6_K) pack_q6k(rows, out);
+        else if (W.type == GGMLType::Q6_K) pack_q6k(rows, P->block_rows, out);
         else pack_q8(rows, P->block_rows, out);
       }
   });

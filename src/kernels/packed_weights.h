@@ -20,25 +20,24 @@
 //   with 8-row blocks it folded two packed vectors per register and ran its float part per 8 rows;
 //   16 rows a register does the same steps on twice the rows (Zen 5: 102-106 -> 127-152 GMAC/s in
 //   cache; Q4_K_M decode 4% and 12% faster, means of two alternating runs). The AVX2 kernels were
-//   slower from 16-row blocks when streamed from memory (decode -9%), so they keep 8, as q6_K does
-//   at every level (bench/results/zen5_s16/notes.txt).
+//   slower from 16-row blocks when streamed from memory (decode -9%), so they keep 8
+//   (bench/results/zen5_s16/notes.txt).
 //
-// q6_K, 1,696 bytes (212 per row; the file has 210):
-//   [0, 16)      d of rows 0..7 (f16)
-//   [16, 144)    int8 scale of group g (16 columns) and row r at 16 + 8 g + r; [144, 160) zero
-//   [160, 1696)  48 vectors of 32 bytes: ql vector v (byte 4 r + i = ql byte 4 v + i of row r) and
-//                qh vector w (qh byte 4 w + i), in the order the AVX-512 and AVX2 decode kernels
-//                read them (AVX-VNNI and the prefill tile packer move back and forth within 384
-//                bytes): unit (n, j) (ql vectors 16 n + j and 16 n + 8 + j, qh vector 8 n + j) at
-//                q6k_unit(n, j).
-//                Units j and j + 1 (j even) lie side by side in each of the three 64-byte runs,
-//                and the 192-byte pair blocks follow the AVX-512 kernel's visiting order. (With
-//                ql then qh each in file order the kernels jumped between three regions of the
-//                block: streamed from memory they ran at about half their in-cache rate, Zen 5,
-//                bench/results/zen5_s16/notes.txt.)
-//   (ggml's order: ql byte 64 n + l holds columns 128 n + l and 128 n + 64 + l, byte 64 n + 32 + l
-//   columns 128 n + 32 + l and 128 n + 96 + l; qh byte 32 n + l the top 2 bits of all four)
-//
+// q6_K, one n-row super-block, 212 n bytes (212 per row; the file has 210); n = 16 when packed at
+// the AVX-512 level, else 8:
+//   [0, 2n)       d of rows 0..n-1 (f16)
+//   [2n, 18n)     int8 scale of group g (16 columns) and row r at 2n + n g + r; [18n, 20n) zero
+//   [20n, 212n)   16 units of three 4n-byte vectors V0, V1, V2. Unit (h, j) (h = 0, 1: 128-column
+//                 half; j = 0..7: 4-column step) holds row r's 6-bit values u_k (k = 0..3) of columns
+//                 128 h + 32 k + 4 j + i (i = 0..3): byte 4 r + i of V_k is u_k (k < 3) in its low
+//                 six bits, and the top two bits of V0, V1, V2 are bits 0-1, 2-3, 4-5 of u_3. So the
+//                 first three quads are a mask each and the fourth a few shifts and selects
+//                 (qdot's q6k_quads); ggml's split into 4-bit ql and 2-bit qh planes (ql byte 64 h +
+//                 l: columns 128 h + l and 128 h + 64 + l; byte 64 h + 32 + l: 128 h + 32 + l and
+//                 128 h + 96 + l; qh byte 32 h + l: the top bits of all four) took twice the
+//                 instructions to put the values together. Units lie in the order the kernels read
+//                 them, j and j + 4 side by side (q6k_unit).
+//   With n = 16 the AVX-512 kernel holds all 16 rows in one register, as for q4_K.
 // q8_0, one n-row super-block of 8 blocks of 32, 272 n bytes (272 per row, as in the file); n = 16
 // when packed at the AVX-512 level, else 8:
 //   [0, 16n)       d of block g (32 columns) and row r at 2n g + 2r (f16)
@@ -57,15 +56,15 @@
 
 namespace kvslim::qdot {
 
-/// Byte offset in a packed q6_K block of unit (n, j) (n = 0, 1: 128-column half; j = 0..7): its ql
-/// vector 16 n + j, with ql vector 16 n + 8 + j 64 bytes and qh vector 8 n + j 128 bytes after it.
-/// Pair blocks (j / 2) in the order 0, 2, 1, 3: the AVX-512 kernel takes j = {0,1}, {4,5}, {2,3}, {6,7}.
-constexpr int q6k_unit(int n, int j) { return 160 + (4 * n + (((j >> 1) & 1) << 1 | (j >> 2))) * 192 + 32 * (j & 1); }
+/// Byte offset in a packed q6_K block of n rows of unit (h, j) (h = 0, 1: 128-column half; j = 0..7:
+/// 4-column step): its vectors V0, V1, V2 at 4n-byte steps from there. Units in the order 0, 4, 1,
+/// 5, 2, 6, 3, 7 within a half, as the AVX-512 and AVX-VNNI decode kernels take them (AVX2 takes
+/// 0, 1, 4, 5, ...: two units a 16-bit sum).
+constexpr int q6k_unit(int n, int h, int j) { return 20 * n + (8 * h + 2 * (j & 3) + (j >> 2)) * 12 * n; }
 
 /// Bytes of one packed super-block of type t (block rows x 256 columns); 0 if t is not packed.
 size_t packed_block_bytes(GGMLType t);
-/// Rows of one packed block of type t: 16 for q4_K and q8_0 at the AVX-512 level (qdot::level()
-/// now), else 8.
+/// Rows of one packed block of type t: 16 at the AVX-512 level (qdot::level() now), else 8.
 int packed_block_rows(GGMLType t);
 
 /// A repacked weight matrix (see the file comment). Owns its bytes (64-byte aligned).
