@@ -695,6 +695,81 @@ TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
     }
 }
 
+// Thread-major packing (pack_thread_major, 1-3 parts): thread i's share of every matrix lies in
+// arena i back to back in the given order, each part holds the bytes pack_rows gives those rows,
+// and products read from the parts give the unpacked matrix's bits at every level, with the
+// static shares of a decode step (threads = parts, 1 and 3 tokens), the row runs of prefill (7
+// tokens) and any other thread count (the parts split as rows come). Rows: 100 (q4_K, parts
+// ending mid-block at the AVX-512 level's 16 rows), 40 (q6_K, same columns: the two go through
+// matmul_group with two activation formats), 300 (q8_0), 8 (fewer 16-row units than parts: empty
+// parts). The file rows are zeros where the packed kernels read, so only the parts can give the
+// reference.
+TEST(Kernels, ThreadMajorPackingMatchesUnpacked) {
+  Restore restore;
+  struct Spec {
+    GGMLType t;
+    int64_t rows, cols;
+  };
+  const std::vector<Spec> specs = {{GGMLType::Q4_K, 100, 512}, {GGMLType::Q6_K, 40, 512}, {GGMLType::Q8_0, 300, 768},
+                                   {GGMLType::Q4_K, 8, 256}};
+  std::vector<Matrix> ms;
+  for (size_t i = 0; i < specs.size(); ++i) ms.push_back(make_matrix(specs[i].t, specs[i].rows, specs[i].cols, 90 + static_cast<uint32_t>(i)));
+  for (qdot::Level lv : levels()) {
+    if (lv == qdot::Level::Scalar) continue;  // no packed kernels
+    qdot::set_level(lv);
+    for (int parts : {1, 2, 3}) {
+      std::vector<WeightView> vs;
+      std::vector<std::vector<uint8_t>> zeros;
+      for (const Matrix& m : ms) {
+        vs.push_back(m.view);
+        zeros.emplace_back(m.bytes.size(), 0);
+      }
+      std::vector<WeightView*> order;
+      for (WeightView& v : vs) order.push_back(&v);
+      qdot::pack_thread_major(order, parts);
+      const std::string where = fmt::format("{} parts {}", qdot::level_name(lv), parts);
+      for (size_t w = 0; w < vs.size(); ++w) {
+        const qdot::PackedRows& P = *vs[w].packed;
+        ASSERT_EQ(P.parts.size(), static_cast<size_t>(parts)) << where;
+        EXPECT_FALSE(P.bytes) << where;
+        const std::shared_ptr<const qdot::PackedRows> alone = qdot::pack_rows(ms[w].view);
+        for (int i = 0; i < parts; ++i) {
+          const qdot::PackedRows::Part& part = P.parts[static_cast<size_t>(i)];
+          EXPECT_EQ(part.row0, std::min<int64_t>(specs[w].rows, 16 * (((specs[w].rows + 15) / 16) * i / parts))) << where;
+          const size_t n = part.row0 < part.row1 ? static_cast<size_t>((part.row1 + P.block_rows - 1) / P.block_rows - part.row0 / P.block_rows) *
+                                                        static_cast<size_t>(P.cols / 256) * P.block_bytes
+                                                  : 0;
+          if (n) EXPECT_EQ(std::memcmp(part.at, alone->block(part.row0 / P.block_rows, 0), n), 0) << where << " matrix " << w << " part " << i;
+          if (w + 1 < vs.size()) EXPECT_EQ(vs[w + 1].packed->parts[static_cast<size_t>(i)].at, part.at + n) << where << " matrix " << w << " part " << i;
+        }
+        vs[w].data = zeros[w].data();
+      }
+      for (int64_t n : {1, 3, 7}) {
+        std::vector<std::vector<float>> ref;
+        set_num_threads(1);
+        for (const Matrix& m : ms) {
+          const std::vector<float> x = make_acts(n, m.view.cols, 91);
+          ref.emplace_back(static_cast<size_t>(n * m.view.rows));
+          matmul(m.view, x.data(), n, ref.back().data());
+        }
+        for (int th : {1, 2, 3}) {
+          set_num_threads(th);
+          for (size_t w = 0; w < vs.size(); ++w) {
+            const std::vector<float> x = make_acts(n, vs[w].cols, 91);
+            std::vector<float> y(ref[w].size());
+            matmul(vs[w], x.data(), n, y.data());
+            EXPECT_TRUE(same_bits(ref[w], y)) << where << " matrix " << w << " n " << n << " threads " << th;
+          }
+          const std::vector<float> x = make_acts(n, 512, 91);
+          std::vector<float> y0(ref[0].size()), y1(ref[1].size());
+          matmul_group({&vs[0], &vs[1]}, x.data(), n, {y0.data(), y1.data()});
+          EXPECT_TRUE(same_bits(ref[0], y0) && same_bits(ref[1], y1)) << where << " group, n " << n << " threads " << th;
+        }
+      }
+    }
+  }
+}
+
 // A packed matrix of 2 MiB or more starts on a 2 MiB boundary (so that its spans can be huge
 // pages) and decodes to the same bits as the file's rows, at every SIMD level with the rows packed
 // for it (read from the packed bytes only).

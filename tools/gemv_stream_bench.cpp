@@ -12,7 +12,10 @@
 // streams a token, allows a read that does no arithmetic; the products themselves take guided
 // dynamic chunks of rows), and then a thread-major copy of those shares in the same regions ("tmajor"
 // column: each thread's shares of every matrix back to back in execution order, so that a thread
-// reads one contiguous stream per token, as a packed layout built for a fixed thread count could).
+// reads one contiguous stream per token). Two more product columns: "static", the products with
+// each thread computing its static share of every matrix (thread_rows) from the matrices packed one
+// by one, and "tm-gemv", the engine's products (matmul, matmul_group) over the same matrices packed
+// thread-major (pack_thread_major, as the model loader packs them; these take the static shares).
 //
 // Weights are copies of 64 rows quantized from random normals (contents do not change the speed).
 //
@@ -47,7 +50,10 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// A packed rows x cols matrix of type t (the unpacked bytes are dropped once packed).
+// The file rows of every matrix, kept until both packings are made.
+std::vector<std::vector<uint8_t>> file_rows;
+
+// A packed rows x cols matrix of type t (its unpacked rows kept in file_rows).
 WeightView make_matrix(GGMLType t, int64_t rows, int64_t cols) {
   static std::map<std::pair<int, int64_t>, std::vector<uint8_t>> seed_rows;
   const size_t rb = row_bytes(t, cols);
@@ -66,7 +72,7 @@ WeightView make_matrix(GGMLType t, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, seed.data() + (r % 64) * rb, rb);
   WeightView W{t, bytes.data(), cols, rows, rb, {}};
   W.packed = qdot::pack_rows(W);
-  W.data = nullptr;  // only the packed copy is read at SIMD levels
+  file_rows.push_back(std::move(bytes));
   return W;
 }
 
@@ -106,6 +112,24 @@ uint64_t plain_read(const std::vector<const WeightView*>& Ws, std::vector<const 
   return t;
 }
 
+// The products of one region with static shares of the matrices packed one by one: the
+// activations quantized once per format on the calling thread (as matmul_group does), then thread
+// i computes rows thread_rows(i) of every matrix.
+void static_products(const std::vector<const WeightView*>& Ws, const float* x, float* y) {
+  std::map<int, qdot::Acts> acts;
+  for (const WeightView* W : Ws)
+    if (!acts.count(static_cast<int>(W->type)))
+      qdot::quantize_acts(x, 1, W->cols, qdot::format_of(W->type), acts[static_cast<int>(W->type)]);
+  const int n = num_threads();
+  parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      for (const WeightView* W : Ws) {
+        const auto [r0, r1] = qdot::thread_rows(W->rows, static_cast<int>(i), n);
+        if (r0 < r1) qdot::dot_rows_q(qdot::level(), *W, r0, r1, acts.at(static_cast<int>(W->type)), y, W->rows);
+      }
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,8 +158,23 @@ int main(int argc, char** argv) {
                                 &layers.back().gate, &layers.back().up, &layers.back().down})
       bytes += packed_bytes(*W);
   }
-  const WeightView out = make_matrix(Q6, 32000, 2048);
+  WeightView out = make_matrix(Q6, 32000, 2048);
   bytes += packed_bytes(out);
+  // The same matrices packed thread-major, in the order a decode step reads them.
+  std::vector<Layer> tm_layers = layers;
+  WeightView tm_out = out;
+  {
+    std::vector<WeightView*> order;
+    for (Layer& L : tm_layers)
+      for (WeightView* W : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) order.push_back(W);
+    order.push_back(&tm_out);
+    qdot::pack_thread_major(order, threads);
+    for (WeightView* W : order) W->data = nullptr;
+  }
+  for (Layer& L : layers)
+    for (WeightView* W : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) W->data = nullptr;
+  file_rows.clear();
+  file_rows.shrink_to_fit();
   std::vector<float> x(5632), y0(32000), y1(5632), y2(5632);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
 
@@ -181,8 +220,9 @@ int main(int argc, char** argv) {
       }
   }
 
-  std::printf("%5s %10s %12s %12s %12s %8s %14s %13s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s",
-              "ratio", "regions/read", "tmajor/read");
+  out.data = nullptr;
+  std::printf("%5s %10s %12s %12s %12s %8s %14s %13s %13s %13s\n", "pass", "ms", "gemv GB/s", "regions GB/s", "read GB/s",
+              "ratio", "regions/read", "tmajor/read", "static/read", "tm-gemv/read");
   uint64_t sink = 0;
   for (int p = 0; p < passes; ++p) {
     const double t0 = now();
@@ -200,10 +240,20 @@ int main(int argc, char** argv) {
     for (const auto& v : tm) cur.push_back(v.get());
     for (const auto& R : regions) sink += plain_read(R, &cur);
     const double t3 = now();
+    for (const auto& R : regions) static_products(R, x.data(), y0.data());
+    const double t4 = now();
+    for (const Layer& L : tm_layers) {
+      matmul_group({&L.q, &L.k, &L.v}, x.data(), 1, {y0.data(), y1.data(), y2.data()});
+      matmul(L.o, x.data(), 1, y0.data());
+      matmul_group({&L.gate, &L.up}, x.data(), 1, {y1.data(), y2.data()});
+      matmul(L.down, x.data(), 1, y0.data());
+    }
+    matmul(tm_out, x.data(), 1, y0.data());
+    const double t5 = now();
     const double gemv = bytes / (t1 - t0) / 1e9, plain = bytes / (t2 - t1) / 1e9, tmaj = bytes / (t3 - t2) / 1e9,
-                 read = probe->pass();
-    std::printf("%5d %10.2f %12.1f %12.1f %12.1f %8.2f %14.2f %13.2f\n", p, (t1 - t0) * 1e3, gemv, plain, read,
-                gemv / read, plain / read, tmaj / read);
+                 stat = bytes / (t4 - t3) / 1e9, tmg = bytes / (t5 - t4) / 1e9, read = probe->pass();
+    std::printf("%5d %10.2f %12.1f %12.1f %12.1f %8.2f %14.2f %13.2f %13.2f %13.2f\n", p, (t1 - t0) * 1e3, gemv, plain,
+                read, gemv / read, plain / read, tmaj / read, stat / read, tmg / read);
   }
   std::printf("checksum of the plain reads %016llx\n", static_cast<unsigned long long>(sink));
   return 0;

@@ -45,7 +45,9 @@ def available_presses() -> List[dict]:
 
 
 def set_threads(n: int) -> None:
-    """Threads the engine uses (>= 1)."""
+    """Threads the engine uses (>= 1). Set it before loading a model: the loader lays the weights out
+    for the thread count in use (one run of memory per thread for decode); with another count decode
+    still runs, at the speed of the one-matrix-after-the-other layout."""
     _kvslim.set_threads(int(n))
 
 
@@ -70,9 +72,10 @@ class KVPressTextGenerationPipeline:
 
     def __init__(self, model: Union[str, Model], threads: Optional[int] = None, n_ctx: int = 0,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", chunk_size: int = 0):
-        self.model = model if isinstance(model, Model) else Model(str(model))
+        # Threads first: a model loaded here lays its weights out for the thread count at load time.
         if threads is not None:
             set_threads(threads)
+        self.model = model if isinstance(model, Model) else Model(str(model))
         self.n_ctx = n_ctx
         self.cache_type_k = cache_type_k
         self.cache_type_v = cache_type_v

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kvslim/error.h"
@@ -55,6 +56,30 @@ void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_
 void parallel_rows(int64_t rows, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
   parallel_units((rows + kRowUnit - 1) / kRowUnit, macs,
                  [&](int64_t b, int64_t e) { fn(b * kRowUnit, std::min(rows, e * kRowUnit)); });
+}
+
+// Decode products (at most 3 tokens: the gemv kernels) over matrices packed thread-major with one
+// part per thread (pack_thread_major) take static shares: thread i computes part i of each, so each
+// thread reads its own arena front to back. Rows are computed the same way whichever thread takes
+// them, so results do not change; with any other thread count the parts are split as rows come.
+bool static_parts(const WeightView* const* w, size_t m, int64_t n_tokens) {
+  const int nt = num_threads();
+  if (n_tokens > 3 || nt < 2) return false;
+  for (size_t i = 0; i < m; ++i)
+    if (!w[i]->packed || w[i]->packed->parts.size() != static_cast<size_t>(nt)) return false;
+  return true;
+}
+
+// The parts of the m matrices, part p of each on thread p.
+void run_static_parts(const WeightView* const* w, size_t m, int64_t macs,
+                      const std::function<void(size_t, int64_t, int64_t)>& rows) {
+  parallel_for(num_threads(), macs, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p)
+      for (size_t i = 0; i < m; ++i) {
+        const qdot::PackedRows::Part& part = w[i]->packed->parts[static_cast<size_t>(p)];
+        if (part.row0 < part.row1) rows(i, part.row0, part.row1);
+      }
+  });
 }
 
 // OpenBLAS splits one product across its threads differently for different thread counts,
@@ -144,6 +169,12 @@ void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, i
   const qdot::Level lv = qdot::level();
   int64_t macs = 0;
   for (size_t i = 0; i < m; ++i) macs += w[i]->rows * w[i]->cols * n_tokens;
+  if (static_parts(w, m, n_tokens)) {
+    run_static_parts(w, m, macs, [&](size_t i, int64_t r0, int64_t r1) {
+      qdot::dot_rows_q(lv, *w[i], r0, r1, acts[which[i]], y[i], w[i]->rows);
+    });
+    return;
+  }
   parallel_units(first_unit[m], macs, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < m; ++i) {
       const int64_t u0 = std::max(b, first_unit[i]), u1 = std::min(e, first_unit[i + 1]);
@@ -166,6 +197,12 @@ void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, boo
       qdot::Acts& acts = caller_acts;
       qdot::prepare_acts(n_tokens, W.cols, f, acts);
       parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, acts); });
+      const WeightView* w = &W;
+      if (static_parts(&w, 1, n_tokens)) {
+        run_static_parts(&w, 1, W.rows * W.cols * n_tokens,
+                         [&](size_t, int64_t r0, int64_t r1) { qdot::dot_rows_q(lv, W, r0, r1, acts, Y, W.rows); });
+        return;
+      }
       parallel_rows(W.rows, W.rows * W.cols * n_tokens,
                     [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
       return;

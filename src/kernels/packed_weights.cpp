@@ -110,7 +110,28 @@ bool packable(const WeightView& W) {
   return packed_block_bytes(W.type) > 0 && W.cols > 0 && W.cols % 256 == 0 && W.rows > 0 && W.data;
 }
 
-std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
+namespace {
+
+// Row blocks [b0, b1) of W packed back to back at out (P: W's block shape).
+void pack_blocks(const WeightView& W, const PackedRows& P, int64_t b0, int64_t b1, uint8_t* out) {
+  const int64_t nsb = W.cols / 256;
+  const size_t in_block = row_bytes(W.type, 256);
+  parallel_for(b1 - b0, [&](int64_t c0, int64_t c1) {
+    for (int64_t b = b0 + c0; b < b0 + c1; ++b)
+      for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* rows[16];
+        const int64_t n = P.block_rows;
+        for (int r = 0; r < n; ++r) rows[r] = n * b + r < W.rows ? W.row(n * b + r) + s * in_block : nullptr;
+        uint8_t* dst = out + ((b - b0) * nsb + s) * static_cast<int64_t>(P.block_bytes);
+        if (W.type == GGMLType::Q4_K) pack_q4k(rows, P.block_rows, dst);
+        else if (W.type == GGMLType::Q6_K) pack_q6k(rows, P.block_rows, dst);
+        else pack_q8(rows, P.block_rows, dst);
+      }
+  });
+}
+
+// W's block shape at this level, without bytes.
+std::shared_ptr<PackedRows> shape_of(const WeightView& W) {
   if (!packable(W))
     throw Error(fmt::format("pack_rows: a {} x {} {} matrix cannot be packed (q4_K, q6_K or q8_0 with columns a multiple of 256)",
                             W.rows, W.cols, type_name(W.type)));
@@ -121,34 +142,96 @@ std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
   P->block_rows = packed_block_rows(W.type);
   P->row_blocks = (W.rows + P->block_rows - 1) / P->block_rows;
   P->block_bytes = block_bytes_for(W.type, P->block_rows);  // the level is read once, above
-  const int64_t nsb = W.cols / 256;
-  const size_t total = static_cast<size_t>(P->row_blocks * nsb) * P->block_bytes;
-  // Matrices of 2 MiB and more start on a 2 MiB boundary and their whole 2 MiB spans are offered
-  // to the kernel as transparent huge pages (the tail stays on small pages, so no memory is added):
-  // decode streams every byte once per token, and with 4 KiB pages each page is a TLB miss and a
-  // stop for the hardware prefetchers.
+  return P;
+}
+
+// Row blocks [b0, b1) holding rows [r0, r1) (none when the range is empty).
+std::pair<int64_t, int64_t> blocks_of(const PackedRows& P, int64_t r0, int64_t r1) {
+  if (r0 >= r1) return {0, 0};
+  return {r0 / P.block_rows, (r1 + P.block_rows - 1) / P.block_rows};
+}
+
+// Bytes of row blocks [b0, b1) of P's shape.
+size_t blocks_bytes(const PackedRows& P, int64_t b0, int64_t b1) {
+  return static_cast<size_t>(b1 - b0) * static_cast<size_t>(P.cols / 256) * P.block_bytes;
+}
+
+// `total` bytes, 64-byte aligned; runs of 2 MiB and more start on a 2 MiB boundary and their whole
+// 2 MiB spans are offered to the kernel as transparent huge pages (the tail stays on small pages, so
+// no memory is added): decode streams every byte once per token, and with 4 KiB pages each page is
+// a TLB miss and a stop for the hardware prefetchers.
+std::unique_ptr<uint8_t[], void (*)(void*)> alloc_packed(size_t total) {
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t align = total >= kHuge ? kHuge : 64;
   // posix_memalign: aligned_alloc wants the size a multiple of the alignment (sanitizers enforce it).
   void* mem = nullptr;
-  if (posix_memalign(&mem, align, (total + 63) / 64 * 64) != 0) mem = nullptr;
+  if (posix_memalign(&mem, align, std::max<size_t>(64, (total + 63) / 64 * 64)) != 0) mem = nullptr;
   if (!mem) throw Error(fmt::format("pack_rows: cannot allocate {} bytes", total));
   if (align == kHuge && huge_pages_enabled()) madvise(mem, total / kHuge * kHuge, MADV_HUGEPAGE);
-  P->bytes = std::unique_ptr<uint8_t[], void (*)(void*)>(static_cast<uint8_t*>(mem), free_bytes);
-  const size_t in_block = row_bytes(W.type, 256);
-  parallel_for(P->row_blocks, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t s = 0; s < nsb; ++s) {
-        const uint8_t* rows[16];
-        const int64_t n = P->block_rows;
-        for (int r = 0; r < n; ++r) rows[r] = n * b + r < W.rows ? W.row(n * b + r) + s * in_block : nullptr;
-        uint8_t* out = const_cast<uint8_t*>(P->block(b, s));
-        if (W.type == GGMLType::Q4_K) pack_q4k(rows, P->block_rows, out);
-        else if (W.type == GGMLType::Q6_K) pack_q6k(rows, P->block_rows, out);
-        else pack_q8(rows, P->block_rows, out);
-      }
-  });
+  return std::unique_ptr<uint8_t[], void (*)(void*)>(static_cast<uint8_t*>(mem), free_bytes);
+}
+
+}  // namespace
+
+PackedRows PackedRows::view(const Part& p) const {
+  PackedRows v;
+  v.type = type;
+  v.rows = p.row1 - p.row0;
+  v.cols = cols;
+  v.block_rows = block_rows;
+  v.row_blocks = (v.rows + block_rows - 1) / block_rows;
+  v.block_bytes = block_bytes;
+  v.bytes = std::unique_ptr<uint8_t[], void (*)(void*)>(const_cast<uint8_t*>(p.at), [](void*) {});
+  return v;
+}
+
+std::shared_ptr<const PackedRows> pack_rows(const WeightView& W) {
+  std::shared_ptr<PackedRows> P = shape_of(W);
+  P->bytes = alloc_packed(blocks_bytes(*P, 0, P->row_blocks));
+  pack_blocks(W, *P, 0, P->row_blocks, P->bytes.get());
   return P;
+}
+
+std::pair<int64_t, int64_t> thread_rows(int64_t rows, int i, int n) {
+  const int64_t units = (rows + 15) / 16;
+  return {std::min(rows, 16 * (units * i / n)), std::min(rows, 16 * (units * (i + 1) / n))};
+}
+
+void pack_thread_major(const std::vector<WeightView*>& ws, int n) {
+  if (n < 1) throw Error(fmt::format("pack_thread_major: {} threads", n));
+  std::vector<std::shared_ptr<PackedRows>> shapes;
+  std::vector<size_t> size(static_cast<size_t>(n), 0);
+  for (const WeightView* W : ws) {
+    shapes.push_back(shape_of(*W));
+    for (int i = 0; i < n; ++i) {
+      const auto [r0, r1] = thread_rows(W->rows, i, n);
+      const auto [b0, b1] = blocks_of(*shapes.back(), r0, r1);
+      size[i] += blocks_bytes(*shapes.back(), b0, b1);
+    }
+  }
+  auto arenas = std::make_shared<std::vector<std::unique_ptr<uint8_t[], void (*)(void*)>>>();
+  std::vector<uint8_t*> cursor;
+  for (int i = 0; i < n; ++i) {
+    arenas->push_back(alloc_packed(size[i]));
+    cursor.push_back(arenas->back().get());
+  }
+  for (size_t w = 0; w < ws.size(); ++w) {
+    PackedRows& P = *shapes[w];
+    P.arena = arenas;
+    for (int i = 0; i < n; ++i) {
+      const auto [r0, r1] = thread_rows(ws[w]->rows, i, n);
+      P.parts.push_back({r0, r1, cursor[i]});
+      const auto [b0, b1] = blocks_of(P, r0, r1);
+      pack_blocks(*ws[w], P, b0, b1, cursor[i]);
+      cursor[i] += blocks_bytes(P, b0, b1);
+    }
+    ws[w]->packed = shapes[w];
+  }
+}
+
+bool thread_major_enabled() {
+  const char* env = std::getenv("KVSLIM_THREAD_MAJOR");
+  return !(env && std::string(env) == "0");
 }
 
 bool huge_pages_enabled() {

@@ -51,6 +51,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "kernels/matmul.h"
 
@@ -67,7 +69,9 @@ size_t packed_block_bytes(GGMLType t);
 /// Rows of one packed block of type t: 16 at the AVX-512 level (qdot::level() now), else 8.
 int packed_block_rows(GGMLType t);
 
-/// A repacked weight matrix (see the file comment). Owns its bytes (64-byte aligned).
+/// A repacked weight matrix (see the file comment): either one run of bytes that it owns (64-byte
+/// aligned), or, packed by pack_thread_major, `parts`: row ranges whose bytes lie in arenas shared
+/// with other matrices (then `bytes` is null and `arena` keeps the arenas alive).
 struct PackedRows {
   GGMLType type = GGMLType::F32;
   int64_t rows = 0, cols = 0;
@@ -75,10 +79,19 @@ struct PackedRows {
   int64_t row_blocks = 0;  ///< ceil(rows / block_rows)
   size_t block_bytes = 0;  ///< bytes of one block of block_rows rows
   std::unique_ptr<uint8_t[], void (*)(void*)> bytes{nullptr, nullptr};
-  /// Packed super-block s of row block b.
+  /// Rows [row0, row1) (row0 a multiple of 16) packed at `at`, as a matrix of those rows alone.
+  struct Part {
+    int64_t row0 = 0, row1 = 0;
+    const uint8_t* at = nullptr;
+  };
+  std::vector<Part> parts;
+  std::shared_ptr<const void> arena;
+  /// Packed super-block s of row block b (a matrix without parts).
   const uint8_t* block(int64_t b, int64_t s) const {
     return bytes.get() + (b * (cols / 256) + s) * static_cast<int64_t>(block_bytes);
   }
+  /// Part p as a matrix of its own (rows p.row1 - p.row0; its bytes not owned).
+  PackedRows view(const Part& p) const;
 };
 
 /// Whether W can be packed: q4_K, q6_K or q8_0 and cols a multiple of 256.
@@ -86,6 +99,22 @@ bool packable(const WeightView& W);
 
 /// Repacks W (packable(W) must hold, else kvslim::Error). Reads every byte of W once.
 std::shared_ptr<const PackedRows> pack_rows(const WeightView& W);
+
+/// The decode step's row share of thread i of n in a matrix of `rows` rows: whole 16-row units,
+/// [16 floor(U i / n), 16 floor(U (i + 1) / n)) clipped to the rows, U = ceil(rows / 16).
+std::pair<int64_t, int64_t> thread_rows(int64_t rows, int i, int n);
+
+/// Packs the matrices `ws` (in the order a decode step reads them; each packable, else
+/// kvslim::Error) thread-major for n threads (n >= 1): arena i holds thread i's share of every
+/// matrix (thread_rows) back to back in that order, so that each thread of a decode step reads
+/// one run of memory from the first layer to the output matrix instead of a short run per matrix
+/// (gemv_stream_bench's "tm-gemv" column: bench/results/zen5_s19/notes.txt). Sets each matrix's
+/// `packed` to a PackedRows with n parts. Arenas of 2 MiB and more are offered as huge pages.
+void pack_thread_major(const std::vector<WeightView*>& ws, int n);
+
+/// Whether the model loader packs thread-major (pack_thread_major): yes unless KVSLIM_THREAD_MAJOR
+/// is "0" (set it to 0 to time one matrix after the other).
+bool thread_major_enabled();
 
 /// Whether large packed matrices are offered to the kernel as transparent huge pages
 /// (madvise(MADV_HUGEPAGE) on their 2 MiB spans): yes unless KVSLIM_HUGEPAGES is "0" (set it to 0

@@ -10,6 +10,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/packed_weights.h"
+#include "kernels/threads.h"
 
 namespace kvslim {
 
@@ -36,16 +37,20 @@ std::unique_ptr<WeightView> matrix(const GGUFFile& f, const std::string& name, i
   return w;
 }
 
-// Repacks a matrix for the SIMD decode kernels (kernels/packed_weights.h) and lets the kernel drop
-// the file pages it read (the packed copy replaces them in memory; the scalar level and the exact
-// path read them again from the file if used).
-void pack(WeightView& w) {
-  if (!qdot::packable(w)) return;
-  w.packed = qdot::pack_rows(w);
+// Lets the kernel drop the file pages of a packed matrix (the packed copy replaces them in memory;
+// the scalar level and the exact path read them again from the file if used).
+void drop_file_pages(const WeightView& w) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t b = reinterpret_cast<uintptr_t>(w.data), e = b + w.row_stride * static_cast<size_t>(w.rows);
   const uintptr_t b1 = (b + page - 1) / page * page, e1 = e / page * page;
   if (e1 > b1) madvise(reinterpret_cast<void*>(b1), e1 - b1, MADV_DONTNEED);
+}
+
+// Repacks a matrix on its own (one run of bytes; KVSLIM_THREAD_MAJOR=0).
+void pack(WeightView& w) {
+  if (!qdot::packable(w)) return;
+  w.packed = qdot::pack_rows(w);
+  drop_file_pages(w);
 }
 
 std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
@@ -154,11 +159,22 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     }
   }
   if (qdot::packing_enabled()) {
+    // In the order a decode step reads them (Session::forward_batch).
+    std::vector<WeightView*> order;
     for (LayerWeights& L : m->layers_)
       for (WeightView* w : {L.wq.get(), L.wk.get(), L.wv.get(), L.wo.get(), L.w_gate.get(), L.w_up.get(),
                             L.w_down.get()})
-        pack(*w);
-    pack(*m->output_);
+        order.push_back(w);
+    order.push_back(m->output_.get());
+    if (qdot::thread_major_enabled()) {
+      std::vector<WeightView*> packable;
+      for (WeightView* w : order)
+        if (qdot::packable(*w)) packable.push_back(w);
+      qdot::pack_thread_major(packable, num_threads());
+      for (WeightView* w : packable) drop_file_pages(*w);
+    } else {
+      for (WeightView* w : order) pack(*w);
+    }
   }
   return m;
 }
