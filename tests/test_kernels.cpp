@@ -696,7 +696,7 @@ TEST(Kernels, PackedRowsMatmulMatchesUnpacked) {
 }
 
 // Thread-major packing (pack_thread_major, 1-3 parts): thread i's share of every matrix lies in
-// arena i back to back in the given order, each part holds the bytes pack_rows gives those rows,
+// arena i in the given order (each part from a 4 KiB boundary), each part holds the bytes pack_rows gives those rows,
 // and products read from the parts give the unpacked matrix's bits at every level, with the
 // static shares of a decode step (threads = parts, 1 and 3 tokens), the row runs of prefill (7
 // tokens) and any other thread count (the parts split as rows come). Rows: 100 (q4_K, parts
@@ -740,7 +740,10 @@ TEST(Kernels, ThreadMajorPackingMatchesUnpacked) {
                                                         static_cast<size_t>(P.cols / 256) * P.block_bytes
                                                   : 0;
           if (n) EXPECT_EQ(std::memcmp(part.at, alone->block(part.row0 / P.block_rows, 0), n), 0) << where << " matrix " << w << " part " << i;
-          if (w + 1 < vs.size()) EXPECT_EQ(vs[w + 1].packed->parts[static_cast<size_t>(i)].at, part.at + n) << where << " matrix " << w << " part " << i;
+          // The next matrix's part follows at the next 4 KiB boundary.
+          if (w + 1 < vs.size())
+            EXPECT_EQ(vs[w + 1].packed->parts[static_cast<size_t>(i)].at, part.at + (n + 4095) / 4096 * 4096)
+                << where << " matrix " << w << " part " << i;
         }
         vs[w].data = zeros[w].data();
       }

@@ -151,6 +151,12 @@ std::pair<int64_t, int64_t> blocks_of(const PackedRows& P, int64_t r0, int64_t r
   return {r0 / P.block_rows, (r1 + P.block_rows - 1) / P.block_rows};
 }
 
+// Parts start on 4 KiB boundaries, as matrices packed one by one do: the prefill of 512 tokens
+// (Zen 5, Q4_K_M, 2 threads) ran 279 t/s with parts back to back and 286 so (medians of 6
+// alternating rounds), at most 4 KiB more per part.
+constexpr size_t kPartAlign = 4096;
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
 // Bytes of row blocks [b0, b1) of P's shape.
 size_t blocks_bytes(const PackedRows& P, int64_t b0, int64_t b1) {
   return static_cast<size_t>(b1 - b0) * static_cast<size_t>(P.cols / 256) * P.block_bytes;
@@ -206,7 +212,7 @@ void pack_thread_major(const std::vector<WeightView*>& ws, int n) {
     for (int i = 0; i < n; ++i) {
       const auto [r0, r1] = thread_rows(W->rows, i, n);
       const auto [b0, b1] = blocks_of(*shapes.back(), r0, r1);
-      size[i] += blocks_bytes(*shapes.back(), b0, b1);
+      size[i] += round_up(blocks_bytes(*shapes.back(), b0, b1), kPartAlign);
     }
   }
   auto arenas = std::make_shared<std::vector<std::unique_ptr<uint8_t[], void (*)(void*)>>>();
@@ -223,7 +229,7 @@ void pack_thread_major(const std::vector<WeightView*>& ws, int n) {
       P.parts.push_back({r0, r1, cursor[i]});
       const auto [b0, b1] = blocks_of(P, r0, r1);
       pack_blocks(*ws[w], P, b0, b1, cursor[i]);
-      cursor[i] += blocks_bytes(P, b0, b1);
+      cursor[i] += round_up(blocks_bytes(P, b0, b1), kPartAlign);
     }
     ws[w]->packed = shapes[w];
   }

@@ -7,6 +7,13 @@
 // Layout: [row block b = rows / n, rounded up][super-block s = cols / 256][block_bytes], rows past
 // the end zero (their scales are zero; their results are never stored).
 //
+// The model loader packs thread-major (pack_thread_major): a matrix's rows are cut into one part per
+// thread (whole 16-row units), each part laid out as above as a matrix of its own rows, and thread
+// i's parts of all matrices lie back to back in one arena in the order decode reads them. A decode
+// step's thread then streams one run of memory per token instead of starting a new run at each
+// matrix (and at each dynamic chunk of rows): Zen 5, 2 threads, the products came from 0.87 to 0.92
+// of the read rate in gemv_stream_bench (bench/results/zen5_s19/notes.txt).
+//
 // q4_K, one n-row super-block of 256 columns, 148 n bytes (148 per row; the file has 144); n = 16
 // when packed at the AVX-512 level, else 8:
 //   [0, 2n)        d of rows 0..n-1 (f16)
@@ -106,7 +113,7 @@ std::pair<int64_t, int64_t> thread_rows(int64_t rows, int i, int n);
 
 /// Packs the matrices `ws` (in the order a decode step reads them; each packable, else
 /// kvslim::Error) thread-major for n threads (n >= 1): arena i holds thread i's share of every
-/// matrix (thread_rows) back to back in that order, so that each thread of a decode step reads
+/// matrix (thread_rows) in that order, each from a 4 KiB boundary, so that each thread of a decode step reads
 /// one run of memory from the first layer to the output matrix instead of a short run per matrix
 /// (gemv_stream_bench's "tm-gemv" column: bench/results/zen5_s19/notes.txt). Sets each matrix's
 /// `packed` to a PackedRows with n parts. Arenas of 2 MiB and more are offered as huge pages.
