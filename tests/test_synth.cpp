@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "kernels/packed_weights.h"
 #include "kernels/threads.h"
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
@@ -368,3 +371,48 @@ TEST(SynthErrors, BadOptionsNameTheField) {
   expect_error([&] { synth_model(o); }, {"/nonexistent/dir/out.gguf"});
   EXPECT_FALSE(std::filesystem::exists(opt.output));
 }
+
+// A model whose matrices the loader packs (TinyLlama's 2,048-wide rows, 1 layer of q4_K_M: q4_K and
+// q6_K, a q6_K output) gives the same logits, bit for bit, packed thread-major for 1, 2 and 3
+// threads (qdot::pack_thread_major: one part per thread, decode products on static shares) as
+// packed one matrix after the other (KVSLIM_THREAD_MAJOR=0, 1 thread): a prefill of 5 tokens, then
+// 3 greedy decode steps.
+TEST(SynthFileRuns, ThreadMajorPackingKeepsTheLogits) {
+  if (!qdot::packing_enabled()) GTEST_SKIP() << "weights are packed at SIMD levels only";
+  const int threads0 = num_threads();
+  SynthOptions opt;
+  opt.shape = "tinyllama-1.1b";
+  opt.type = "q4_k_m";
+  opt.vocab_from = kVocab;
+  opt.output = temp_path("tinyllama_q4_k_m_1layer.gguf");
+  opt.layers = 1;
+  synth_model(opt);
+  auto run = [&](size_t parts) {
+    auto m = Model::load(opt.output);
+    EXPECT_EQ(m->output().packed->parts.size(), parts);
+    EXPECT_EQ(m->layer(0).w_down->packed->parts.size(), parts);
+    SessionOptions so;
+    so.n_ctx = 32;
+    Session s(*m, so);
+    std::vector<float> all = s.forward({1, 20, 30, 40, 50});
+    for (int step = 0; step < 3; ++step) {
+      const auto best = std::max_element(all.end() - m->hparams().n_vocab, all.end()) - (all.end() - m->hparams().n_vocab);
+      const std::vector<float> next = s.forward({static_cast<Token>(best)});
+      all.insert(all.end(), next.begin(), next.end());
+    }
+    return all;
+  };
+  setenv("KVSLIM_THREAD_MAJOR", "0", 1);
+  set_num_threads(1);
+  const std::vector<float> ref = run(0);
+  unsetenv("KVSLIM_THREAD_MAJOR");
+  for (int th : {1, 2, 3}) {
+    set_num_threads(th);
+    const std::vector<float> got = run(static_cast<size_t>(th));
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0) << th << " threads";
+  }
+  set_num_threads(threads0);
+  std::filesystem::remove(opt.output);
+}
+
