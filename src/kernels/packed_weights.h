@@ -13,7 +13,7 @@
 // step's thread then streams one run of memory per token instead of starting a new run at each
 // matrix (and at each dynamic chunk of rows): Zen 5, 2 threads, the products came from 0.87 to 0.92
 // of the read rate in gemv_stream_bench, decode at 70-76 GB/s from 80-86% to 84-88% of the read
-// floor; the prefill of 512 tokens came out about 3% slower, for a reason not found
+// floor; the prefill of 512 tokens came out up to 3% slower, for a reason not found
 // (bench/results/zen5_s19/notes.txt).
 //
 // q4_K, one n-row super-block of 256 columns, 148 n bytes (148 per row; the file has 144); n = 16
