@@ -160,6 +160,18 @@ struct FileCase {
   const char* type;
 };
 
+/// Writes a one-layer file of `shape` and `type` (stories260K's vocabulary) at temp_path(name).
+SynthOptions one_layer_file(const char* shape, const char* type, const std::string& name) {
+  SynthOptions opt;
+  opt.shape = shape;
+  opt.type = type;
+  opt.vocab_from = kVocab;
+  opt.output = temp_path(name);
+  opt.layers = 1;
+  synth_model(opt);
+  return opt;
+}
+
 void expect_runs(const Model& m) {
   SessionOptions so;
   so.n_ctx = 32;
@@ -291,13 +303,7 @@ TEST(SynthFileTypes, EveryTypeLoadsAndRuns) {
 }
 
 TEST(SynthFileTypes, WeightsHaveTheIntendedDistribution) {
-  SynthOptions opt;
-  opt.shape = "qwen2.5-0.5b";
-  opt.type = "f32";
-  opt.vocab_from = kVocab;
-  opt.output = temp_path("dist.gguf");
-  opt.layers = 1;
-  synth_model(opt);
+  const SynthOptions opt = one_layer_file("qwen2.5-0.5b", "f32", "dist.gguf");
   auto f = GGUFFile::open(opt.output);
   for (const char* name : {"token_embd.weight", "blk.0.ffn_up.weight", "blk.0.attn_k.bias"}) {
     std::vector<float> x = f->tensor_f32(f->tensor(name));
@@ -380,13 +386,7 @@ TEST(SynthErrors, BadOptionsNameTheField) {
 TEST(SynthFileRuns, ThreadMajorPackingKeepsTheLogits) {
   if (!qdot::packing_enabled()) GTEST_SKIP() << "weights are packed at SIMD levels only";
   const int threads0 = num_threads();
-  SynthOptions opt;
-  opt.shape = "tinyllama-1.1b";
-  opt.type = "q4_k_m";
-  opt.vocab_from = kVocab;
-  opt.output = temp_path("tinyllama_q4_k_m_1layer.gguf");
-  opt.layers = 1;
-  synth_model(opt);
+  const SynthOptions opt = one_layer_file("tinyllama-1.1b", "q4_k_m", "tinyllama_q4_k_m_1layer.gguf");
   auto run = [&](size_t parts) {
     auto m = Model::load(opt.output);
     EXPECT_EQ(m->output().packed->parts.size(), parts);
