@@ -77,6 +77,10 @@ void prepare_acts(int64_t rows, int64_t cols, const Format& f, Acts& out);
 /// Quantizes rows [r0, r1) of X into a prepared `out` (lets callers split rows across threads).
 void quantize_acts_rows(const float* X, int64_t r0, int64_t r1, const Format& f, Acts& out);
 
+/// Activation rows (tokens) up to which dot_rows_q runs the matrix-vector (decode) kernels, one
+/// activation row at a time over each weight row; above it, the prefill tiles.
+constexpr int64_t kGemvMaxRows = 3;
+
 /// Y[t * ldy + r] for r in [r0, r1), t in [0, a.rows): the canonical integer dot products of
 /// weight rows of W (an integer-dot type) with the activation rows in `a`, at level `lv`.
 /// Rows are computed independently (callers split [0, W.rows) across threads freely).
