@@ -205,14 +205,17 @@ std::pair<int64_t, int64_t> thread_rows(int64_t rows, int i, int n) {
 
 void pack_thread_major(const std::vector<WeightView*>& ws, int n) {
   if (n < 1) throw Error(fmt::format("pack_thread_major: {} threads", n));
+  // First the parts' rows and bytes (an arena's size is its parts' sum), then the bytes.
   std::vector<std::shared_ptr<PackedRows>> shapes;
-  std::vector<size_t> size(static_cast<size_t>(n), 0);
+  std::vector<size_t> part_bytes, size(static_cast<size_t>(n), 0);
   for (const WeightView* W : ws) {
     shapes.push_back(shape_of(*W));
     for (int i = 0; i < n; ++i) {
       const auto [r0, r1] = thread_rows(W->rows, i, n);
       const auto [b0, b1] = blocks_of(*shapes.back(), r0, r1);
-      size[i] += round_up(blocks_bytes(*shapes.back(), b0, b1), kPartAlign);
+      shapes.back()->parts.push_back({r0, r1, nullptr});
+      part_bytes.push_back(blocks_bytes(*shapes.back(), b0, b1));
+      size[i] += round_up(part_bytes.back(), kPartAlign);
     }
   }
   auto arenas = std::make_shared<std::vector<std::unique_ptr<uint8_t[], void (*)(void*)>>>();
@@ -225,11 +228,11 @@ void pack_thread_major(const std::vector<WeightView*>& ws, int n) {
     PackedRows& P = *shapes[w];
     P.arena = arenas;
     for (int i = 0; i < n; ++i) {
-      const auto [r0, r1] = thread_rows(ws[w]->rows, i, n);
-      P.parts.push_back({r0, r1, cursor[i]});
-      const auto [b0, b1] = blocks_of(P, r0, r1);
+      PackedRows::Part& part = P.parts[static_cast<size_t>(i)];
+      part.at = cursor[i];
+      const auto [b0, b1] = blocks_of(P, part.row0, part.row1);
       pack_blocks(*ws[w], P, b0, b1, cursor[i]);
-      cursor[i] += round_up(blocks_bytes(P, b0, b1), kPartAlign);
+      cursor[i] += round_up(part_bytes[w * static_cast<size_t>(n) + static_cast<size_t>(i)], kPartAlign);
     }
     ws[w]->packed = shapes[w];
   }
