@@ -739,11 +739,15 @@ TEST(Kernels, ThreadMajorPackingMatchesUnpacked) {
           const size_t n = part.row0 < part.row1 ? static_cast<size_t>((part.row1 + P.block_rows - 1) / P.block_rows - part.row0 / P.block_rows) *
                                                         static_cast<size_t>(P.cols / 256) * P.block_bytes
                                                   : 0;
-          if (n) EXPECT_EQ(std::memcmp(part.at, alone->block(part.row0 / P.block_rows, 0), n), 0) << where << " matrix " << w << " part " << i;
+          if (n) {
+            EXPECT_EQ(std::memcmp(part.at, alone->block(part.row0 / P.block_rows, 0), n), 0)
+                << where << " matrix " << w << " part " << i;
+          }
           // The next matrix's part follows at the next 4 KiB boundary.
-          if (w + 1 < vs.size())
+          if (w + 1 < vs.size()) {
             EXPECT_EQ(vs[w + 1].packed->parts[static_cast<size_t>(i)].at, part.at + (n + 4095) / 4096 * 4096)
                 << where << " matrix " << w << " part " << i;
+          }
         }
         vs[w].data = zeros[w].data();
       }
