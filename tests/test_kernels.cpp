@@ -710,8 +710,10 @@ TEST(Kernels, ThreadMajorPackingMatchesUnpacked) {
     GGMLType t;
     int64_t rows, cols;
   };
+  // The last matrix is large enough for its decode products to run in parallel (the others run on
+  // the calling thread), so a thread finishing its part early takes the others' last rows.
   const std::vector<Spec> specs = {{GGMLType::Q4_K, 100, 512}, {GGMLType::Q6_K, 40, 512}, {GGMLType::Q8_0, 300, 768},
-                                   {GGMLType::Q4_K, 8, 256}};
+                                   {GGMLType::Q4_K, 8, 256}, {GGMLType::Q4_K, 1040, 1024}};
   std::vector<Matrix> ms;
   for (size_t i = 0; i < specs.size(); ++i) ms.push_back(make_matrix(specs[i].t, specs[i].rows, specs[i].cols, 90 + static_cast<uint32_t>(i)));
   for (qdot::Level lv : levels()) {

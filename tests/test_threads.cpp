@@ -101,3 +101,40 @@ TEST(Threads, ExceptionInWorkerIsRethrownOnCaller) {
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
   set_num_threads(2);
 }
+
+// Hand-worked: the front and back runs meet without overlap, and an empty range claims nothing.
+TEST(Threads, RangeClaimTakesFromBothEnds) {
+  RangeClaim c(10);
+  EXPECT_EQ(c.front(4), (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(c.back(3), (std::pair<int64_t, int64_t>{7, 10}));
+  EXPECT_EQ(c.left(), 3);
+  EXPECT_EQ(c.back(5), (std::pair<int64_t, int64_t>{4, 7}));
+  EXPECT_EQ(c.left(), 0);
+  auto f = c.front(2), b = c.back(2);
+  EXPECT_EQ(f.first, f.second);
+  EXPECT_EQ(b.first, b.second);
+  c.reset(0);
+  f = c.front(1);
+  EXPECT_EQ(f.first, f.second);
+}
+
+// One owner claiming from the front while three threads claim from the back: each unit once.
+TEST(Threads, RangeClaimHandsOutEachUnitOnceUnderContention) {
+  constexpr int64_t n = 200000;
+  std::vector<std::atomic<int>> hits(n);
+  RangeClaim c(n);
+  auto take = [&](bool from_front, int64_t k) {
+    for (;;) {
+      const auto u = from_front ? c.front(k) : c.back(k);
+      if (u.first >= u.second) return;
+      ASSERT_GE(u.first, 0);
+      ASSERT_LE(u.second, n);
+      for (int64_t i = u.first; i < u.second; ++i) hits[static_cast<size_t>(i)]++;
+    }
+  };
+  std::vector<std::thread> th;
+  th.emplace_back(take, true, 5);
+  for (int k : {1, 3, 7}) th.emplace_back(take, false, k);
+  for (auto& t : th) t.join();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "unit " << i;
+}

@@ -235,4 +235,30 @@ void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int
   pool().run(n, fn);
 }
 
+std::pair<int64_t, int64_t> RangeClaim::front(int64_t k) {
+  uint64_t v = fb_.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t f = static_cast<int64_t>(v & 0xffffffffu), b = static_cast<int64_t>(v >> 32);
+    const int64_t take = std::min(std::max<int64_t>(k, 0), b - f);
+    if (take <= 0) return {f, f};
+    if (fb_.compare_exchange_weak(v, v + static_cast<uint64_t>(take), std::memory_order_relaxed)) return {f, f + take};
+  }
+}
+
+std::pair<int64_t, int64_t> RangeClaim::back(int64_t k) {
+  uint64_t v = fb_.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t f = static_cast<int64_t>(v & 0xffffffffu), b = static_cast<int64_t>(v >> 32);
+    const int64_t take = std::min(std::max<int64_t>(k, 0), b - f);
+    if (take <= 0) return {b, b};
+    if (fb_.compare_exchange_weak(v, v - (static_cast<uint64_t>(take) << 32), std::memory_order_relaxed))
+      return {b - take, b};
+  }
+}
+
+int64_t RangeClaim::left() const {
+  const uint64_t v = fb_.load(std::memory_order_relaxed);
+  return std::max<int64_t>(0, static_cast<int64_t>(v >> 32) - static_cast<int64_t>(v & 0xffffffffu));
+}
+
 }  // namespace kvslim

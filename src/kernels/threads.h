@@ -1,8 +1,10 @@
 #pragma once
 // A small persistent worker pool for the engine's own loops (attention heads, matrix rows).
 // The only pool: dense f32 products call OpenBLAS single-threaded from the pool's threads.
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "kvslim/threads.h"  // set_num_threads, num_threads, available_cores
 
@@ -38,5 +40,25 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
 /// else fn(0, n) on the calling thread. Results are the same either way (as for parallel_for,
 /// fn must not depend on the split).
 void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int64_t)>& fn);
+
+/// A range of work units [0, n) (n < 2^32) claimed from both ends without a lock: its owner takes
+/// runs from the front, other threads take runs from the back once their own work is done. Every
+/// unit is handed out exactly once, whichever threads claim and in whatever order.
+class alignas(64) RangeClaim {
+ public:
+  explicit RangeClaim(int64_t n = 0) { reset(n); }
+  /// Sets the range to [0, n) (no thread may be claiming meanwhile).
+  void reset(int64_t n) { fb_.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed); }
+  /// Claims up to k units from the front: returns [b, e) with e - b = min(k, left), or b == e when
+  /// none are left.
+  std::pair<int64_t, int64_t> front(int64_t k);
+  /// Claims up to k units from the back (same contract).
+  std::pair<int64_t, int64_t> back(int64_t k);
+  /// Units not yet claimed.
+  int64_t left() const;
+
+ private:
+  std::atomic<uint64_t> fb_{0};  // next front unit in the low 32 bits, the end of the rest in the high 32
+};
 
 }  // namespace kvslim
