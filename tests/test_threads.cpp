@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/threads.h"
+#include "kvslim/error.h"
 
 using namespace kvslim;
 
@@ -116,6 +117,8 @@ TEST(Threads, RangeClaimTakesFromBothEnds) {
   c.reset(0);
   f = c.front(1);
   EXPECT_EQ(f.first, f.second);
+  EXPECT_THROW(c.reset(int64_t{1} << 32), Error);
+  EXPECT_THROW(c.reset(-1), Error);
 }
 
 // One owner claiming from the front while three threads claim from the back: each unit once.

@@ -73,12 +73,12 @@ bool static_parts(const WeightView* const* w, size_t m, int64_t n_tokens) {
 
 // A thread that finishes its own part early takes the other parts' last rows. Fixed halves left
 // one thread waiting at the end of most regions: the two vCPUs of a VM do not run at the same
-// speed (Zen 5, Q4_K_M decode, 2 threads: the thread finishing last took 30-54 us more than the
-// other in regions of 130-180 us on average). The owner takes 7/8 of its part in one run (one
-// unbroken stream and prefetch), then runs of kStealUnits; the others take runs of kStealUnits
-// from the back. Q4_K_M decode at 512, paired read floor, three alternating rounds: 82-86% ->
+// speed (Zen 5, Q4_K_M decode, 2 threads: the thread finishing last took 25-54 us more than the
+// other in regions of 130-180 us on average). The owner takes kLeadEighths / 8 of its part in one
+// run (one unbroken stream and prefetch), then runs of kStealUnits; the others take runs of
+// kStealUnits from the back. Q4_K_M decode at 512, paired read floor, three alternating rounds: 82-86% ->
 // 90-93% at the AVX-512 level, 71-73% -> 72-76% at AVX2 (taking 3/4 first: 87-91%; 1/2: 83-85%).
-constexpr int64_t kStealUnits = 8;
+constexpr int64_t kStealUnits = 8, kLeadEighths = 7;
 
 // The parts of the m matrices, part p of each on thread p (and stolen tails, above).
 void run_static_parts(const WeightView* const* w, size_t m, int64_t macs,
@@ -107,7 +107,7 @@ void run_static_parts(const WeightView* const* w, size_t m, int64_t macs,
   parallel_for(nt, macs, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       RangeClaim& c = claim[static_cast<size_t>(p)];
-      const int64_t lead = std::max(kStealUnits, c.left() * 7 / 8);
+      const int64_t lead = std::max(kStealUnits, c.left() * kLeadEighths / 8);
       for (auto u = c.front(lead); u.first < u.second; u = c.front(kStealUnits)) run_units(static_cast<int>(p), u);
     }
     for (int q = 0; q < nt; ++q) {

@@ -16,6 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "kvslim/error.h"
+
 namespace kvslim {
 
 namespace {
@@ -233,6 +237,11 @@ void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int
     return;
   }
   pool().run(n, fn);
+}
+
+void RangeClaim::reset(int64_t n) {
+  if (n < 0 || n >= (int64_t{1} << 32)) throw Error(fmt::format("RangeClaim: {} units, not in [0, 2^32)", n));
+  fb_.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed);
 }
 
 std::pair<int64_t, int64_t> RangeClaim::front(int64_t k) {

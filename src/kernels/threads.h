@@ -47,8 +47,9 @@ void parallel_for(int64_t n, int64_t macs, const std::function<void(int64_t, int
 class alignas(64) RangeClaim {
  public:
   explicit RangeClaim(int64_t n = 0) { reset(n); }
-  /// Sets the range to [0, n) (no thread may be claiming meanwhile).
-  void reset(int64_t n) { fb_.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed); }
+  /// Sets the range to [0, n) (no thread may be claiming meanwhile). Throws kvslim::Error unless
+  /// 0 <= n < 2^32.
+  void reset(int64_t n);
   /// Claims up to k units from the front: returns [b, e) with e - b = min(k, left), or b == e when
   /// none are left.
   std::pair<int64_t, int64_t> front(int64_t k);
