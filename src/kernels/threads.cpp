@@ -244,24 +244,15 @@ void RangeClaim::reset(int64_t n) {
   fb_.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed);
 }
 
-std::pair<int64_t, int64_t> RangeClaim::front(int64_t k) {
+std::pair<int64_t, int64_t> RangeClaim::take(int64_t k, bool from_front) {
   uint64_t v = fb_.load(std::memory_order_relaxed);
   for (;;) {
     const int64_t f = static_cast<int64_t>(v & 0xffffffffu), b = static_cast<int64_t>(v >> 32);
-    const int64_t take = std::min(std::max<int64_t>(k, 0), b - f);
-    if (take <= 0) return {f, f};
-    if (fb_.compare_exchange_weak(v, v + static_cast<uint64_t>(take), std::memory_order_relaxed)) return {f, f + take};
-  }
-}
-
-std::pair<int64_t, int64_t> RangeClaim::back(int64_t k) {
-  uint64_t v = fb_.load(std::memory_order_relaxed);
-  for (;;) {
-    const int64_t f = static_cast<int64_t>(v & 0xffffffffu), b = static_cast<int64_t>(v >> 32);
-    const int64_t take = std::min(std::max<int64_t>(k, 0), b - f);
-    if (take <= 0) return {b, b};
-    if (fb_.compare_exchange_weak(v, v - (static_cast<uint64_t>(take) << 32), std::memory_order_relaxed))
-      return {b - take, b};
+    const int64_t n = std::min(std::max<int64_t>(k, 0), b - f);
+    if (n <= 0) return from_front ? std::make_pair(f, f) : std::make_pair(b, b);
+    const uint64_t next = from_front ? v + static_cast<uint64_t>(n) : v - (static_cast<uint64_t>(n) << 32);
+    if (fb_.compare_exchange_weak(v, next, std::memory_order_relaxed))
+      return from_front ? std::make_pair(f, f + n) : std::make_pair(b - n, b);
   }
 }
 

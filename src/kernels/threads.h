@@ -52,13 +52,14 @@ class alignas(64) RangeClaim {
   void reset(int64_t n);
   /// Claims up to k units from the front: returns [b, e) with e - b = min(k, left), or b == e when
   /// none are left.
-  std::pair<int64_t, int64_t> front(int64_t k);
+  std::pair<int64_t, int64_t> front(int64_t k) { return take(k, true); }
   /// Claims up to k units from the back (same contract).
-  std::pair<int64_t, int64_t> back(int64_t k);
+  std::pair<int64_t, int64_t> back(int64_t k) { return take(k, false); }
   /// Units not yet claimed.
   int64_t left() const;
 
  private:
+  std::pair<int64_t, int64_t> take(int64_t k, bool from_front);
   std::atomic<uint64_t> fb_{0};  // next front unit in the low 32 bits, the end of the rest in the high 32
 };
 
