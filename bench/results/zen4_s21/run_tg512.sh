@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 21, AMD EPYC Zen 5 (family 26), 2 threads, one engine at a time, DAMON off: Q4_K_M decode at depth 512
+# Session 21, AMD EPYC Zen 4 (family 25, Genoa), 2 threads, one engine at a time, DAMON off: Q4_K_M decode at depth 512
 # only, three more rounds after run_short (bench/results/zen5_s20/run_short.sh, run here with O=.../short), kvslim
 # (K, this session's build) at AVX-512 and forced AVX2 against llama.cpp (unslothai/llama.cpp mirror d32676d77)
 # native and AVX2-only builds (L = the llama.cpp directory). Synth TinyLlama Q4_K_M in /dev/shm/kv.
