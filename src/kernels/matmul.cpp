@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -42,15 +41,10 @@ void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_
     return;
   }
   const int64_t min_grab = std::max<int64_t>(1, units / (int64_t(nt) * 32));
-  std::atomic<int64_t> next{0};
+  RangeClaim claim(units);  // every thread claims from the front
+  auto next = [&] { return claim.front(std::max(min_grab, claim.left() / (int64_t(nt) * 2))); };
   parallel_for(nt, [&](int64_t, int64_t) {
-    int64_t u0 = next.load(std::memory_order_relaxed);
-    while (u0 < units) {
-      const int64_t g = std::max(min_grab, (units - u0) / (int64_t(nt) * 2));
-      if (!next.compare_exchange_weak(u0, u0 + g, std::memory_order_relaxed)) continue;
-      fn(u0, std::min(units, u0 + g));
-      u0 = next.load(std::memory_order_relaxed);
-    }
+    for (auto u = next(); u.first < u.second; u = next()) fn(u.first, u.second);
   });
 }
 
