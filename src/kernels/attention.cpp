@@ -100,31 +100,11 @@ KV_INLINE V splatv(T x) {
   return V{} + x;
 }
 
-// exp on 8 lanes for the generic kernels, kernels/vexp.h's sequence of operations in vector
-// extensions (so that the SSE2 baseline build has it too): Cody-Waite range reduction and Cephes'
-// degree-6 polynomial (about 1e-7 relative error). Inputs are clamped from below at -87.3 and must
-// be <= 88 (the online softmax's s - max is <= 0).
+// exp on 8 lanes for the generic kernels: kernels/vexp.h's in vector extensions. Inputs must be
+// <= 88 (the online softmax's s - max is <= 0).
 template <class V>
-KV_INLINE V vexp_v(const V& x0) {
-  using VI = typename IntVec<V>::type;
-  V x = x0;
-  x = x < splatv<V>(-87.3f) ? splatv<V>(-87.3f) : x;
-  const V t = x * 1.44269504088896341f + 12582912.0f, nf = t - 12582912.0f;  // round to nearest
-  const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  V y = splatv<V>(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  // y 2^n by adding n to y's exponent field: n << 23 is bits(t) << 23 (kernels/vexp.h).
-  VI tb, yb;
-  std::memcpy(&tb, &t, sizeof tb);
-  std::memcpy(&yb, &y, sizeof yb);
-  yb += tb << 23;
-  std::memcpy(&y, &yb, sizeof y);
-  return y;
+KV_INLINE V vexp_v(const V& x) {
+  return vexp::expv<V, typename IntVec<V>::type>(x);
 }
 
 // Max of the lanes of an 8-lane vector.

@@ -43,6 +43,34 @@ inline float exp1(float x) {
   return y;
 }
 
+/// e^x lane by lane on a GCC vector-extension type V (float lanes; VI: int32 lanes of the same
+/// count), for code compiled without AVX2 too (the generic attention kernels' SSE2 baseline build).
+/// exp1's operations with `a * b + c` where exp1 calls std::fma: the same bits where the compiler
+/// contracts them into fmas (GCC for x86-64-v3), a rounding apart in the products where it cannot.
+// Always inlined, so no 32-byte vector crosses a call of the baseline build and GCC's note on their
+// passing (-Wpsabi) does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <class V, class VI>
+inline __attribute__((always_inline)) V expv(V x) {
+  const V lo = V{} + kMin;
+  x = x < lo ? lo : x;
+  const V t = x * kLog2e + kRound, nf = t - kRound;
+  V r = x - nf * kLn2Hi;
+  r = r - nf * kLn2Lo;
+  V y = V{} + kP[0];
+  for (int i = 1; i < 6; ++i) y = y * r + kP[i];
+  y = y * (r * r) + r + 1.0f;
+  VI tb, yb;
+  static_assert(sizeof tb == sizeof t, "VI: int32 lanes, as many as V's");
+  std::memcpy(&tb, &t, sizeof tb);
+  std::memcpy(&yb, &y, sizeof yb);
+  yb += tb << 23;
+  std::memcpy(&y, &yb, sizeof y);
+  return y;
+}
+#pragma GCC diagnostic pop
+
 /// e^x on 8 lanes (each <= 88; NaN lanes give unspecified values).
 inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(kMin));
