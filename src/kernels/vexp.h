@@ -1,6 +1,6 @@
 #pragma once
 // exp for the kernels, as one sequence of operations at three widths (a float, 8 lanes with AVX2,
-// 16 lanes with AVX-512): x = n ln2 + r with ln2 in two parts (Cody-Waite), e^r by Cephes' degree-6
+// 16 lanes with AVX-512; and expv on GCC vector types for the generic kernels): x = n ln2 + r with ln2 in two parts (Cody-Waite), e^r by Cephes' degree-6
 // polynomial (about 1e-7 relative error), then 2^n applied by adding n to the exponent field. Each
 // step is one correctly rounded operation or one fma, so the three give the same bits. Arguments are
 // clamped from below at -87.3 (so y 2^n stays a normal float: where n = -126, r > 0 and y > 1);
@@ -9,9 +9,9 @@
 // n comes from the bits of t = x log2(e) + 1.5 2^23 (in [2^23, 2^24), where floats are the integers,
 // so bits(t) = bits(1.5 2^23) + n) shifted left by 23: the constant's part leaves nothing (its low 9
 // bits are 0), so bits(t) << 23 is n << 23. Adding that to y's bits multiplies y by 2^n exactly,
-// as a multiply by the float 2^n did, in an integer operation instead of a conversion, an add, a
-// shift and a multiply (one fewer operation on the fma pipes; the attention softmax runs one exp per
-// 16 fmas).
+// as a multiply by the float 2^n did, in two integer operations (shift, add) instead of four
+// (conversion, add, shift, multiply): one fewer on the fma pipes, where the attention softmax runs one
+// exp per 16 fmas.
 #include <cstdint>
 #include <cstring>
 #include <cmath>
