@@ -1,8 +1,9 @@
 #pragma once
 // exp for the kernels, as one sequence of operations at three widths (a float, 8 lanes with AVX2,
-// 16 lanes with AVX-512; and expv on GCC vector types for the generic kernels): x = n ln2 + r with ln2 in two parts (Cody-Waite), e^r by Cephes' degree-6
-// polynomial (about 1e-7 relative error), then 2^n applied by adding n to the exponent field. Each
-// step is one correctly rounded operation or one fma, so the three give the same bits. Arguments are
+// 16 lanes with AVX-512; the float's template also serves GCC vector types for the generic kernels):
+// x = n ln2 + r with ln2 in two parts (Cody-Waite), e^r by Cephes' degree-6 polynomial (about 1e-7
+// relative error), then 2^n applied by adding n to the exponent field. Each step is one correctly
+// rounded operation or one fma, so the three widths give the same bits. Arguments are
 // clamped from below at -87.3 (so y 2^n stays a normal float: where n = -126, r > 0 and y > 1);
 // callers whose arguments can exceed 88 clamp them above.
 //
@@ -26,43 +27,35 @@ constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                          4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
-/// e^x for one float (x <= 88).
-inline float exp1(float x) {
-  x = x < kMin ? kMin : x;
-  const float t = std::fma(x, kLog2e, kRound), nf = t - kRound;
-  float r = std::fma(-nf, kLn2Hi, x);
-  r = std::fma(-nf, kLn2Lo, r);
-  float y = kP[0];
-  for (int i = 1; i < 6; ++i) y = std::fma(y, r, kP[i]);
-  y = std::fma(y, r * r, r) + 1.0f;
-  uint32_t tb, yb;
-  std::memcpy(&tb, &t, sizeof tb);
-  std::memcpy(&yb, &y, sizeof yb);
-  yb += tb << 23;
-  std::memcpy(&y, &yb, sizeof y);
-  return y;
-}
-
-/// e^x lane by lane on a GCC vector-extension type V (float lanes; VI: int32 lanes of the same
-/// count), for code compiled without AVX2 too (the generic attention kernels' SSE2 baseline build).
-/// exp1's operations with `a * b + c` where exp1 calls std::fma: the same bits where the compiler
-/// contracts them into fmas (GCC for x86-64-v3), a rounding apart in the products where it cannot.
-// Always inlined, so no 32-byte vector crosses a call of the baseline build and GCC's note on their
-// passing (-Wpsabi) does not apply.
+// The vector forms below are always inlined, so no 32-byte vector crosses a call of the baseline
+// build and GCC's note on their passing (-Wpsabi) does not apply.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-template <class V, class VI>
+namespace detail {
+/// a * b + c in one rounding for a float; on vector types as written, which the compiler contracts
+/// into one fma where the target has them (GCC for x86-64-v3) and rounds twice where it does not.
+inline float fmadd(float a, float b, float c) { return std::fma(a, b, c); }
+template <class V>
+inline __attribute__((always_inline)) V fmadd(V a, V b, V c) {
+  return a * b + c;
+}
+}  // namespace detail
+
+/// e^x lane by lane (each <= 88) on V: float (with UI = uint32_t), or a GCC vector-extension type of
+/// float lanes (UI: int32 lanes of the same count), for code compiled without AVX2 too (the generic
+/// attention kernels' SSE2 baseline build).
+template <class V, class UI>
 inline __attribute__((always_inline)) V expv(V x) {
   const V lo = V{} + kMin;
   x = x < lo ? lo : x;
-  const V t = x * kLog2e + kRound, nf = t - kRound;
-  V r = x - nf * kLn2Hi;
-  r = r - nf * kLn2Lo;
+  const V t = detail::fmadd(x, V{} + kLog2e, V{} + kRound), nf = t - kRound;
+  V r = detail::fmadd(-nf, V{} + kLn2Hi, x);
+  r = detail::fmadd(-nf, V{} + kLn2Lo, r);
   V y = V{} + kP[0];
-  for (int i = 1; i < 6; ++i) y = y * r + kP[i];
-  y = y * (r * r) + r + 1.0f;
-  VI tb, yb;
-  static_assert(sizeof tb == sizeof t, "VI: int32 lanes, as many as V's");
+  for (int i = 1; i < 6; ++i) y = detail::fmadd(y, r, V{} + kP[i]);
+  y = detail::fmadd(y, r * r, r) + 1.0f;
+  UI tb, yb;
+  static_assert(sizeof tb == sizeof t, "UI: 32-bit integer lanes, as many as V's");
   std::memcpy(&tb, &t, sizeof tb);
   std::memcpy(&yb, &y, sizeof yb);
   yb += tb << 23;
@@ -70,6 +63,9 @@ inline __attribute__((always_inline)) V expv(V x) {
   return y;
 }
 #pragma GCC diagnostic pop
+
+/// e^x for one float (x <= 88).
+inline float exp1(float x) { return expv<float, uint32_t>(x); }
 
 /// e^x on 8 lanes (each <= 88; NaN lanes give unspecified values).
 inline __attribute__((always_inline, target("avx2,fma"))) __m256 exp8(__m256 x) {
