@@ -19,6 +19,7 @@
 #include "kernels/quant_dot.h"
 #include "kv/simd.h"
 #include "kv/codec.h"
+#include "support/sanitizer.h"
 
 using namespace kvslim;
 
@@ -686,17 +687,8 @@ TEST(KVCodec, Q2_1DecodersAreBitExactAtEveryLevel) {
 // block's pages (mremap) or extends it in place. From 33,000 to 70,000 f16 entries (head_dim 64; a
 // std::vector doubles its capacity, and copies 8 MiB, at 65,537 entries; realloc grows in steps of
 // 1.5) no single append faults in more than a few new pages, and every entry reads back as written.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KVSLIM_SANITIZER_ALLOCATOR 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define KVSLIM_SANITIZER_ALLOCATOR 1
-#endif
-#endif
 TEST(KVStore, GrowingALongSegmentMovesPagesInsteadOfCopying) {
-#ifdef KVSLIM_SANITIZER_ALLOCATOR
-  GTEST_SKIP() << "a sanitizer's allocator copies on realloc (the property is glibc's)";
-#endif
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's allocator copies on realloc (the property is glibc's)";
   KVCache threshold_setter(1, 1, 64);  // sets the allocator's mmap threshold, as every model run does
   const int hd = 64;
   KVStore st(hd, KVCodec::F16, KVCodec::F16, KVQuantOptions{});

@@ -10,22 +10,7 @@
 #include <string>
 
 #include "support/files.h"
-
-namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;  // their shadow memory needs terabytes of address space
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
-}  // namespace
+#include "support/sanitizer.h"
 
 TEST(Stress, ConcurrentGenerationsAtOneToSixteenThreadsUnderMemoryLimitFinish) {
   const std::string dir = ::testing::TempDir() + "kvslim_stress_" + std::to_string(::getpid());
