@@ -249,6 +249,15 @@ TEST(CliHabits, NoProgressLineWhenStderrIsNotATerminal) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_FALSE(contains(r.err, "\r")) << r.err;
   EXPECT_TRUE(contains(r.out, "| model")) << r.out;  // the table is the result: stdout
+  // kvzap-train wrote "\rKVzip+ targets: document i/n" to stderr whether or not it was a terminal.
+  Result k = run_cli("kvzap-train -m " + quote(kModel) + " -f " +
+                     quote(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt") + " -o " +
+                     quote(temp_path("kz.gguf")) + " --doc-tokens 64 --max-docs 2 --per-doc 16 --epochs 1 --no-bench");
+  ASSERT_EQ(k.rc, 0) << k.err;
+  EXPECT_FALSE(contains(k.err, "\r")) << k.err;
+  EXPECT_FALSE(contains(k.err, "KVzip+ targets")) << k.err;
+  EXPECT_TRUE(contains(k.out, "saved")) << k.out;
+  EXPECT_EQ(run_cli("kvzap-train -m " + quote(kModel) + " --bench-only --bench-tokens 8 --no-progress").rc, 0);
 }
 
 // The progress line itself, with a terminal and a clock stood in for.

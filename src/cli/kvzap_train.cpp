@@ -10,6 +10,7 @@
 #include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/progress.h"
 #include "press/kvzap_train.h"
 
 namespace kvslim::cli {
@@ -36,6 +37,7 @@ struct TrainArgs {
   int bench_tokens = 256;
   uint64_t seed = 42;
   int threads = 0;
+  bool no_progress = false;
 };
 
 void print_cost(const char* kind, const Model& model, const KVzapSurrogate& sur, int n) {
@@ -79,11 +81,12 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   to.kvzip.chunk = a.kvzip_chunk;
   to.seed = a.seed;
   fmt::print("model        {} ({} layers, n_embd {}, {} KV heads)\n", a.model, hp.n_layer, hp.n_embd, hp.n_head_kv);
+  Progress progress(!a.no_progress);
   const KVzapTrainResult r = train_kvzap(
       *model, docs, to,
-      [](size_t i, size_t n) {
-        fmt::print(stderr, "\rKVzip+ targets: document {}/{}", i, n);
-        if (i == n) fmt::print(stderr, "\n");
+      [&](size_t i, size_t n) {
+        progress.update(i, n, "kvzap: KVzip+ targets of the documents");
+        if (i == n) progress.clear();
       },
       [&](const KVzapTrainResult& so_far, int l) {
         if (l == 0) {
@@ -174,6 +177,7 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   sub->add_option("-s,--seed", a->seed, "random seed (token sampling, MLP)")->capture_default_str();
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);
+  add_no_progress_flag(sub, a->no_progress);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 
