@@ -20,7 +20,7 @@ constexpr const char* kSyntax = R"(Spec syntax (kvslim generate --press SPEC --c
   WRAPPER(SPEC)[:k=v,...]        a wrapper, e.g. key_rerotation(streaming_llm:n_sink=4)
   SPEC+SPEC+...                  composition: each press compresses what the previous ones left;
                                  kept fractions multiply, reported ratio = 1 - prod(1 - r_i)
-  A policy or wrapper written without parentheses wraps its default inner press (shown below).
+  A policy or wrapper written without parentheses wraps its default inner press (listed above).
   Inside the parentheses, key=value items after "name:k=v" stay with the inner press while they
   are its parameters; the first other key and all later ones go to the outer press:
     adakv(snapkv:window=32,alpha=0.3)   window -> snapkv, alpha -> adakv
