@@ -22,6 +22,7 @@
 #include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
+#include "kernels/weight_prefetch.h"
 #include "kvslim/error.h"
 #include "kvslim/quant.h"
 #include "run/decode_floor.h"
@@ -97,9 +98,11 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 /// Restores the SIMD level and thread count a test changed.
 struct Restore {
   qdot::Level lv = qdot::level();
+  qdot::Prefetch pf = qdot::prefetch();
   int threads = num_threads();
   ~Restore() {
     qdot::set_level(lv);
+    qdot::set_prefetch(pf);
     set_num_threads(threads);
   }
 };
@@ -603,6 +606,46 @@ TEST(Kernels, PackedRowsBitIdentical) {
         }
       }
     }
+  }
+}
+
+// Weight prefetch (weight_prefetch.h) only moves lines earlier: under both settings the packed and
+// the in-place decode kernels give the scalar reference's bits at every level, over rows long enough
+// for requests to run ahead of the reads and to reach the end of the call's rows (72 rows x 2,048
+// columns: 5 AVX-512 blocks of up to 16 x 8 super-blocks, the last one partial).
+TEST(Kernels, WeightPrefetchKeepsBits) {
+  Restore restore;
+  for (qdot::Prefetch p : {qdot::Prefetch::None, qdot::Prefetch::Ahead}) {
+    qdot::set_prefetch(p);
+    for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
+      const int64_t rows = 72, cols = 2048;
+      Matrix m = make_matrix(t, rows, cols, 131);
+      for (int64_t n : {1, 2}) {
+        std::vector<float> x = make_acts(n, cols, 132 + static_cast<uint32_t>(n));
+        const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
+        for (qdot::Level lv : levels()) {
+          qdot::set_level(lv);
+          const WeightView pv = packed_view(m);
+          EXPECT_TRUE(same_bits(ref, run_view_packed(lv, pv, x, n)))
+              << type_name(t) << " packed, " << qdot::level_name(lv) << ", prefetch " << qdot::prefetch_name(p) << ", n " << n;
+          EXPECT_TRUE(same_bits(ref, run_q(lv, m, x, n)))
+              << type_name(t) << " in place, " << qdot::level_name(lv) << ", prefetch " << qdot::prefetch_name(p) << ", n " << n;
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, WeightPrefetchNames) {
+  EXPECT_EQ(qdot::parse_prefetch("none"), qdot::Prefetch::None);
+  EXPECT_EQ(qdot::parse_prefetch("ahead"), qdot::Prefetch::Ahead);
+  EXPECT_STREQ(qdot::prefetch_name(qdot::Prefetch::None), "none");
+  EXPECT_STREQ(qdot::prefetch_name(qdot::Prefetch::Ahead), "ahead");
+  try {
+    qdot::parse_prefetch("later");
+    ADD_FAILURE() << "no error for an unknown setting";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'later'"), std::string::npos) << e.what();
   }
 }
 

@@ -41,6 +41,7 @@
 #include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
+#include "kernels/weight_prefetch.h"
 #include "kvslim/quant.h"
 #include "run/decode_floor.h"
 
@@ -188,7 +189,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("packed weights %.1f MB, simd %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()), threads);
+  std::printf("packed weights %.1f MB, simd %s, weight prefetch %s, %d threads\n", bytes / 1e6, qdot::level_name(qdot::level()),
+              qdot::prefetch_name(qdot::prefetch()), threads);
   // The matrices of each parallel region of a pass, in the order the products below run them.
   std::vector<std::vector<const WeightView*>> regions;
   for (const Layer& L : layers) {

@@ -21,6 +21,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/packed_weights.h"
+#include "kernels/weight_prefetch.h"
 #include "kernels/quant_dot.h"
 #include "kvslim/quant.h"
 
@@ -84,9 +85,9 @@ int main(int argc, char** argv) {
     qdot::dot_rows_q(lv, W, 0, rows, a, y.data(), rows);
     best = std::min(best, thread_seconds() - t0);
   }
-  std::printf("%s %lldx%lld x %lld tokens, simd %s, %s: best of %d %.3f ms, %.1f us/token, %.1f GMAC/s, hash %016llx\n",
+  std::printf("%s %lldx%lld x %lld tokens, simd %s, weight prefetch %s, %s: best of %d %.3f ms, %.1f us/token, %.1f GMAC/s, hash %016llx\n",
               argc > 1 ? argv[1] : "q8_0", static_cast<long long>(rows), static_cast<long long>(cols),
-              static_cast<long long>(tokens), qdot::level_name(lv), W.packed ? "packed" : "in place", reps, best * 1e3,
+              static_cast<long long>(tokens), qdot::level_name(lv), qdot::prefetch_name(qdot::prefetch()), W.packed ? "packed" : "in place", reps, best * 1e3,
               best * 1e6 / tokens, rows * cols * tokens / best * 1e-9,
               static_cast<unsigned long long>(fnv1a(y.data(), y.size() * sizeof(float))));
   return 0;

@@ -24,6 +24,7 @@
 #include "cli/progress.h"
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
+#include "kernels/weight_prefetch.h"
 #include "press/ratio_use.h"
 #include "run/decode_floor.h"
 #include "kvslim/request.h"
@@ -360,6 +361,7 @@ int run(BenchArgs a) {
   progress.clear();
   // The table, llama-bench style.
   const std::string simd = qdot::level_name(qdot::level());
+  const std::string prefetch = qdot::prefetch_name(qdot::prefetch());
   const std::string cpu = cpu_model_name();
   size_t pw = 5;  // the press column fits the longest press description (never cut)
   for (const Result& r : results) pw = std::max(pw, r.press.size());
@@ -409,8 +411,9 @@ int run(BenchArgs a) {
                r.press, r.test, 100 * r.paired_median(), 100 * r.paired_total(), r.token_read_gbps.size(), *plo, *phi);
   }
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
-  fmt::print(text_out, "cpu {}, simd {} (detected {}), prefill batch {}, KV cache {}{}{}\n", cpu, simd,
-             qdot::level_name(qdot::detected_level()), a.batch,
+  fmt::print(text_out, "cpu {}, simd {} (detected {}), weight prefetch {} (default {}), prefill batch {}, KV cache {}{}{}\n",
+             cpu, simd, qdot::level_name(qdot::detected_level()), prefetch, qdot::prefetch_name(qdot::default_prefetch()),
+             a.batch,
              describe_cache_config(so.key_codec, so.value_codec, so.kv_quant),
              ratio_used ? fmt::format(", compression ratio {}", a.ratio) : std::string(),
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
@@ -426,6 +429,7 @@ int run(BenchArgs a) {
                      {"threads", a.threads},
                      {"cpu", cpu},
                      {"simd", simd},
+                     {"weight_prefetch", prefetch},
                      {"batch", a.batch},
                      {"press", r.press},
                      {"compression_ratio", a.ratio},

@@ -12,6 +12,7 @@
 
 #include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
+#include "kernels/weight_prefetch.h"
 #include "kvslim/error.h"
 
 // Headers come first so that nothing they define is compiled for avx2.

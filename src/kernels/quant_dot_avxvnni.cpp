@@ -14,6 +14,7 @@
 
 #include "kernels/packed_weights.h"
 #include "kernels/quant_dot.h"
+#include "kernels/weight_prefetch.h"
 #include "kvslim/error.h"
 
 // Headers come first so that nothing they define is compiled for avxvnni (see quant_dot_avx2.cpp).
