@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/threads.h"
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
 #include "run/decode_floor.h"
@@ -39,4 +40,17 @@ TEST(DecodeFloor, ReadRateGivesOneRatePerPass) {
   ASSERT_EQ(r.size(), 3u);
   for (double g : r) EXPECT_GT(g, 0.0);
   EXPECT_THROW(probe.passes(0), Error);
+}
+
+// The hand-off probe completes its ping-pong with two threads (a positive latency; 0 would mean
+// the partner never answered within its second), gives 0 with one thread, and rejects a round-trip
+// count below 1. No time is asserted.
+TEST(DecodeFloor, ThreadHandoffRunsWithTwoThreads) {
+  const int saved = num_threads();
+  set_num_threads(2);
+  EXPECT_GT(thread_handoff_ns(200), 0.0);
+  set_num_threads(1);
+  EXPECT_EQ(thread_handoff_ns(200), 0.0);
+  set_num_threads(saved);
+  EXPECT_THROW(thread_handoff_ns(0), Error);
 }

@@ -131,6 +131,9 @@ struct Result {
   /// whose read rate drifts within seconds (other tenants), each token is compared with the memory
   /// as it was at that moment rather than with passes seconds away.
   std::vector<double> token_read_gbps;
+  /// --floor: the one-way hand-off between the pool's two first threads (ns, thread_handoff_ns)
+  /// just before and just after the decode test: whether the threads shared a last-level cache.
+  std::vector<double> handoff_ns;
   /// Paired shares of the floor: the median over tokens of (token's rate / the rate its read pass
   /// allows), and the sum of the floor times over the sum of the token times. 0 without --floor.
   double paired_median() const {
@@ -328,6 +331,7 @@ int run(BenchArgs a) {
         if (a.floor) {
           r.floor_bytes = weight_floor_bytes + r.kv_bytes;
           r.read_gbps = probe->passes(kProbePasses);
+          r.handoff_ns.push_back(thread_handoff_ns());
         }
         // Repetitions continue the same context: depth drifts by n_gen per repetition. The
         // tokens are fed (not sampled) so every press decodes the same sequence.
@@ -352,8 +356,10 @@ int run(BenchArgs a) {
           r.cpu_tps.push_back(a.n_gen / std::max(1e-9, probe ? token_cpu : process_cpu_seconds() - c0));
         }
         r.peak_rss = rss_peak();
-        if (a.floor)
+        if (a.floor) {
           for (double g : probe->passes(kProbePasses)) r.read_gbps.push_back(g);
+          r.handoff_ns.push_back(thread_handoff_ns());
+        }
         results.push_back(r);
       }
   }
@@ -409,6 +415,12 @@ int run(BenchArgs a) {
                "paired read floor {} {}: {:.0f}% median token / {:.0f}% total time of the rate that a read pass "
                "right after each token allows ({} pairs, reads {:.1f}-{:.1f} GB/s)\n",
                r.press, r.test, 100 * r.paired_median(), 100 * r.paired_total(), r.token_read_gbps.size(), *plo, *phi);
+    if (r.handoff_ns.size() == 2 && r.handoff_ns[0] > 0 && r.handoff_ns[1] > 0)
+      fmt::print(text_out,
+                 "thread hand-off {} {}: {:.0f} / {:.0f} ns one way between the first two threads before / after the "
+                 "test (tens of ns: cores sharing a last-level cache; hundreds: separate ones, where every hand-over "
+                 "between parallel regions costs more)\n",
+                 r.press, r.test, r.handoff_ns[0], r.handoff_ns[1]);
   }
   // The ratio only where a press of the table uses it (with --press none alone it meant nothing).
   fmt::print(text_out, "cpu {}, simd {} (detected {}), weight prefetch {} (default {}), prefill batch {}, KV cache {}{}{}\n",
@@ -448,6 +460,7 @@ int run(BenchArgs a) {
                      {"floor_bytes_per_token", r.floor_bytes},
                      {"floor_ts", r.floor_tps()},
                      {"token_read_gbps", r.token_read_gbps},
+                     {"handoff_ns", r.handoff_ns},
                      {"paired_floor_share_median", r.paired_median()},
                      {"paired_floor_share_total", r.paired_total()},
                      {"press_seconds", r.press_seconds},

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -127,6 +129,51 @@ double ReadProbe::pass() {
     if (v != uint64_t{share / 8} * 0x0101010101010101ULL)  // (mod 2^64, as the adds wrap)
       throw Error("read probe: the buffer did not read back as written");
   return static_cast<double>(share * nt) / std::max(s, 1e-9) / 1e9;
+}
+
+double thread_handoff_ns(int round_trips) {
+  if (round_trips < 1) throw Error(fmt::format("thread hand-off: round trips must be >= 1, not {}", round_trips));
+  if (num_threads() < 2) return 0;
+  // Odd values are part 0's moves, even values part 1's answers; -1 tells both to stop.
+  alignas(64) std::atomic<int64_t> flag{0};
+  std::atomic<bool> timed_out{false};
+  double seconds = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  // Waits until flag == want; false when the other side stopped or the deadline passed.
+  auto wait_for = [&](int64_t want) {
+    for (int i = 0;; ++i) {
+      const int64_t v = flag.load(std::memory_order_acquire);
+      if (v == want) return true;
+      if (v < 0) return false;
+      if ((i & 1023) == 1023) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          timed_out = true;
+          flag.store(-1, std::memory_order_release);
+          return false;
+        }
+        std::this_thread::yield();  // the other thread may share this core (a busy machine)
+      }
+    }
+  };
+  parallel_for(2, [&](int64_t b, int64_t e) {
+    if (e - b != 1) return;  // both parts on one thread (a nested region): nothing to time
+    if (b == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < round_trips; ++i) {
+        flag.store(2 * i + 1, std::memory_order_release);
+        if (!wait_for(2 * i + 2)) return;
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      flag.store(-1, std::memory_order_release);
+    } else {
+      for (int64_t i = 0;; ++i) {
+        if (!wait_for(2 * i + 1)) return;
+        flag.store(2 * i + 2, std::memory_order_release);
+      }
+    }
+  });
+  if (timed_out || seconds <= 0) return 0;
+  return seconds * 1e9 / round_trips / 2;
 }
 
 std::vector<double> ReadProbe::passes(int n) {

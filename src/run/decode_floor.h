@@ -21,6 +21,15 @@ size_t decode_weight_bytes(const GGUFFile& f);
 /// sysfs does not say.
 size_t last_level_cache_bytes();
 
+/// One-way latency (ns) of handing a cache line between the pool's first two threads: a flag
+/// passed back and forth `round_trips` times, half the mean round trip. It tells how the threads
+/// sit: cores sharing a last-level cache hand over in tens of ns, cores on separate ones (two
+/// chiplets of an AMD EPYC, as a VM's vCPUs can be placed) in hundreds, and every hand-over of
+/// data between parallel regions costs accordingly. 0 with fewer than two threads, or when the
+/// other thread did not answer within a second (a busy machine). Throws kvslim::Error when
+/// round_trips < 1.
+double thread_handoff_ns(int round_trips = 20000);
+
 /// A buffer of `bytes` (rounded down to whole 2 MiB spans, at least one), far larger than any
 /// cache, written once (huge pages as the packed weights get them), then read whole by pass():
 /// the memory side of the decode floor, for `bench --floor` and tools/gemv_stream_bench.
