@@ -74,8 +74,9 @@ bool static_parts(const WeightView* const* w, size_t m, int64_t n_tokens) {
 // 90-93% at the AVX-512 level, 71-73% -> 72-76% at AVX2 (taking 3/4 first: 87-91%; 1/2: 83-85%).
 constexpr int64_t kStealUnits = 8, kLeadEighths = 7;
 
-// The parts of the m matrices, part p of each on thread p (and stolen tails, above).
-void run_static_parts(const WeightView* const* w, size_t m, int64_t macs,
+// The parts of the m matrices, part p of each on thread p (and stolen tails, above). prologue runs
+// once on every thread of the region before it takes any rows.
+void run_static_parts(const WeightView* const* w, size_t m, int64_t macs, const std::function<void()>& prologue,
                       const std::function<void(size_t, int64_t, int64_t)>& rows) {
   const int nt = num_threads();
   // Part p of matrix i is units [first[p * (m + 1) + i], first[p * (m + 1) + i + 1]) of part p's range.
@@ -99,6 +100,7 @@ void run_static_parts(const WeightView* const* w, size_t m, int64_t macs,
     }
   };
   parallel_for(nt, macs, [&](int64_t b, int64_t e) {
+    prologue();
     for (int64_t p = b; p < e; ++p) {
       RangeClaim& c = claim[static_cast<size_t>(p)];
       const int64_t lead = std::max(kStealUnits, c.left() * kLeadEighths / 8);
@@ -153,6 +155,23 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
   });
 }
 
+// Each thread's own quantized input for the decode products over thread-major parts (one per
+// distinct format of a group). Each thread quantizes the input itself at the start of the region,
+// into buffers no other thread touches: handed over from the calling thread instead, every
+// product's buffers were written by one thread after the other had read them, which on cores
+// without a shared last-level cache (a VM's vCPUs on two AMD chiplets) took 537 us a token
+// against 145 on shared ones (Q4_K_M decode; bench/results/zen4_s25/notes.txt). Every thread
+// quantizes the same rows the same way, so a row's result does not depend on which thread takes it.
+std::vector<qdot::Acts>& thread_acts() {
+  static thread_local std::vector<qdot::Acts> own;
+  return own;
+}
+
+void quantize_input(const float* X, int64_t n_tokens, int64_t cols, const qdot::Format& f, qdot::Acts& a) {
+  qdot::prepare_acts(n_tokens, cols, f, a);
+  qdot::quantize_acts_rows(X, 0, n_tokens, f, a);
+}
+
 }  // namespace
 
 void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, int64_t n_tokens,
@@ -189,21 +208,29 @@ void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, i
     }
     first_unit[i + 1] = first_unit[i] + (w[i]->rows + kRowUnit - 1) / kRowUnit;
   }
+  const qdot::Level lv = qdot::level();
+  int64_t macs = 0;
+  for (size_t i = 0; i < m; ++i) macs += w[i]->rows * w[i]->cols * n_tokens;
+  if (static_parts(w, m, n_tokens)) {
+    run_static_parts(
+        w, m, macs,
+        [&] {
+          std::vector<qdot::Acts>& own = thread_acts();
+          own.resize(std::max(own.size(), m));
+          for (size_t i = 0; i < m; ++i)
+            if (which[i] == i) quantize_input(X, n_tokens, w[i]->cols, qdot::format_of(w[i]->type), own[i]);
+        },
+        [&](size_t i, int64_t r0, int64_t r1) {
+          qdot::dot_rows_q(lv, *w[i], r0, r1, thread_acts()[which[i]], y[i], w[i]->rows);
+        });
+    return;
+  }
   for (size_t i = 0; i < m; ++i) {
     if (which[i] != i) continue;
     const qdot::Format f = qdot::format_of(w[i]->type);
     qdot::Acts& a = acts[i];
     qdot::prepare_acts(n_tokens, w[i]->cols, f, a);
     parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, a); });
-  }
-  const qdot::Level lv = qdot::level();
-  int64_t macs = 0;
-  for (size_t i = 0; i < m; ++i) macs += w[i]->rows * w[i]->cols * n_tokens;
-  if (static_parts(w, m, n_tokens)) {
-    run_static_parts(w, m, macs, [&](size_t i, int64_t r0, int64_t r1) {
-      qdot::dot_rows_q(lv, *w[i], r0, r1, acts[which[i]], y[i], w[i]->rows);
-    });
-    return;
   }
   parallel_units(first_unit[m], macs, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < m; ++i) {
@@ -221,18 +248,24 @@ void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, boo
     const qdot::Level lv = qdot::level();
     const qdot::Format f = qdot::format_of(W.type);
     if (f.group > 0) {
+      const WeightView* w = &W;
+      if (static_parts(&w, 1, n_tokens)) {
+        run_static_parts(
+            &w, 1, W.rows * W.cols * n_tokens,
+            [&] {
+              std::vector<qdot::Acts>& own = thread_acts();
+              own.resize(std::max<size_t>(own.size(), 1));
+              quantize_input(X, n_tokens, W.cols, f, own[0]);
+            },
+            [&](size_t, int64_t r0, int64_t r1) { qdot::dot_rows_q(lv, W, r0, r1, thread_acts()[0], Y, W.rows); });
+        return;
+      }
       // Reused between calls to keep its memory; workers must see the caller's object, so they
       // get a reference (a thread_local named inside the lambdas would be their own).
       static thread_local qdot::Acts caller_acts;
       qdot::Acts& acts = caller_acts;
       qdot::prepare_acts(n_tokens, W.cols, f, acts);
       parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, acts); });
-      const WeightView* w = &W;
-      if (static_parts(&w, 1, n_tokens)) {
-        run_static_parts(&w, 1, W.rows * W.cols * n_tokens,
-                         [&](size_t, int64_t r0, int64_t r1) { qdot::dot_rows_q(lv, W, r0, r1, acts, Y, W.rows); });
-        return;
-      }
       parallel_rows(W.rows, W.rows * W.cols * n_tokens,
                     [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
       return;
