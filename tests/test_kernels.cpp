@@ -95,7 +95,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// Restores the SIMD level and thread count a test changed.
+/// Restores the SIMD level, weight prefetch setting and thread count a test changed.
 struct Restore {
   qdot::Level lv = qdot::level();
   qdot::Prefetch pf = qdot::prefetch();
@@ -612,7 +612,7 @@ TEST(Kernels, PackedRowsBitIdentical) {
 // Weight prefetch (weight_prefetch.h) only moves lines earlier: under both settings the packed and
 // the in-place decode kernels give the scalar reference's bits at every level, over rows long enough
 // for requests to run ahead of the reads and to reach the end of the call's rows (72 rows x 2,048
-// columns: 5 AVX-512 blocks of up to 16 x 8 super-blocks, the last one partial).
+// columns: five 16-row AVX-512 blocks, the last holding 8 rows, or nine 8-row ones, of 8 super-blocks).
 TEST(Kernels, WeightPrefetchKeepsBits) {
   Restore restore;
   for (qdot::Prefetch p : {qdot::Prefetch::None, qdot::Prefetch::Ahead}) {
