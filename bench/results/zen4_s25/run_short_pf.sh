@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 25, AMD EPYC Zen 4 (family 25), 2 threads, one engine at a time, DAMON off: rounds of decode at depth 512
-# for Q4_K_M and Q8_0, kvslim (K) at its default weight prefetch for this CPU (none) and with KVSLIM_PREFETCH=ahead
-# (the setting before 8fd07c8), at AVX-512 and forced AVX2, against llama.cpp (L: unslothai/llama.cpp mirror
+# for Q4_K_M and Q8_0, kvslim (K) at each weight prefetch setting in PF (default "none ahead": this CPU's default,
+# then the setting before 8fd07c8; PF=none for placement/, run after 81048ae, whose --floor names the threads'
+# placement), at AVX-512 and forced AVX2, against llama.cpp (L: unslothai/llama.cpp mirror
 # d32676d77; build/ native, build-avx2/ AVX2-only; -fa 0 and 1). kvslim --floor: the read rate around every token.
 # Synth TinyLlama files in /dev/shm/kv.
 O=${O:-/tmp/s25short}; mkdir -p $O; K=${K:-/work/build/rel/kvslim}; L=${L:-/work/ext/llama}; N=${N:-3}
@@ -11,7 +12,7 @@ for r in $(seq 1 $N); do
     M=/dev/shm/kv/tinyllama-$m.gguf
     for p in avx512:build avx2:build-avx2; do
       lvl=${p%%:*}; b=${p##*:}
-      for pf in none ahead; do
+      for pf in ${PF:-none ahead}; do
         lg "$m $lvl prefetch $pf round $r"
         KVSLIM_PREFETCH=$pf KVSLIM_SIMD=$lvl taskset -c 0,1 $K bench -m $M -p 0 --depth 512 -n 32 -r 2 -t 2 --no-progress \
           --floor > $O/kvslim-$lvl-$pf-$m-r$r.txt 2>&1
