@@ -376,6 +376,10 @@ TEST(BenchCli, RunsAndWritesJson) {
     EXPECT_EQ(r["threads"], 1);
     EXPECT_EQ(r["n_params"], 292800);  // stories260K's tensor elements
   }
+  // The ratio only on the rows of a press that takes it (regression: press none rows said 0.5).
+  EXPECT_TRUE(j[0]["compression_ratio"].is_null());
+  EXPECT_EQ(j[4]["compression_ratio"], 0.5);
+  EXPECT_TRUE(j[0]["weight_prefetch"] == "none" || j[0]["weight_prefetch"] == "ahead");
   // KV bytes measured from the cache: knorm at ratio 0.5 keeps 16 of the 32 prefill entries.
   EXPECT_NEAR(j[4]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
   EXPECT_NEAR(j[6]["kv_bytes"].get<double>() / j[2]["kv_bytes"].get<double>(), 0.5, 0.05);  // 8 of 16

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -206,10 +207,12 @@ int run(BenchArgs a) {
   // its entries by the ratio.
   std::vector<std::unique_ptr<Press>> presses;
   bool ratio_used = false;  // by any press of the table
+  std::set<std::string> ratio_users;  // descriptions of the presses that keep their entries by the ratio
   std::string last_press;   // the last spec other than none
   for (const std::string& spec : a.presses) {
     bool used = false;
     presses.push_back(make_press(spec, a.ratio, used));
+    if (used) ratio_users.insert(presses.back()->describe());
     if (spec == "none") continue;
     ratio_used = ratio_used || used;
     last_press = spec;
@@ -444,7 +447,8 @@ int run(BenchArgs a) {
                      {"weight_prefetch", prefetch},
                      {"batch", a.batch},
                      {"press", r.press},
-                     {"compression_ratio", a.ratio},
+                     // null on rows whose press does not take the ratio (none among them)
+                     {"compression_ratio", ratio_users.count(r.press) ? nlohmann::json(a.ratio) : nlohmann::json()},
                      {"cache", describe_cache_config(so.key_codec, so.value_codec, so.kv_quant)},
                      {"test", r.test},
                      {"n_prompt", r.n_prompt},
