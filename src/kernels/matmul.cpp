@@ -191,6 +191,8 @@ void matmul_group(std::initializer_list<const WeightView*> Ws, const float* X, i
   }
   // One quantization of X per distinct format, then one parallel region over the row units of
   // all matrices (unit u of matrix i covers rows [16 u, 16 u + 16)).
+  // Reused between calls to keep their memory; workers must see the caller's objects, so they get
+  // a reference (a thread_local named inside the lambdas would be their own).
   static thread_local std::vector<qdot::Acts> caller_acts;
   std::vector<qdot::Acts>& acts = caller_acts;
   acts.resize(m);
@@ -247,27 +249,8 @@ void matmul(const WeightView& W, const float* X, int64_t n_tokens, float* Y, boo
   if (!exact) {
     const qdot::Level lv = qdot::level();
     const qdot::Format f = qdot::format_of(W.type);
-    if (f.group > 0) {
-      const WeightView* w = &W;
-      if (static_parts(&w, 1, n_tokens)) {
-        run_static_parts(
-            &w, 1, W.rows * W.cols * n_tokens,
-            [&] {
-              std::vector<qdot::Acts>& own = thread_acts();
-              own.resize(std::max<size_t>(own.size(), 1));
-              quantize_input(X, n_tokens, W.cols, f, own[0]);
-            },
-            [&](size_t, int64_t r0, int64_t r1) { qdot::dot_rows_q(lv, W, r0, r1, thread_acts()[0], Y, W.rows); });
-        return;
-      }
-      // Reused between calls to keep its memory; workers must see the caller's object, so they
-      // get a reference (a thread_local named inside the lambdas would be their own).
-      static thread_local qdot::Acts caller_acts;
-      qdot::Acts& acts = caller_acts;
-      qdot::prepare_acts(n_tokens, W.cols, f, acts);
-      parallel_for(n_tokens, [&](int64_t b, int64_t e) { qdot::quantize_acts_rows(X, b, e, f, acts); });
-      parallel_rows(W.rows, W.rows * W.cols * n_tokens,
-                    [&](int64_t b, int64_t e) { qdot::dot_rows_q(lv, W, b, e, acts, Y, W.rows); });
+    if (f.group > 0) {  // one matrix is a group of one: the same quantization, shares and kernels
+      matmul_group({&W}, X, n_tokens, {Y}, exact);
       return;
     }
     const bool float_type = W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
