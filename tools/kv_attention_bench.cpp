@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // Cold: one decode token over a whole model's cache (22 x 4 segments, larger than the caches of
-  // the processor), as the forward pass reads it; the segments above were read warm, from cache.
+  // Cold: one decode token over a whole model's cache (22 x 4 segments; from 4,096 entries on larger
+  // than the processor's caches), as the forward pass reads it; the segments above were read warm.
   std::printf("\n| cache | depth | cold decode ms/token (22x4 heads, 1 thread) | GB/s read | after evicting the caches, ms/token (best of 7) |\n|---|---:|---:|---:|---:|\n");
   for (int n : depths)
     for (const Cfg& c : cfgs) {
