@@ -21,6 +21,7 @@
 #include "kernels/attention.h"
 #include "kernels/quant_dot.h"
 #include "kvslim/kv_cache.h"
+#include "run/decode_floor.h"
 
 using namespace kvslim;
 using Clock = std::chrono::steady_clock;
@@ -170,15 +171,14 @@ int main(int argc, char** argv) {
             for (const Segment& sg : segs) attend_segment(sg, q.data(), G, vis.data(), 0.125f, out.data(), hd);
           },
           0.2);
-      // After evicting the caches: each sweep follows a plain read of 256 MiB, as in a decode step,
-      // where all the layers' weights stream through the caches between one token's attention over
-      // a segment and the next token's. "Cold" above still finds a 512-entry cache (11 MiB) in L3.
-      static std::vector<uint64_t> flush(size_t{32} << 20, 1);
+      // After evicting the caches: each sweep follows a plain read of 256 MiB (bench --floor's read
+      // probe), as in a decode step, where all the layers' weights stream through the caches between
+      // one token's attention over a segment and the next token's. "Cold" above still finds a
+      // 512-entry cache (11 MiB) in L3.
+      static ReadProbe flush(size_t{256} << 20);
       double evicted = 1e30;
       for (int r = 0; r < 7; ++r) {
-        uint64_t sum = 0;
-        for (uint64_t x : flush) sum += x;
-        asm volatile("" : : "r"(sum));  // keeps the read
+        flush.pass();
         const double t0 = thread_seconds();
         for (const Segment& sg : segs) attend_segment(sg, q.data(), G, vis.data(), 0.125f, out.data(), hd);
         evicted = std::min(evicted, thread_seconds() - t0);
