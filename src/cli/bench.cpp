@@ -206,17 +206,15 @@ int run(BenchArgs a) {
   // Every spec built once, before the model loads (a bad spec fails first), with whether it keeps
   // its entries by the ratio.
   std::vector<std::unique_ptr<Press>> presses;
-  bool ratio_used = false;  // by any press of the table
   std::set<std::string> ratio_users;  // descriptions of the presses that keep their entries by the ratio
   std::string last_press;   // the last spec other than none
   for (const std::string& spec : a.presses) {
     bool used = false;
     presses.push_back(make_press(spec, a.ratio, used));
     if (used) ratio_users.insert(presses.back()->describe());
-    if (spec == "none") continue;
-    ratio_used = ratio_used || used;
-    last_press = spec;
+    if (spec != "none") last_press = spec;
   }
+  const bool ratio_used = !ratio_users.empty();  // by any press of the table (never by none)
   // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
   if (a.ratio_given) check_ratio_used(last_press, a.ratio, ratio_used, "--compression-ratio");
   if (a.floor && (a.n_gen == 0 || a.depths.empty()))
