@@ -272,9 +272,12 @@ def run_depth(args, level, llama_bin, path, depth, rnd, raw):
                                                   "llama_fa": ll["fill"]["fa"]}),
         ratio_record(f"decode at {depth}, full f16 cache", level, "q8_0", rnd, full["avg_ts"], ll["tg"]["tg_ts"],
                      DECODE_TARGETS.get(depth), {"simd": full.get("simd"), "handoff_ns": full.get("handoff_ns"),
+                                                 "floor_share": full.get("paired_floor_share_median"),
                                                  "llama_fa": ll["tg"]["fa"]}),
         ratio_record(f"decode at {depth}, SnapKV 0.75 (llama.cpp: full cache)", level, "q8_0", rnd, snap["avg_ts"],
-                     ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), {"simd": snap.get("simd")}),
+                     ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), {"simd": snap.get("simd"),
+                                                                    "handoff_ns": snap.get("handoff_ns"),
+                                                                    "floor_share": snap.get("paired_floor_share_median")}),
     ]
 
 
@@ -289,6 +292,8 @@ def summary(recs, header):
             notes.append(f"kvslim simd {r['simd']}")
         if r.get("handoff_ns"):
             notes.append("hand-off " + " / ".join(f"{x:.0f}" for x in r["handoff_ns"]) + " ns")
+        if r.get("floor_share") and "share" not in r:
+            notes.append(f"kvslim at {r['floor_share']:.0%} of its paired read floor")
         if r.get("llama_fa") is not None:
             notes.append(f"llama.cpp -fa {r['llama_fa']}")
         target = "" if r["target"] is None else (f"{r['target']:.0%}" if "share" in r else f"{r['target']:g}x")
