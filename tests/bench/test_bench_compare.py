@@ -17,6 +17,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(SRC, "bench"))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import bench_compare  # noqa: E402
 
 KVSLIM = os.environ.get("KVSLIM", os.path.join(SRC, "build", "kvslim"))
