@@ -42,6 +42,8 @@ FLOOR_TARGET = 0.80  # Q4_K_M decode at 512: share of kvslim's paired read floor
 PREFILL_TARGETS = {4096: 1.5, 16384: 2.0}
 DECODE_TARGETS = {4096: 1.2, 16384: 2.0}
 SNAPKV_TARGETS = {4096: 1.5, 16384: 3.0}
+# The weight type kvslim's JSON reports (model_type) for each model flag.
+EXPECTED_TYPE = {"q8_0": "q8_0", "q4_k_m": "q4_K"}
 
 
 class CompareError(Exception):
@@ -213,13 +215,18 @@ def run_short(args, level, llama_bin, model, path, rnd, raw):
     kv, ll = out["kv"], out["ll"]
     recs = []
     pp = kvslim_row(kv, f"pp{p}")
-    recs.append(ratio_record(f"pp{p}", level, model, rnd, pp["avg_ts"], llama_best(ll, p, 0, 0)["avg_ts"],
-                             PP512_TARGET if p == 512 else None, {"simd": pp.get("simd")}))
+    # A file whose weights are not the type its flag names is flagged on every row of it.
+    odd = {} if pp.get("model_type") == EXPECTED_TYPE[model] else {"model_type": pp.get("model_type")}
+    llp = llama_best(ll, p, 0, 0)
+    recs.append(ratio_record(f"pp{p}", level, model, rnd, pp["avg_ts"], llp["avg_ts"],
+                             PP512_TARGET if p == 512 else None,
+                             {"simd": pp.get("simd"), "llama_fa": llp.get("flash_attn"), **odd}))
     tg = kvslim_row(kv, f"tg{n} @ d{d}")
-    extra = {"simd": tg.get("simd"), "handoff_ns": tg.get("handoff_ns"),
-             "floor_share": tg.get("paired_floor_share_median"), "read_gbps": tg.get("read_gbps")}
-    recs.append(ratio_record(f"decode at {d}", level, model, rnd, tg["avg_ts"],
-                             llama_best(ll, 0, n, d)["avg_ts"], DECODE512_TARGET if d == 512 else None, extra))
+    llt = llama_best(ll, 0, n, d)
+    extra = {"simd": tg.get("simd"), "handoff_ns": tg.get("handoff_ns"), "llama_fa": llt.get("flash_attn"),
+             "floor_share": tg.get("paired_floor_share_median"), "read_gbps": tg.get("read_gbps"), **odd}
+    recs.append(ratio_record(f"decode at {d}", level, model, rnd, tg["avg_ts"], llt["avg_ts"],
+                             DECODE512_TARGET if d == 512 else None, extra))
     if model == "q4_k_m" and d == 512:
         share = tg.get("paired_floor_share_median") or 0.0
         recs.append({"test": "decode at 512, share of the paired read floor", "level": level, "model": model,
@@ -263,26 +270,35 @@ def run_depth(args, level, llama_bin, path, depth, rnd, raw):
         step()
     kv, ll = out["kv"], out["ll"]
     fill = kvslim_row(kv, f"fill d{depth}")
+    odd = {} if fill.get("model_type") == EXPECTED_TYPE["q8_0"] else {"model_type": fill.get("model_type")}
     full = kvslim_row(kv, f"tg{n} @ d{depth}")
     snap = kvslim_row(kv, f"tg{n} @ d{depth}", "snapkv")
     return [
         ratio_record(f"prefill of {depth}", level, "q8_0", rnd, fill["avg_ts"], ll["fill"]["fill_ts"],
                      PREFILL_TARGETS.get(depth), {"simd": fill.get("simd"), "llama_fill_s": ll["fill"]["fill_s"],
                                                   "llama_fill_cpu_s": ll["fill"]["fill_cpu_s"],
-                                                  "llama_fa": ll["fill"]["fa"]}),
+                                                  "llama_fa": ll["fill"]["fa"], **odd}),
         ratio_record(f"decode at {depth}, full f16 cache", level, "q8_0", rnd, full["avg_ts"], ll["tg"]["tg_ts"],
                      DECODE_TARGETS.get(depth), {"simd": full.get("simd"), "handoff_ns": full.get("handoff_ns"),
                                                  "floor_share": full.get("paired_floor_share_median"),
-                                                 "llama_fa": ll["tg"]["fa"]}),
+                                                 "llama_fa": ll["tg"]["fa"], **odd}),
         ratio_record(f"decode at {depth}, SnapKV 0.75 (llama.cpp: full cache)", level, "q8_0", rnd, snap["avg_ts"],
                      ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), {"simd": snap.get("simd"),
                                                                     "handoff_ns": snap.get("handoff_ns"),
-                                                                    "floor_share": snap.get("paired_floor_share_median")}),
+                                                                    "floor_share": snap.get("paired_floor_share_median"),
+                                                                    **odd}),
     ]
 
 
-def summary(recs, header):
-    """summary.md's text: the machine and files, then one line per record."""
+def write_results(out, header, recs, failures):
+    """results.json: the header lines, one record per ratio, and the failed runs' messages."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"header": header, "records": recs, "failures": failures}, f, indent=1)
+
+
+def summary(recs, header, failures=()):
+    """summary.md's text: the machine and files, one line per record, then each test's range over
+    the rounds and the failed runs."""
     lines = list(header)
     lines += ["", "| test | level | model | round | kvslim | llama.cpp | ratio | target | met | notes |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -292,6 +308,8 @@ def summary(recs, header):
             notes.append(f"kvslim simd {r['simd']}")
         if r.get("handoff_ns"):
             notes.append("hand-off " + " / ".join(f"{x:.0f}" for x in r["handoff_ns"]) + " ns")
+        if r.get("model_type"):
+            notes.append(f"**the file's weights are {r['model_type']}, not {r['model']}**")
         if r.get("floor_share") and "share" not in r:
             notes.append(f"kvslim at {r['floor_share']:.0%} of its paired read floor")
         if r.get("llama_fa") is not None:
@@ -304,9 +322,24 @@ def summary(recs, header):
         else:
             lines.append(f"| {r['test']} | {r['level']} | {r['model']} | {r['round']} | {r['kvslim_ts']:.2f} | "
                          f"{r['llama_ts']:.2f} | {r['ratio']:.2f}x | {target} | {met} | {'; '.join(notes)} |")
+    # Each test's range over the rounds (the ratio, or the floor share).
+    groups = {}
+    for r in recs:
+        groups.setdefault((r["test"], r["level"], r["model"]), []).append(r)
+    if groups:
+        lines += ["", "| test | level | model | rounds | range | met |", "|---|---|---|---|---|---|"]
+        for (test, level, model), rs in groups.items():
+            vals = [x["share"] if "share" in x else x["ratio"] for x in rs]
+            fmt = (lambda v: f"{v:.0%}") if "share" in rs[0] else (lambda v: f"{v:.2f}x")
+            met = "" if rs[0]["target"] is None else f"{sum(bool(x['met']) for x in rs)} of {len(rs)}"
+            lines.append(f"| {test} | {level} | {model} | {len(rs)} | {fmt(min(vals))} - {fmt(max(vals))} | {met} |")
     judged = [r for r in recs if r["met"] is not None]
     lines += ["", f"{sum(r['met'] for r in judged)} of {len(judged)} targets met "
-                  f"(t/s; prefill rows: tokens over the fill's wall time)"]
+                  f"(t/s; prefill rows: tokens over the fill's wall time; targets exist for pp512, decode at 512, "
+                  f"and depths 4,096 and 16,384 only)"]
+    if failures:
+        lines += ["", f"**{len(failures)} failed run(s)** (their tests have no line above):"]
+        lines += [f"- {m}" for m in failures]
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +371,8 @@ def main(argv=None):
         return 2
 
     groups = [g for g in args.groups.split(",") if g]
+    if not groups:
+        return bad("--groups: empty (short, or dN such as d4096)")
     depths = []
     for g in groups:
         if g == "short":
@@ -354,7 +389,7 @@ def main(argv=None):
         return bad("--levels avx2 on a CPU with AVX-512 needs --llama-bench-avx2 (llama.cpp built without AVX-512)")
     for what, path in (("--kvslim", args.kvslim), ("--llama-bench", args.llama_bench),
                        ("--llama-bench-avx2", args.llama_bench_avx2)):
-        if path and not os.access(path, os.X_OK):
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
             return bad(f"{what} {path}: not an executable file")
     models = []
     if "short" in groups:
@@ -366,20 +401,32 @@ def main(argv=None):
     for m, p in (("--q8_0", args.q8_0), ("--q4_k_m", args.q4_k_m)):
         if p and not os.path.isfile(p):
             return bad(f"{m} {p}: no such file")
-    if args.rounds < 1 or args.threads < 1 or args.reps < 1:
-        return bad("--rounds, --threads and --reps must be >= 1")
+    for flag in ("rounds", "threads", "reps", "prompt", "short_depth", "n_gen", "depth_n_gen", "chunk_size"):
+        if getattr(args, flag) < 1:
+            return bad(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1")
 
     raw = os.path.join(args.out, "raw")
-    os.makedirs(raw, exist_ok=True)
+    try:
+        if os.path.isdir(raw) and os.listdir(raw):
+            return bad(f"--out {args.out}: its raw/ already holds an earlier run's files; give a new folder")
+        os.makedirs(raw, exist_ok=True)
+    except OSError as e:
+        return bad(f"--out {args.out}: cannot create the output folder ({e.strerror})")
     header = [f"# kvslim bench against llama-bench ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
               f"- CPU: {name} (family {family}); flags: {' '.join(flags) or 'none of the SIMD ones'}",
               f"- threads {args.threads}; levels {', '.join(levels)} (avx2: kvslim with KVSLIM_SIMD=avx2"
               + (f", llama.cpp {args.llama_bench_avx2})" if args.llama_bench_avx2 else ")"),
-              f"- llama.cpp: {args.llama_bench}", f"- at the start: {machine_state()}"]
+              f"- kvslim: {args.kvslim}; llama.cpp: {args.llama_bench}",
+              f"- {args.rounds} rounds (kvslim first in odd ones); short group: pp{args.prompt}, tg{args.n_gen} @ "
+              f"d{args.short_depth}, -r {args.reps} (both engines), llama.cpp -fa {args.llama_fa}; dN groups: "
+              f"tg{args.depth_n_gen}, llama.cpp -fa {args.llama_fa_depth}",
+              "- hand-off: one way between kvslim's first two threads, before / after its decode test (tens of ns: "
+              "the two cores share a last-level cache, one chiplet; hundreds: two chiplets)",
+              f"- at the start: {machine_state()}"]
     for m, p in (("Q8_0", args.q8_0), ("Q4_K_M", args.q4_k_m)):
         if p:
             header.append(f"- {m}: {p} ({filesystem_of(p)})")
-    recs, failed = [], False
+    recs, failures = [], []
     for rnd in range(1, args.rounds + 1):
         for lv in levels:
             llama_bin = args.llama_bench_avx2 if lv == "avx2" and args.llama_bench_avx2 else args.llama_bench
@@ -392,15 +439,15 @@ def main(argv=None):
                         recs += run_depth(args, lv, llama_bin, args.q8_0, a, rnd, raw)
                 except CompareError as e:
                     print(f"bench_compare: {e}", file=sys.stderr)
-                    failed = True
-                with open(os.path.join(args.out, "results.json"), "w") as f:
-                    json.dump({"header": header, "records": recs}, f, indent=1)
+                    failures.append(f"round {rnd}, {lv}: {e}")
+                write_results(args.out, header, recs, failures)
     header.append(f"- at the end: {machine_state()}")
-    text = summary(recs, header)
+    write_results(args.out, header, recs, failures)
+    text = summary(recs, header, failures)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     print(text, end="")
-    return 1 if failed else 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ class BenchCompare(unittest.TestCase):
             self.assertEqual(x["llama_ts"], 1500.0 if x["test"] == "pp32" else 200.0)
             self.assertAlmostEqual(x["ratio"], own[0] / x["llama_ts"])
             self.assertIsNone(x["target"])  # targets belong to 512, not to these small sizes
+            self.assertEqual(x["llama_fa"], 1)
+            self.assertEqual(x["model_type"], "f32")  # stories260K is f32, passed here as --q8_0
         # Round 1 runs kvslim first, round 2 llama-bench first.
         with open(self.log) as f:
             calls = [float(line.split()[0]) for line in f]
@@ -100,7 +102,14 @@ class BenchCompare(unittest.TestCase):
         with open(os.path.join(self.dir, "out", "summary.md")) as f:
             text = f.read()
         self.assertIn("| pp32 | native | q8_0 | 1 |", text)
+        self.assertIn("the file's weights are f32, not q8_0", text)
+        lo, hi = sorted(x["ratio"] for x in recs if x["test"] == "pp32")
+        self.assertIn(f"| pp32 | native | q8_0 | 2 | {lo:.2f}x - {hi:.2f}x |  |", text)
         self.assertIn("0 of 0 targets met", text)
+        # A second run into the same folder would mix its raw files with these: refused.
+        r = self.drive("--groups", "short")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("raw/ already holds an earlier run's files", r.stderr)
 
     def test_depth_group_times_llama_fill_from_progress_lines(self):
         env = dict(self.env, STUB_FILL_S="0.5")
@@ -133,12 +142,27 @@ class BenchCompare(unittest.TestCase):
                        "--n-gen", "4", env=dict(self.env, STUB_FAIL="1"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("llama-bench exited 3", r.stderr)
+        with open(os.path.join(self.dir, "out", "summary.md")) as f:
+            self.assertIn("**1 failed run(s)**", f.read())
+        with open(os.path.join(self.dir, "out", "results.json")) as f:
+            self.assertEqual(len(json.load(f)["failures"]), 1)
         r = self.drive("--levels", "avx3")
         self.assertEqual(r.returncode, 2)
         self.assertIn("unknown level 'avx3'", r.stderr)
         r = self.drive("--groups", "d4k")
         self.assertEqual(r.returncode, 2)
         self.assertIn("unknown group 'd4k'", r.stderr)
+        r = self.drive("--prompt", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--prompt 0: must be >= 1", r.stderr)
+        r = subprocess.run([sys.executable, DRIVER, "--kvslim", KVSLIM, "--llama-bench", self.stub, "--q8_0", MODEL,
+                            "--out", os.path.join(self.stub, "sub")], capture_output=True, text=True, env=self.env)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("cannot create the output folder", r.stderr)
+        r = subprocess.run([sys.executable, DRIVER, "--kvslim", KVSLIM, "--llama-bench", self.dir, "--q8_0", MODEL,
+                            "--out", self.dir], capture_output=True, text=True, env=self.env)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not an executable file", r.stderr)
         r = subprocess.run([sys.executable, DRIVER, "--kvslim", KVSLIM, "--llama-bench", self.stub, "--q8_0",
                             os.path.join(self.dir, "missing.gguf"), "--out", self.dir],
                            capture_output=True, text=True, env=self.env)
