@@ -1,28 +1,8 @@
 // Does work that depends on each loaded line slow a two-thread stream on two chiplets more than on one?
-// g++ -O3 -std=c++17 stream_work.cpp -o stream_work -lpthread && ./stream_work 200 (session 27: stream_work.txt)
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <cstring>
-#include <thread>
-#include <vector>
-#include <pthread.h>
-#include <sched.h>
-#include <cstdint>
-#include <cstdlib>
-#include <immintrin.h>
-static void pin(int c) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(c, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
-alignas(64) std::atomic<int> flag{0};
-double pingpong(int iters) {
-  flag = 0;
-  std::thread t([&] { pin(1); for (int i = 0; i < iters; ++i) { while (flag.load(std::memory_order_acquire) != 2 * i + 1) _mm_pause(); flag.store(2 * i + 2, std::memory_order_release); } });
-  pin(0);
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) { flag.store(2 * i + 1, std::memory_order_release); while (flag.load(std::memory_order_acquire) != 2 * i + 2) _mm_pause(); }
-  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters;
-  t.join();
-  return ns / 2;
-}
+// g++ -O3 -march=native -std=c++17 stream_work.cpp -o stream_work -lpthread && ./stream_work 200 (session 27: stream_work.txt)
+// pin() and pingpong() (one-way hand-off between cpu0 and cpu1) from session 25's probe:
+#define PINGPONG_NO_MAIN
+#include "../zen4_s25/scripts_hack/pingpong_read.cpp"
 template <int K>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t stream(const uint8_t* b, size_t n) {
   const __m512i* p = (const __m512i*)b;

@@ -29,6 +29,7 @@ double readrate(const uint8_t* buf, size_t n, int threads) {
   for (auto& t : ts) t.join();
   return n / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
 }
+#ifndef PINGPONG_NO_MAIN  // session 27's stream_work.cpp includes pin() and pingpong() from here
 int main(int argc, char** argv) {
   size_t n = size_t(1) << 30; uint8_t* buf = (uint8_t*)aligned_alloc(1 << 21, n); memset(buf, 1, n);
   int rounds = argc > 1 ? atoi(argv[1]) : 20;
@@ -38,3 +39,4 @@ int main(int argc, char** argv) {
     printf("%s read 2 threads %.1f GB/s, 1 thread %.1f GB/s, one-way cpu0<->cpu1 %.0f ns\n", ts, r2, r1, pp); fflush(stdout);
   }
 }
+#endif
