@@ -1,8 +1,10 @@
 // Does work that depends on each loaded line slow a two-thread stream on two chiplets more than on one?
-// g++ -O3 -march=native -std=c++17 stream_work.cpp -o stream_work -lpthread && ./stream_work 200 (session 27: stream_work.txt)
+// g++ -O3 -march=native -std=c++17 stream_work.cpp -o stream_work -lpthread && ./stream_work ROUNDS [1: 2 MiB pages]
+// (session 27: stream_work_huge.txt with ./stream_work 100 1; stream_work.txt, 4 KiB pages, before the option existed)
 // pin() and pingpong() (one-way hand-off between cpu0 and cpu1) from session 25's probe:
 #define PINGPONG_NO_MAIN
 #include "../zen4_s25/scripts_hack/pingpong_read.cpp"
+#include <sys/mman.h>
 template <int K>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t stream(const uint8_t* b, size_t n) {
   const __m512i* p = (const __m512i*)b;
@@ -29,7 +31,9 @@ double rate(const uint8_t* buf, size_t n, int threads) {
   return n / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
 }
 int main(int argc, char** argv) {
-  size_t n = size_t(1) << 30; uint8_t* buf = (uint8_t*)aligned_alloc(1 << 21, n); memset(buf, 1, n);
+  size_t n = size_t(1) << 30; uint8_t* buf = (uint8_t*)aligned_alloc(1 << 21, n);
+  if (argc > 2 && atoi(argv[2])) madvise(buf, n, MADV_HUGEPAGE);  // 2 MiB pages, as the packed weights get
+  memset(buf, 1, n);
   int rounds = argc > 1 ? atoi(argv[1]) : 20;
   { // in cache: one thread, 512 KiB read 2048 times
     auto inc = [&](auto f, const char* name) { auto t0 = std::chrono::steady_clock::now(); uint64_t s = 0; for (int i = 0; i < 2048; ++i) s += f(buf, 1 << 19); double gb = 2048.0 * (1 << 19) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9; printf("in cache %s %.1f GB/s (%llu)\n", name, gb, (unsigned long long)(s & 1)); };
