@@ -24,9 +24,11 @@ where the CPU has no AVX-512 (then the two levels are the same and `native` alon
 In round r the two engines run kvslim first when r is odd, llama.cpp first when r is even. Each
 ratio is kvslim / llama.cpp of one round (llama.cpp at its faster flash-attention setting of
 --llama-fa, or --llama-fa-depth for the dN groups), so both sides of a ratio ran minutes apart.
-The output folder gets every raw output (raw/), results.json (one record per test and round) and
-summary.md (the machine, then one line per ratio with its target); summary.md is also printed.
-Exit status 0 when every run succeeded (met or not), 1 when a run failed, 2 on bad arguments.
+The output folder (a new one: one whose raw/ holds files is refused) gets every raw output (raw/),
+results.json (one record per test and round, and the failed runs) and summary.md (the machine and
+settings, one line per ratio with its target, each test's range over the rounds, the failed runs);
+summary.md is also printed. Exit status 0 when every run succeeded (targets met or not), 1 when a
+run failed, 2 on bad arguments.
 """
 import argparse
 import json
