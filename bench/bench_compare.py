@@ -37,6 +37,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_client  # noqa: E402  (its cpu_seconds reads a process's CPU time from /proc)
+
 # Targets of issue 12 (README's speed table): ratio kvslim / llama.cpp, by test and depth.
 PP512_TARGET = 1.2
 DECODE512_TARGET = 1.1
@@ -102,16 +105,6 @@ def machine_state():
     return f"load average {' '.join(read('/proc/loadavg').split()[:3])}, transparent huge pages {thp}"
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of process `pid` so far (all its threads), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def run_kvslim(args, level, cmd_args, stem):
     """Runs `kvslim bench` with --json; returns its rows. stem: raw/ path without extension."""
     env = dict(os.environ)
@@ -146,7 +139,11 @@ def run_llama(binary, cmd_args, stem):
         except OSError as e:
             raise CompareError(f"cannot run llama-bench {binary}: {e}")
         for line in proc.stderr:
-            t, c = time.monotonic(), cpu_seconds(proc.pid)
+            t = time.monotonic()
+            try:
+                c = serve_client.cpu_seconds(proc.pid)
+            except (OSError, IndexError, ValueError):  # the process ended after its last line
+                c = None
             err.write(f"[{t:.3f} s, cpu {c}] {line}")
             for phase in ("depth run", "generation run", "prompt run"):
                 if phase in line and phase not in stamps:
