@@ -145,7 +145,7 @@ def run_llama(binary, cmd_args, stem):
             except (OSError, IndexError, ValueError):  # the process ended after its last line
                 c = None
             err.write(f"[{t:.3f} s, cpu {c}] {line}")
-            for phase in ("depth run", "generation run", "prompt run"):
+            for phase in ("depth run", "generation run"):
                 if phase in line and phase not in stamps:
                     stamps[phase] = (t, c)
         rc = proc.wait()
@@ -191,6 +191,27 @@ def ratio_record(test, level, model, rnd, kv, ll, target, extra=None):
     return rec
 
 
+def in_round_order(rnd, kvslim, llama):
+    """Runs the two engines' steps, kvslim first in odd rounds and llama.cpp first in even ones."""
+    for step in ((kvslim, llama) if rnd % 2 else (llama, kvslim)):
+        step()
+
+
+def kvslim_notes(row, model):
+    """What a record keeps of a kvslim row: its SIMD level, and, where the file's weights are not
+    the type its flag names, that type (flagged on every line of the file)."""
+    notes = {"simd": row.get("simd")}
+    if row.get("model_type") != EXPECTED_TYPE[model]:
+        notes["model_type"] = row.get("model_type")
+    return notes
+
+
+def decode_notes(row, model):
+    """kvslim_notes of a decode row, with its threads' hand-off and its paired floor share."""
+    return {**kvslim_notes(row, model), "handoff_ns": row.get("handoff_ns"),
+            "floor_share": row.get("paired_floor_share_median")}
+
+
 def run_short(args, level, llama_bin, model, path, rnd, raw):
     """pp and decode at the short depth for one model: kvslim and llama.cpp in the round's order."""
     p, d, n = args.prompt, args.short_depth, args.n_gen
@@ -209,23 +230,20 @@ def run_short(args, level, llama_bin, model, path, rnd, raw):
                                             str(d), "-r", str(args.reps), *fa], stem + "-llama-tg")
         out["ll"] = rows + rows2
 
-    for step in ((kvslim, llama) if rnd % 2 else (llama, kvslim)):
-        step()
+    in_round_order(rnd, kvslim, llama)
     kv, ll = out["kv"], out["ll"]
     recs = []
     pp = kvslim_row(kv, f"pp{p}")
-    # A file whose weights are not the type its flag names is flagged on every row of it.
-    odd = {} if pp.get("model_type") == EXPECTED_TYPE[model] else {"model_type": pp.get("model_type")}
     llp = llama_best(ll, p, 0, 0)
     recs.append(ratio_record(f"pp{p}", level, model, rnd, pp["avg_ts"], llp["avg_ts"],
                              PP512_TARGET if p == 512 else None,
-                             {"simd": pp.get("simd"), "llama_fa": llp.get("flash_attn"), **odd}))
+                             {**kvslim_notes(pp, model), "llama_fa": llp.get("flash_attn")}))
     tg = kvslim_row(kv, f"tg{n} @ d{d}")
     llt = llama_best(ll, 0, n, d)
-    extra = {"simd": tg.get("simd"), "handoff_ns": tg.get("handoff_ns"), "llama_fa": llt.get("flash_attn"),
-             "floor_share": tg.get("paired_floor_share_median"), "read_gbps": tg.get("read_gbps"), **odd}
     recs.append(ratio_record(f"decode at {d}", level, model, rnd, tg["avg_ts"], llt["avg_ts"],
-                             DECODE512_TARGET if d == 512 else None, extra))
+                             DECODE512_TARGET if d == 512 else None,
+                             {**decode_notes(tg, model), "llama_fa": llt.get("flash_attn"),
+                              "read_gbps": tg.get("read_gbps")}))
     if model == "q4_k_m" and d == 512:
         share = tg.get("paired_floor_share_median") or 0.0
         recs.append({"test": "decode at 512, share of the paired read floor", "level": level, "model": model,
@@ -247,45 +265,31 @@ def run_depth(args, level, llama_bin, path, depth, rnd, raw):
                                stem + "-kvslim")
 
     def llama():
-        best = None
+        runs = []  # one per -fa value; the fastest fill and the fastest decode are kept, maybe from two
         for fa in args.llama_fa_depth.split(","):
             rows, fill, fill_cpu = run_llama(llama_bin, ["-m", path, "-t", str(args.threads), "-fa", fa, "-p", "0",
                                                          "-n", str(n), "-d", str(depth), "-r", "1", "--no-warmup"],
                                              f"{stem}-llama-fa{fa}")
             if fill is None:
                 raise CompareError(f"{stem}-llama-fa{fa}.err: no 'depth run' / 'generation run' progress lines")
-            tg = llama_best(rows, 0, n, depth)["avg_ts"]
-            cand = {"fill_ts": depth / fill, "fill_s": fill, "fill_cpu_s": fill_cpu, "tg_ts": tg, "fa": fa}
-            if best is None:
-                best = {k: cand for k in ("fill", "tg")}
-            else:
-                if cand["fill_ts"] > best["fill"]["fill_ts"]:
-                    best["fill"] = cand
-                if cand["tg_ts"] > best["tg"]["tg_ts"]:
-                    best["tg"] = cand
-        out["ll"] = best
+            runs.append({"fill_ts": depth / fill, "fill_s": fill, "fill_cpu_s": fill_cpu, "fa": fa,
+                         "tg_ts": llama_best(rows, 0, n, depth)["avg_ts"]})
+        out["ll"] = {"fill": max(runs, key=lambda r: r["fill_ts"]), "tg": max(runs, key=lambda r: r["tg_ts"])}
 
-    for step in ((kvslim, llama) if rnd % 2 else (llama, kvslim)):
-        step()
+    in_round_order(rnd, kvslim, llama)
     kv, ll = out["kv"], out["ll"]
     fill = kvslim_row(kv, f"fill d{depth}")
-    odd = {} if fill.get("model_type") == EXPECTED_TYPE["q8_0"] else {"model_type": fill.get("model_type")}
     full = kvslim_row(kv, f"tg{n} @ d{depth}")
     snap = kvslim_row(kv, f"tg{n} @ d{depth}", "snapkv")
     return [
         ratio_record(f"prefill of {depth}", level, "q8_0", rnd, fill["avg_ts"], ll["fill"]["fill_ts"],
-                     PREFILL_TARGETS.get(depth), {"simd": fill.get("simd"), "llama_fill_s": ll["fill"]["fill_s"],
+                     PREFILL_TARGETS.get(depth), {**kvslim_notes(fill, "q8_0"), "llama_fill_s": ll["fill"]["fill_s"],
                                                   "llama_fill_cpu_s": ll["fill"]["fill_cpu_s"],
-                                                  "llama_fa": ll["fill"]["fa"], **odd}),
+                                                  "llama_fa": ll["fill"]["fa"]}),
         ratio_record(f"decode at {depth}, full f16 cache", level, "q8_0", rnd, full["avg_ts"], ll["tg"]["tg_ts"],
-                     DECODE_TARGETS.get(depth), {"simd": full.get("simd"), "handoff_ns": full.get("handoff_ns"),
-                                                 "floor_share": full.get("paired_floor_share_median"),
-                                                 "llama_fa": ll["tg"]["fa"], **odd}),
+                     DECODE_TARGETS.get(depth), {**decode_notes(full, "q8_0"), "llama_fa": ll["tg"]["fa"]}),
         ratio_record(f"decode at {depth}, SnapKV 0.75 (llama.cpp: full cache)", level, "q8_0", rnd, snap["avg_ts"],
-                     ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), {"simd": snap.get("simd"),
-                                                                    "handoff_ns": snap.get("handoff_ns"),
-                                                                    "floor_share": snap.get("paired_floor_share_median"),
-                                                                    **odd}),
+                     ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), decode_notes(snap, "q8_0")),
     ]
 
 
