@@ -429,17 +429,16 @@ def main(argv=None):
     for m, p in (("Q8_0", args.q8_0), ("Q4_K_M", args.q4_k_m)):
         if p:
             header.append(f"- {m}: {p} ({filesystem_of(p)})")
+    # Each job runs one group for one model or depth: job(level, llama-bench binary, round) -> records.
+    jobs = ([lambda lv, lb, rnd, m=m, p=p: run_short(args, lv, lb, m, p, rnd, raw) for m, p in models]
+            + [lambda lv, lb, rnd, d=d: run_depth(args, lv, lb, args.q8_0, d, rnd, raw) for d in depths])
     recs, failures = [], []
     for rnd in range(1, args.rounds + 1):
         for lv in levels:
             llama_bin = args.llama_bench_avx2 if lv == "avx2" and args.llama_bench_avx2 else args.llama_bench
-            jobs = [("short", m, p) for m, p in models] + [("depth", d, None) for d in depths]
-            for kind, a, p in jobs:
+            for job in jobs:
                 try:
-                    if kind == "short":
-                        recs += run_short(args, lv, llama_bin, a, p, rnd, raw)
-                    else:
-                        recs += run_depth(args, lv, llama_bin, args.q8_0, a, rnd, raw)
+                    recs += job(lv, llama_bin, rnd)
                 except CompareError as e:
                     print(f"bench_compare: {e}", file=sys.stderr)
                     failures.append(f"round {rnd}, {lv}: {e}")
