@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/bench_compare.py (kvslim bench against llama-bench, alternating, with the README's speed
+"""bench/bench_compare.py (kvslim bench against llama-bench, alternating, with the speed
 targets): against the real kvslim on the bundled stories260K model and a stand-in llama-bench
 (a script written here that prints fixed rates in llama-bench's JSON and its --progress lines,
 sleeping between the depth run and the generation run), so every expected value below is known
