@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`kvslim bench` against llama.cpp's `llama-bench` on the same GGUF files, alternating, with the
-speed targets of the README's table (issue 12) checked pair by pair. Python standard library only;
+speed targets of docs/PERFORMANCE.md's table checked pair by pair. Python standard library only;
 llama-bench is built outside this repository (bench/README.md, "llama.cpp, built outside this
 repository").
 
@@ -40,7 +40,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_client  # noqa: E402  (its cpu_seconds reads a process's CPU time from /proc)
 
-# Targets of issue 12 (README's speed table): ratio kvslim / llama.cpp, by test and depth.
+# Targets (docs/PERFORMANCE.md's speed table): ratio kvslim / llama.cpp, by test and depth.
 PP512_TARGET = 1.2
 DECODE512_TARGET = 1.1
 FLOOR_TARGET = 0.80  # Q4_K_M decode at 512: share of kvslim's paired read floor (median token)
