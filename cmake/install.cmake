@@ -17,7 +17,26 @@ set_target_properties(kvslim_lib PROPERTIES EXPORT_NAME kvslim_archive)
 install(TARGETS kvslim_shared EXPORT kvslimTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS kvslim_lib EXPORT kvslimStaticTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/kvslim DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
+        FILES_MATCHING PATTERN "*.h" PATTERN "version.h" EXCLUDE)
+# The installed kvslim/version.h carries the version itself (the tree's reads the KVSLIM_VERSION the
+# build defines), so a program built with any compiler flags, or pkg-config's, gets it.
+file(READ ${CMAKE_SOURCE_DIR}/include/kvslim/version.h KVSLIM_VERSION_H)
+string(REPLACE "#define KVSLIM_VERSION \"unknown\"" "#define KVSLIM_VERSION \"${PROJECT_VERSION}\""
+       KVSLIM_VERSION_H_INSTALLED "${KVSLIM_VERSION_H}")
+if(KVSLIM_VERSION_H_INSTALLED STREQUAL KVSLIM_VERSION_H)
+  message(FATAL_ERROR "include/kvslim/version.h has no line '#define KVSLIM_VERSION \"unknown\"' for "
+                      "cmake/install.cmake to put the version in")
+endif()
+set(KVSLIM_VERSION_H_OLD "")
+if(EXISTS ${CMAKE_BINARY_DIR}/include/kvslim/version.h)
+  file(READ ${CMAKE_BINARY_DIR}/include/kvslim/version.h KVSLIM_VERSION_H_OLD)
+endif()
+if(NOT KVSLIM_VERSION_H_OLD STREQUAL KVSLIM_VERSION_H_INSTALLED)
+  file(WRITE ${CMAKE_BINARY_DIR}/include/kvslim/version.h "${KVSLIM_VERSION_H_INSTALLED}")
+endif()
+set_property(DIRECTORY ${CMAKE_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             ${CMAKE_SOURCE_DIR}/include/kvslim/version.h)
+install(FILES ${CMAKE_BINARY_DIR}/include/kvslim/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvslim)
 install(FILES ${CMAKE_SOURCE_DIR}/models/stories260K.gguf DESTINATION ${CMAKE_INSTALL_DATADIR}/kvslim/models)
 
 set(KVSLIM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvslim)
@@ -46,9 +65,10 @@ if(KVSLIM_HELP2MAN)
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
     COMMAND ${KVSLIM_HELP2MAN} --no-info --no-discard-stderr
             --name "long-context LLM inference on the CPU with KV-cache compression"
+            --include ${CMAKE_SOURCE_DIR}/cmake/kvslim.h2m
             --output ${CMAKE_BINARY_DIR}/man/kvslim.1 $<TARGET_FILE:kvslim>
     COMMAND gzip -9nf ${CMAKE_BINARY_DIR}/man/kvslim.1
-    DEPENDS kvslim VERBATIM)
+    DEPENDS kvslim ${CMAKE_SOURCE_DIR}/cmake/kvslim.h2m VERBATIM)
   add_custom_target(kvslim_man ALL DEPENDS ${CMAKE_BINARY_DIR}/man/kvslim.1.gz)
   install(FILES ${CMAKE_BINARY_DIR}/man/kvslim.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 else()
