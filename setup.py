@@ -2,8 +2,8 @@
 
     pip install --no-build-isolation .      # from the repository root, in a venv or for the user
 
-build_ext configures the project with -DKVSLIM_BUILD_TESTS=OFF for the Python that runs pip, builds
-only the module target (_kvslim) and puts it into the package; build_py adds the bundled model
+build_ext configures the project with -DKVSLIM_BUILD_TESTS=OFF for the Python that runs pip in
+build-python3.X/ of the source tree, builds only the module target (_kvslim) and puts it into the package; build_py adds the bundled model
 (models/stories260K.gguf) as package data. Environment:
     KVSLIM_CMAKE_BUILD_DIR  an existing, configured build directory to build the module in instead
                             of a fresh one (e.g. build/: nothing is recompiled when it is up to date);
@@ -49,7 +49,9 @@ class CMakeBuild(build_ext):
             if not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")):
                 raise RuntimeError(f"KVSLIM_CMAKE_BUILD_DIR={build_dir} is not a configured CMake build directory")
         else:
-            build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+            # Beside the usual build/, at the same depth, and kept: the next pip install rebuilds only
+            # what changed, and a compiler cache shared with build/ finds the same relative paths.
+            build_dir = os.path.join(ROOT, f"build-python{sys.version_info.major}.{sys.version_info.minor}")
             args = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DKVSLIM_BUILD_TESTS=OFF",
                     f"-DPython3_EXECUTABLE={sys.executable}"]
             args += shlex.split(os.environ.get("KVSLIM_CMAKE_ARGS", ""))

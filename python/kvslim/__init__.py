@@ -25,16 +25,20 @@ from . import eval  # noqa: E402  (kvslim.eval.niah / ruler / fidelity)
 __version__ = _kvslim.__version__
 
 __all__ = ["pipeline", "KVPressTextGenerationPipeline", "Model", "KvslimError", "available_presses", "set_threads",
-           "eval", "bundled_model"] + list(_press_names)
+           "eval", "bundled_model", "ModelFileError"] + list(_press_names)
+
+
+class ModelFileError(KvslimError, FileNotFoundError):
+    """A model that is not a file: a KvslimError like the engine's other errors, and a FileNotFoundError."""
 
 
 def bundled_model() -> str:
     """Path of the small story model shipped inside the package (stories260K, 1.2 MB GGUF), the
-    pipeline's default model. Raises FileNotFoundError when the package was installed without it."""
+    pipeline's default model. Raises ModelFileError when the package was installed without it."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "stories260K.gguf")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"the bundled model {path} is missing: this kvslim package was installed without "
-                                "its package data; pass model=<path of a .gguf file>")
+        raise ModelFileError(f"the bundled model {path} is missing: this kvslim package was installed without "
+                             "its package data; pass model=<path of a .gguf file>")
     return path
 
 
@@ -45,7 +49,7 @@ def _model_file(model: str) -> str:
         return model
     looks_like_id = not os.path.isabs(model) and not model.endswith(".gguf") and model.count("/") == 1
     what = "a model id, not a file" if looks_like_id else "not a file"
-    raise FileNotFoundError(
+    raise ModelFileError(
         f"model '{model}' is {what}: kvslim reads GGUF model files (llama.cpp's format) from disk and downloads "
         "nothing. Pass the path of a .gguf file: download one (Hugging Face repositories named ...-GGUF hold "
         "them, e.g. `huggingface-cli download <repo> <file>.gguf`) or convert a transformers checkpoint with "
@@ -132,7 +136,7 @@ def pipeline(task: str = "kv-press-text-generation", model: Union[None, str, Mod
              **kwargs) -> KVPressTextGenerationPipeline:
     """kvpress's ``pipeline("kv-press-text-generation", model=...)`` with a GGUF file as the model
     (None: the bundled story model, ``bundled_model()``); a path that is not a file, such as a Hugging
-    Face model id, raises FileNotFoundError saying how to get a GGUF file.
+    Face model id, raises ModelFileError (a KvslimError and FileNotFoundError) saying how to get a GGUF file.
     Keyword arguments: threads, n_ctx, cache_type_k, cache_type_v, chunk_size; ``device`` and
     ``model_kwargs`` (transformers arguments) are accepted and ignored: kvslim runs on the CPU. A
     ``device`` other than "cpu" (e.g. "cuda:0" in a kvpress script) gives a UserWarning saying so,

@@ -242,6 +242,7 @@ def test_pipeline_without_a_model_runs_the_bundled_one_from_any_directory(tmp_pa
 def test_a_model_id_is_not_a_gguf_file_and_the_error_says_how_to_get_one(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         kvslim.pipeline("kv-press-text-generation", model="meta-llama/Llama-3.2-1B")
+    assert isinstance(e.value, kvslim.KvslimError)
     msg = str(e.value)
     assert "'meta-llama/Llama-3.2-1B' is a model id, not a file" in msg
     assert "GGUF" in msg and "convert_hf_to_gguf.py" in msg
