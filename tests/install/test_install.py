@@ -6,7 +6,8 @@
     shared library and to the static one, and with pkg-config, each run on the bundled model;
   - the Python package installed by pip (pyproject.toml + setup.py, no build isolation, nothing
     downloaded) into a venv of the module's Python, imported and run from outside the repository;
-  - the Debian package made by cpack: its name, dependencies (dpkg-shlibdeps) and contents.
+  - the Debian package made by cpack: its name, dependencies (dpkg-shlibdeps) and contents;
+  - configure's choice of Python: one with pytest, or an error when KVSLIM_PYTHON_TESTS=ON.
 The build's objects are reused (the install copies them; pip's build_ext builds the module target
 of the same build directory, up to date), so the test takes seconds, not a build.
 
@@ -181,6 +182,47 @@ print("ok")
         env.pop("PYTHONPATH", None)
         out = run([py, "-c", script], cwd=TMP, env=env)  # not the repository: no models/ here
         self.assertEqual(out.strip(), "ok")
+
+
+class ConfigurePicksAPythonWithPytest(unittest.TestCase):
+    """A python3 first on PATH that cannot import pytest (pyenv, a virtualenv) must not make the Python
+    tests vanish: configure takes /usr/bin/python3 instead, or with KVSLIM_PYTHON_TESTS=ON fails."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise unittest.SkipTest("no /usr/bin/python3")
+        r = subprocess.run(["/usr/bin/python3", "-c", "import pytest, pybind11"], capture_output=True)
+        if r.returncode != 0:
+            raise unittest.SkipTest("/usr/bin/python3 lacks pytest or pybind11")
+        # python3 without site-packages: the interpreter and its headers, but no pytest.
+        cls.bin = os.path.join(TMP, "fakebin")
+        os.makedirs(cls.bin)
+        cls.fake = os.path.join(cls.bin, "python3")
+        with open(cls.fake, "w") as f:
+            f.write('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')
+        os.chmod(cls.fake, 0o755)
+        cls.env = dict(os.environ, PATH=cls.bin + os.pathsep + os.environ["PATH"])
+
+    def configure(self, name, *args):
+        return subprocess.run(["cmake", "-S", A.source, "-B", os.path.join(TMP, name), "-DCMAKE_BUILD_TYPE=Release",
+                               "-DKVSLIM_PYTHON_TESTS=ON", *args], env=self.env, capture_output=True, text=True)
+
+    def test_python3_on_path_without_pytest_is_passed_over(self):
+        r = self.configure("cfg-path")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        with open(os.path.join(TMP, "cfg-path", "CMakeCache.txt")) as f:
+            cache = f.read()
+        chosen = [l for l in cache.splitlines() if l.startswith(("Python3_EXECUTABLE:", "_Python3_EXECUTABLE:"))]
+        self.assertIn("Python3_EXECUTABLE:FILEPATH=/usr/bin/python3", chosen)
+        listed = run(["ctest", "--test-dir", os.path.join(TMP, "cfg-path"), "-N", "-R", "^python_pytest$"])
+        self.assertIn("Total Tests: 1", listed)
+
+    def test_a_python_without_pytest_is_an_error_when_the_tests_are_required(self):
+        r = self.configure("cfg-fake", f"-DPython3_EXECUTABLE={self.fake}")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("KVSLIM_PYTHON_TESTS=ON but", r.stderr)
+        self.assertIn(f"Python3_EXECUTABLE={self.fake} cannot import", " ".join(r.stderr.split()))
 
 
 class DebianPackage(unittest.TestCase):
