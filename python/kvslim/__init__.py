@@ -1,7 +1,7 @@
 """kvslim from Python: a kvpress-style pipeline over the kvslim engine (GGUF models, CPU).
 
     import kvslim
-    pipe = kvslim.pipeline("kv-press-text-generation", model="models/stories260K.gguf")
+    pipe = kvslim.pipeline("kv-press-text-generation", model="models/stories260K.gguf")  # a GGUF file
     out = pipe(context, question=" What happened next?", press=kvslim.SnapKVPress(compression_ratio=0.5))
     out["answer"], out["stats"]["memory_ratio"]
 
@@ -12,6 +12,7 @@ evaluation sweeps (fidelity, needle in a haystack, RULER-style tasks).
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -24,7 +25,35 @@ from . import eval  # noqa: E402  (kvslim.eval.niah / ruler / fidelity)
 __version__ = _kvslim.__version__
 
 __all__ = ["pipeline", "KVPressTextGenerationPipeline", "Model", "KvslimError", "available_presses", "set_threads",
-           "eval"] + list(_press_names)
+           "eval", "bundled_model", "ModelFileError"] + list(_press_names)
+
+
+class ModelFileError(KvslimError, FileNotFoundError):
+    """A model that is not a file: a KvslimError like the engine's other errors, and a FileNotFoundError."""
+
+
+def bundled_model() -> str:
+    """Path of the small story model shipped inside the package (stories260K, 1.2 MB GGUF), the
+    pipeline's default model. Raises ModelFileError when the package was installed without it."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "stories260K.gguf")
+    if not os.path.isfile(path):
+        raise ModelFileError(f"the bundled model {path} is missing: this kvslim package was installed without "
+                             "its package data; pass model=<path of a .gguf file>")
+    return path
+
+
+def _model_file(model: str) -> str:
+    # A transformers script passes a Hugging Face model id ("meta-llama/Llama-3.2-1B") where kvslim
+    # needs a file: say what kvslim reads and how to get one instead of a bare "cannot open".
+    if os.path.isfile(model):
+        return model
+    looks_like_id = not os.path.isabs(model) and not model.endswith(".gguf") and model.count("/") == 1
+    what = "a model id, not a file" if looks_like_id else "not a file"
+    raise ModelFileError(
+        f"model '{model}' is {what}: kvslim reads GGUF model files (llama.cpp's format) from disk and downloads "
+        "nothing. Pass the path of a .gguf file: download one (Hugging Face repositories named ...-GGUF hold "
+        "them, e.g. `huggingface-cli download <repo> <file>.gguf`) or convert a transformers checkpoint with "
+        "llama.cpp's convert_hf_to_gguf.py; model=None runs the bundled story model.")
 
 
 def __getattr__(name: str):
@@ -75,7 +104,7 @@ class KVPressTextGenerationPipeline:
         # Threads first: a model loaded here lays its weights out for the thread count at load time.
         if threads is not None:
             set_threads(threads)
-        self.model = model if isinstance(model, Model) else Model(str(model))
+        self.model = model if isinstance(model, Model) else Model(_model_file(str(model)))
         self.n_ctx = n_ctx
         self.cache_type_k = cache_type_k
         self.cache_type_v = cache_type_v
@@ -103,9 +132,11 @@ class KVPressTextGenerationPipeline:
         return {"answer": answers[0], "stats": stats[0]}
 
 
-def pipeline(task: str = "kv-press-text-generation", model: Union[str, Model] = "models/stories260K.gguf",
+def pipeline(task: str = "kv-press-text-generation", model: Union[None, str, Model] = None,
              **kwargs) -> KVPressTextGenerationPipeline:
-    """kvpress's ``pipeline("kv-press-text-generation", model=...)`` with a GGUF file as the model.
+    """kvpress's ``pipeline("kv-press-text-generation", model=...)`` with a GGUF file as the model
+    (None: the bundled story model, ``bundled_model()``); a path that is not a file, such as a Hugging
+    Face model id, raises ModelFileError (a KvslimError and FileNotFoundError) saying how to get a GGUF file.
     Keyword arguments: threads, n_ctx, cache_type_k, cache_type_v, chunk_size; ``device`` and
     ``model_kwargs`` (transformers arguments) are accepted and ignored: kvslim runs on the CPU. A
     ``device`` other than "cpu" (e.g. "cuda:0" in a kvpress script) gives a UserWarning saying so,
@@ -117,4 +148,4 @@ def pipeline(task: str = "kv-press-text-generation", model: Union[str, Model] = 
         warnings.warn(f"kvslim runs on the CPU: device={device!r} is ignored", UserWarning, stacklevel=2)
     kwargs.pop("model_kwargs", None)
     kwargs.pop("torch_dtype", None)
-    return KVPressTextGenerationPipeline(model, **kwargs)
+    return KVPressTextGenerationPipeline(bundled_model() if model is None else model, **kwargs)
