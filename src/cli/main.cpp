@@ -30,6 +30,20 @@ int main(int argc, char** argv) {
   kvslim::cli::add_eval(app, action);
   kvslim::cli::add_bench(app, action);
   kvslim::cli::add_serve(app, action);
+  // Subcommands that run a model take llama.cpp's GPU flags (and ignore them), as a command line
+  // written for llama-cli or llama-bench runs unchanged.
+  const auto runs_model = [](CLI::App* sub) {
+    if (sub->get_option_no_throw("--model")) return true;
+    for (const CLI::App* s : sub->get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_option_no_throw("--model")) return true;
+    return false;
+  };
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (!runs_model(sub)) continue;
+    sub->footer(kvslim::cli::ignored_llama_flags_help());
+    for (CLI::App* s : sub->get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_option_no_throw("--model")) s->footer(kvslim::cli::ignored_llama_flags_help());
+  }
   try {
     // llama.cpp's -ctk/-ctv would otherwise reach CLI11 as "-c tk".
     std::vector<std::string> args = kvslim::cli::rewrite_llama_short_flags(argc, argv);
@@ -47,6 +61,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    if (args.size() > 1 && !args[1].empty() && args[1][0] != '-' && runs_model(app.get_subcommand(args[1]))) kvslim::cli::drop_ignored_llama_flags(args, stderr);
     std::vector<char*> ptrs;
     for (std::string& s : args) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
