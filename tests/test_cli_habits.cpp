@@ -458,13 +458,17 @@ TEST(CliHabits, LlamaCppGpuFlagsAreAcceptedWithANote) {
     for (const std::string& part : parts) EXPECT_TRUE(contains(r.err, part)) << r.err;
     EXPECT_FALSE(contains(r.err, "--n-predict")) << r.err;
   }
-  // Every subcommand that runs a model: a misparse would complain about -n/-f, not the model file.
-  for (const std::string sub : {"bench", "serve", "eval fidelity", "attention-stats", "kvzap-train"}) {
+  // Every subcommand that runs a model: a misparse would complain about -n/-f, not the model file
+  // (attention-stats and kvzap-train first ask for their text).
+  for (const std::string sub : {"bench", "serve", "eval fidelity", "eval ruler", "attention-stats", "kvzap-train"}) {
     SCOPED_TRACE(sub);
     Result r = run_cli(sub + " -m /nonexistent/m.gguf -ngl 99 -fa 1");
     EXPECT_EQ(r.rc, 1);
     EXPECT_TRUE(contains(r.err, "note: -ngl 99 ignored")) << r.err;
-    EXPECT_TRUE(contains(r.err, "/nonexistent/m.gguf")) << r.err;
+    EXPECT_TRUE(contains(r.err, "note: -fa 1 ignored")) << r.err;
+    EXPECT_TRUE(contains(r.err, "/nonexistent/m.gguf") || contains(r.err, "-p TEXT or -f FILE") ||
+                contains(r.err, "-f FILE (also --corpus)"))
+        << r.err;
     Result help = run_cli(sub + " --help");
     EXPECT_TRUE(contains(help.out, "-ngl")) << help.out;
   }
@@ -590,6 +594,7 @@ TEST(CliHabits, ErrorsNameTheFlagAndReadableBounds) {
            {gen("-p hi -n 1.5"), {"--n-predict: '1.5' is not an integer"}},
            {gen("-p hi -c -5"), {"--ctx-size: -5 is below 0"}},
            {gen("-p hi -t 5000"), {"--threads: 5000 is not in [0, 1024]"}},
+           {gen("-p hi -s abc"), {"--seed: 'abc' is not a valid number"}},
            {"eval ruler -m /nonexistent/m.gguf --tasks niah_single,bogus",
             {"--tasks", "unknown task 'bogus'", "niah_single", "cwe"}}}) {
     SCOPED_TRACE(args);

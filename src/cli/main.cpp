@@ -69,7 +69,14 @@ int main(int argc, char** argv) {
     // --help and --version exit 0 as CLI11 prints them; a bad argument is an error like any other
     // (one "error:" line, exit 1) rather than CLI11's own format and exit codes (105, 106, ...).
     if (e.get_exit_code() == 0) return app.exit(e);
-    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", e.what());
+    std::string what = e.what();
+    // CLI11's "Could not convert: --seed = abc" for a flag without a check of its own.
+    const std::string prefix = "Could not convert: ";
+    const size_t eq = what.find(" = ");
+    if (dynamic_cast<const CLI::ConversionError*>(&e) && what.rfind(prefix, 0) == 0 && eq != std::string::npos)
+      what = fmt::format("{}: '{}' is not a valid number", what.substr(prefix.size(), eq - prefix.size()),
+                         kvslim::printable(what.substr(eq + 3), 60));
+    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", what);
     return 1;
   }
   try {

@@ -324,7 +324,7 @@ std::string ignored_llama_flags_help() {
   std::string names;
   for (const IgnoredFlag& f : ignored_flags()) names += (names.empty() ? "" : ", ") + std::string(f.names[0]);
   return "llama.cpp's GPU and memory-placement flags (" + names +
-         ", and their long names) are accepted and ignored, with a note on stderr.";
+         ", and their long names) are accepted and ignored, with a note on stderr.\n";
 }
 
 }  // namespace kvslim::cli
