@@ -220,8 +220,12 @@ def run_short(args, level, llama_bin, model, path, rnd, raw):
     out = {}
 
     def kvslim():
-        out["kv"] = run_kvslim(args, level, ["-m", path, "-p", str(p), "--depth", str(d), "-n", str(n), "-r",
-                                             str(args.reps), "--floor"], stem + "-kvslim")
+        # Two runs, as llama-bench's below: kvslim bench runs every -p test at every --depth, and the
+        # prefill test here is at depth 0.
+        rows = run_kvslim(args, level, ["-m", path, "-p", str(p), "-n", "0", "-r", str(args.reps)],
+                          stem + "-kvslim-pp")
+        out["kv"] = rows + run_kvslim(args, level, ["-m", path, "-p", "0", "--depth", str(d), "-n", str(n), "-r",
+                                                    str(args.reps), "--floor"], stem + "-kvslim-tg")
 
     def llama():
         rows, _, _ = run_llama(llama_bin, ["-m", path, "-t", str(args.threads), "-p", str(p), "-n", "0", "-r",

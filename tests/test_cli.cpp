@@ -125,7 +125,7 @@ TEST(CliErrors, CompressionRatioThePressIgnoresIsRefused) {
 // --compression-ratio is used by some press of the table (else an error, as in generate) and
 // whether its footer names the ratio.
 TEST(CliErrors, BenchChecksTheRatioAgainstThePressesOfItsTable) {
-  const std::string bench = "bench -m " + quote(kModel) + " -p 8 -n 0 -t 1 --no-progress ";
+  const std::string bench = "bench -m " + quote(kModel) + " -p 8 -n 0 -r 1 -t 1 --no-progress ";
   expect_clean_failure(bench + "--press think --compression-ratio 0.5",
                        {"error: --compression-ratio 0.5: press 'think' does not keep its entries by a compression ratio"});
   // The last press other than none is named.
@@ -375,8 +375,6 @@ TEST(CliErrors, LibraryErrorsNameTheFlag) {
   expect_clean_failure("synth --shape qwen2.5-0.5b --type q8_0 --layers 99 --vocab-from " + quote(kModel) + " -o " +
                            quote(out),
                        {"error:", "--layers 99", "out of range"});
-  expect_clean_failure(gen(kModel, "-p hi --chat"),  // stories260K has no template
-                       {"error:", "no tokenizer.chat_template", "with --chat-template: "});
   expect_clean_failure(gen(kModel, "-p hi --chat-template-file /nonexistent/t.jinja"),
                        {"error:", "--chat-template-file /nonexistent/t.jinja", "cannot open"});
   expect_clean_failure("eval niah -m " + quote(kModel) + " --lengths 64 --text-config /nonexistent/t.json -o " +

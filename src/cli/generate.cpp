@@ -1,6 +1,7 @@
 // `kvslim generate`: prefill, compress with a press, append the question, decode, and report
 // what the press kept and the cache's memory.
 #include <cstdio>
+#include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/flag_names.h"
 #include "cli/options.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
@@ -40,6 +42,7 @@ struct GenerateArgs {
   std::string json;
   bool no_progress = false;
   bool chat = false;            // the prompt is a user message, rendered with the chat template
+  std::string system_prompt;    // -sys: the conversation's system message (chat only)
   ChatTemplateArgs chat_template;
   AutoBudget auto_budget;
   std::string kv_budget;        // --kv-budget SIZE, parsed in run()
@@ -52,9 +55,87 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
+/// The chat template --chat uses: the flags' choice, or the model's, or ChatML with a warning on
+/// stderr when the model has none (llama-server's fallback).
+ChatTemplate chat_template_for(const Model& model, const ChatTemplateArgs& args) {
+  std::string warning;
+  ChatTemplate t = ChatTemplate::choose(model.file(), args.name, args.file, args.jinja, &warning);
+  if (!warning.empty()) fmt::print(stderr, "warning: {}\n", flags_in(warning));
+  return t;
+}
+
+/// `-cnv` without a prompt (llama-cli's conversation mode): reads user turns from stdin, one a line,
+/// and prints each answer on stdout after a "> " prompt; "/exit" or the end of input ends it. Every
+/// turn prefills the whole conversation again (rendered by the chat template) and the press
+/// compresses it, so each answer sees the conversation as the press left it.
+int run_chat(const GenerateArgs& a) {
+  if (!a.json.empty()) throw Error("--json: an interactive chat (-cnv without -p or -f) writes no summary; give -p TEXT");
+  if (!a.question.empty()) throw Error("--question: an interactive chat takes its turns from standard input");
+  if (a.chunk_given && a.press == "none")
+    throw Error(fmt::format("--chunk-size {} needs a press: add --press NAME", a.chunk_size));
+  if (a.auto_budget.active() || !a.kv_budget.empty())
+    throw Error("--target-kl / --kv-budget are for one request: give the prompt with -p TEXT");
+  check_ratio(a.ratio, "--compression-ratio");
+  if (a.press == "none" && a.ratio_given)
+    throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
+  bool ratio_used = false;
+  std::unique_ptr<Press> press = make_press(a.press, a.ratio, ratio_used);
+  if (a.ratio_given) check_ratio_used(a.press, a.ratio, ratio_used, "--compression-ratio");
+  apply_threads(a.threads);
+  auto model = Model::load(a.model);
+  const ChatTemplate t = chat_template_for(*model, a.chat_template);
+  RequestOptions ro;
+  ro.session.n_ctx = a.ctx;
+  warn_context_size(*model, a.ctx);
+  ro.session.key_codec = parse_codec(a.cache_type_k);
+  ro.session.value_codec = parse_codec(a.cache_type_v);
+  ro.session.kv_quant = a.kv_quant;
+  ro.chunk_size = a.chunk_size;
+  ro.n_predict = a.n_predict;
+  ro.sampling = {a.temp, a.top_k, a.top_p, a.seed};
+  // Models whose vocabulary lacks the family's end-of-turn token (the ChatML fallback) write it as text.
+  if (!t.end_of_turn().empty()) ro.stop = {t.end_of_turn()};
+  std::vector<ChatMessage> conversation;
+  if (!a.system_prompt.empty()) conversation.push_back({"system", a.system_prompt});
+  fmt::print(stderr, "chat with {} ({} template); type /exit or end the input (Ctrl-D) to quit\n", a.model, t.name());
+  int turns = 0;
+  std::string line;
+  while (true) {
+    fmt::print(stdout, "\n> ");
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line)) {
+      fmt::print(stdout, "\n");
+      break;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line == "/exit") break;
+    if (line.empty()) continue;
+    conversation.push_back({"user", line});
+    Request req(*model, *press, ro);
+    req.set_prompt_tokens(t.tokenize(model->tokenizer(), conversation));
+    const std::string& answer = req.run([](const TokenEvent& e) {
+      fmt::print(stdout, "{}", e.piece);
+      std::fflush(stdout);
+      return true;
+    });
+    fmt::print(stdout, "\n");
+    std::fflush(stdout);
+    conversation.push_back({"assistant", answer});
+    ++turns;
+    if (req.finish_reason() == FinishReason::ContextFull) {
+      fmt::print(stderr, "the conversation fills the context (-c {}): the chat ends here\n", req.position());
+      break;
+    }
+  }
+  fmt::print(stderr, "chat ended after {} turn{}\n", turns, turns == 1 ? "" : "s");
+  return 0;
+}
+
 int run(const GenerateArgs& a) {
   if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
-  if (!a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
+  if (!a.prompt_given && !a.file_given && (a.chat || !a.system_prompt.empty())) return run_chat(a);
+  if (!a.prompt_given && !a.file_given)
+    throw Error("no prompt: give the context with -p TEXT or -f FILE (or -cnv alone for an interactive chat)");
   check_ratio(a.ratio, "--compression-ratio");
   if (a.press == "none" && (a.ratio_given || a.chunk_given))
     throw Error(fmt::format("{} needs a press: add --press NAME (see `kvslim presses`); without one nothing is removed",
@@ -79,11 +160,13 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  if (a.chat || a.chat_template.given()) {
+  if (a.chat || a.chat_template.given() || !a.system_prompt.empty()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
-    const ChatTemplate t =
-        ChatTemplate::choose(model->file(), a.chat_template.name, a.chat_template.file, a.chat_template.jinja);
-    opt.context_tokens = t.tokenize(model->tokenizer(), {{"user", opt.context}});
+    const ChatTemplate t = chat_template_for(*model, a.chat_template);
+    std::vector<ChatMessage> conversation;
+    if (!a.system_prompt.empty()) conversation.push_back({"system", a.system_prompt});
+    conversation.push_back({"user", opt.context});
+    opt.context_tokens = t.tokenize(model->tokenizer(), conversation);
   }
   opt.n_predict = a.n_predict;
   opt.sampling = {a.temp, a.top_k, a.top_p, a.seed};
@@ -257,7 +340,7 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_option("-n,--n-predict", a->n_predict,
                   "tokens to generate (-1 = until end of generation or the context is full)")
       ->capture_default_str()
-      ->check(CLI::Range(-1, 1 << 30));
+      ->check(int_range(-1, 1 << 30));
   sub->add_option("--press", a->press, "press spec: NAME[:key=value,...] (see `kvslim presses`)")->capture_default_str();
   auto* ratio_opt = sub->add_option("--compression-ratio", a->ratio,
                                     "fraction of context entries the press removes, in [0, 1) (needs --press)")
@@ -265,22 +348,25 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_option("--temp", a->temp, "temperature; 0 = greedy")->capture_default_str()
       ->check(finite_range(0.0, 100.0));
   sub->add_option("--top-k", a->top_k, "top-k sampling (0 = off)")->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   sub->add_option("--top-p", a->top_p, "top-p sampling (1 = off)")->capture_default_str()
       ->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->seed, "random seed")->capture_default_str();
   add_threads_option(sub, a->threads);
   sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   auto* chunk_opt = sub->add_option("--chunk-size", a->chunk_size,
                                     "compress after every chunk of this many prompt tokens (0 = once; needs --press)")
                         ->capture_default_str()
-                        ->check(CLI::NonNegativeNumber);
+                        ->check(int_at_least(0));
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->add_flag("!--no-display-prompt", a->display_prompt, "do not echo the prompt before the generated text");
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
-  sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
+  sub->add_flag("--chat", a->chat,
+                "the prompt is a user message: apply the model's chat template (ChatML when it has none); without "
+                "-p or -f, an interactive chat on standard input, '/exit' or end of input to quit (-cnv)");
+  sub->add_option("--system-prompt", a->system_prompt, "system message of the chat (-sys; implies --chat)");
   add_chat_template_options(sub, a->chat_template);  // each implies --chat
   add_auto_budget_options(sub, a->auto_budget, a->kv_budget);
   sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {

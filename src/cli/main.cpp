@@ -30,6 +30,20 @@ int main(int argc, char** argv) {
   kvslim::cli::add_eval(app, action);
   kvslim::cli::add_bench(app, action);
   kvslim::cli::add_serve(app, action);
+  // Subcommands that run a model take llama.cpp's GPU flags (and ignore them), as a command line
+  // written for llama-cli or llama-bench runs unchanged.
+  const auto runs_model = [](CLI::App* sub) {
+    if (sub->get_option_no_throw("--model")) return true;
+    for (const CLI::App* s : sub->get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_option_no_throw("--model")) return true;
+    return false;
+  };
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (!runs_model(sub)) continue;
+    sub->footer(kvslim::cli::ignored_llama_flags_help());
+    for (CLI::App* s : sub->get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_option_no_throw("--model")) s->footer(kvslim::cli::ignored_llama_flags_help());
+  }
   try {
     // llama.cpp's -ctk/-ctv would otherwise reach CLI11 as "-c tk".
     std::vector<std::string> args = kvslim::cli::rewrite_llama_short_flags(argc, argv);
@@ -47,6 +61,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    if (args.size() > 1 && !args[1].empty() && args[1][0] != '-' && runs_model(app.get_subcommand(args[1]))) kvslim::cli::drop_ignored_llama_flags(args, stderr);
     std::vector<char*> ptrs;
     for (std::string& s : args) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
@@ -54,7 +69,14 @@ int main(int argc, char** argv) {
     // --help and --version exit 0 as CLI11 prints them; a bad argument is an error like any other
     // (one "error:" line, exit 1) rather than CLI11's own format and exit codes (105, 106, ...).
     if (e.get_exit_code() == 0) return app.exit(e);
-    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", e.what());
+    std::string what = e.what();
+    // CLI11's "Could not convert: --seed = abc" for a flag without a check of its own.
+    const std::string prefix = "Could not convert: ";
+    const size_t eq = what.find(" = ");
+    if (dynamic_cast<const CLI::ConversionError*>(&e) && what.rfind(prefix, 0) == 0 && eq != std::string::npos)
+      what = fmt::format("{}: '{}' is not a valid number", what.substr(prefix.size(), eq - prefix.size()),
+                         kvslim::printable(what.substr(eq + 3), 60));
+    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", what);
     return 1;
   }
   try {
