@@ -62,6 +62,7 @@ const char* reason_phrase(int status) {
   switch (status) {
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
+    case 411: return "Length Required";
     case 413: return "Payload Too Large";
     case 431: return "Request Header Fields Too Large";
     default: return "Error";
@@ -265,7 +266,7 @@ void ConnectionGate::advance(Connection* c) {
           has_length = true;
           length = v;
         } else if (iequals(name, "transfer-encoding")) {
-          chunked = true;
+          chunked = !iequals(value, "identity");
         } else if (iequals(name, "expect")) {
           expect_continue = true;
           expect_at = line;
@@ -274,6 +275,12 @@ void ConnectionGate::advance(Connection* c) {
       }
       line = eol + 2;
     }
+    if (chunked) {
+      // A chunked body would be read by a worker, a chunk at a time: a slow one would hold it.
+      refuse(c, 411, "length_required",
+             "the request body must come with a Content-Length (chunked request bodies are not accepted)");
+      return;
+    }
     if (has_length && length > opt_.max_body) {
       refuse(c, 413, "body_too_large",
              fmt::format("the request body ({} bytes, from its Content-Length) is larger than the server's limit of "
@@ -281,8 +288,7 @@ void ConnectionGate::advance(Connection* c) {
                          length, opt_.max_body));
       return;
     }
-    if (chunked || !has_length || length == 0) {
-      // No body, or a chunked one: the worker reads it with the body timeout per read.
+    if (!has_length || length == 0) {
       c->need = head;
     } else {
       c->need = head + static_cast<size_t>(length);

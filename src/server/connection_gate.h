@@ -13,6 +13,7 @@
 //   - body: a Content-Length above max_body gets 413 as soon as the header is read (the body is
 //     not waited for); a body must arrive within body_timeout_s of the end of its header (408);
 //   - header size: above max_header bytes, 431;
+//   - a chunked body (Transfer-Encoding): 411, as a worker would have to read it chunk by chunk;
 //   - connections held: at most max_connections; one more closes the oldest connection still
 //     waiting for its header.
 #include <sys/types.h>
@@ -82,8 +83,8 @@ class ConnectionGate {
   /// Called on the gate thread with a connection whose request is complete in `buf`; must not
   /// block (it queues the connection for a worker).
   using Dispatch = std::function<void(std::unique_ptr<Connection>)>;
-  /// Called on the gate thread for each request the gate answers itself: status (408, 413, 431,
-  /// 400) and a short reason label ("header_timeout", "body_too_large", ...).
+  /// Called on the gate thread for each request the gate answers itself: status (400, 408, 411,
+  /// 413, 431) and a short reason label ("header_timeout", "body_too_large", ...).
   using Refused = std::function<void(int status, const std::string& reason)>;
 
   /// Starts the gate thread. Throws kvslim::Error when epoll or eventfd cannot be created.

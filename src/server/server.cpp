@@ -152,7 +152,8 @@ Server::Server(ServerOptions opt) : opt_(std::move(opt)), impl_(new Impl) {
             std::lock_guard<std::mutex> lk(impl_->fds_mu);
             impl_->worker_fds.insert(fd);
           }
-          // A chunked body is read here, each read bounded by the body timeout.
+          // The request is whole in the buffer (the gate refuses chunked bodies); reads past it
+          // would be the client's next request, which a worker never waits for.
           ConnectionStream strm(*c, opt_.body_timeout_s, 30.0);
           const bool last = draining_ || static_cast<size_t>(c->served + 1) >= http_->keep_alive_max();
           bool closed = false;

@@ -597,6 +597,11 @@ class Reliability(unittest.TestCase):
             self.assertIn("4096", j["error"]["message"])
             out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12x\r\n\r\n")
             self.assertTrue(out.startswith(b"HTTP/1.1 400 "), out)
+            # A chunked body would be read by a worker a chunk at a time: refused, naming Content-Length.
+            out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+                                         b"\r\n\r\n5\r\n{\"pro")
+            self.assertTrue(out.startswith(b"HTTP/1.1 411 "), out)
+            self.assertIn(b"Content-Length", out)
             self.assertEqual(post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0], 200)
         finally:
             srv.close()
