@@ -92,7 +92,8 @@ int run(ServeArgs& a) {
       std::fflush(stderr);
       std::_Exit(0);
     }
-    fmt::print(stderr, "kvslim serve: draining (at most {} s; /health answers 503)\n", o.drain_timeout_s);
+    fmt::print(stderr, "kvslim serve: draining {} requests (at most {} s; /health answers 503)\n",
+               srv.requests_in_flight(), o.drain_timeout_s);
     std::fflush(stderr);
     const int cut = srv.shutdown();
     if (cut > 0) fmt::print(stderr, "kvslim serve: {} requests still running at the drain timeout ended with 503\n", cut);

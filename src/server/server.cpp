@@ -264,6 +264,8 @@ int Server::shutdown() {
   return cut;
 }
 
+int Server::requests_in_flight() const { return impl_->in_workers.load(); }
+
 void Server::count_refusal(int status, const std::string& reason) {
   std::lock_guard<std::mutex> lk(impl_->refused_mu);
   ++impl_->refused[{status, reason}];

@@ -82,6 +82,8 @@ class Server {
   /// already received to finish; those still running after it end with 503. Returns the
   /// number of requests cut off that way. Thread-safe; call once.
   int shutdown();
+  /// Requests received and not yet answered (in a worker or waiting for one); thread-safe.
+  int requests_in_flight() const;
   Engine& engine() { return *engine_; }
 
  private:

@@ -607,7 +607,7 @@ class Reliability(unittest.TestCase):
             srv.close()
 
     def test_health_is_503_until_the_model_is_loaded(self):
-        srv = ServerProc("-c", 256, "--temp", 0, env={"KVSLIM_TEST_LOAD_DELAY_MS": "1500"}, ready=False)
+        srv = ServerProc("-c", 256, "--temp", 0, env={"KVSLIM_TEST_LOAD_DELAY_MS": "3000"}, ready=False)
         try:
             status, j = request(srv.port, "GET", "/health", timeout=2)
             self.assertEqual((status, j), (503, {"status": "loading"}))
@@ -651,6 +651,8 @@ class Reliability(unittest.TestCase):
                 socket.create_connection(("127.0.0.1", srv.port), timeout=2)
             srv.close()
             self.assertIn("kvslim serve: stopped\n", srv.log)
+            # Both were still running when the signal came (each takes a few hundred ms).
+            self.assertTrue(any(line.startswith("kvslim serve: draining 2 requests") for line in srv.log), srv.log)
         finally:
             srv.close()
 
