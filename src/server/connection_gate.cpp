@@ -181,7 +181,7 @@ void ConnectionGate::drop(Connection* c) {
 }
 
 void ConnectionGate::take(std::unique_ptr<Connection> c) {
-  if (draining_ && c->pending() == 0) {
+  if (draining_ && c->pending() == 0 && c->served > 0) {
     ::close(c->fd);
     return;
   }
@@ -320,7 +320,7 @@ void ConnectionGate::advance(Connection* c) {
 
 void ConnectionGate::count_partial() {
   size_t n = body_.size();
-  for (Connection* c : header_) n += c->pending() > 0 ? 1 : 0;
+  for (Connection* c : header_) n += c->pending() > 0 || c->served == 0 ? 1 : 0;
   partial_ = n;
 }
 
@@ -394,8 +394,10 @@ void ConnectionGate::loop() {
     while (!linger_.empty() && linger_.front()->deadline <= now) drop(linger_.front());
     if (draining_) {
       std::vector<Connection*> idle;
+      // Idle keep-alive connections close; one accepted before the listener closed but not yet
+      // heard from keeps its header timeout, as its client has a request on the way.
       for (Connection* c : header_)
-        if (c->pending() == 0) idle.push_back(c);
+        if (c->pending() == 0 && c->served > 0) idle.push_back(c);
       for (Connection* c : idle) drop(c);
       count_partial();
       drain_counted_ = true;

@@ -99,11 +99,13 @@ class ConnectionGate {
   /// Takes back a connection after its response (keep-alive); thread-safe. Its buffer may
   /// already hold the next request.
   void give_back(std::unique_ptr<Connection> c);
-  /// From now on: idle connections are closed, given-back ones too; requests already being sent
-  /// may complete. Thread-safe.
+  /// From now on: idle keep-alive connections are closed, given-back ones too; requests already
+  /// being sent, and connections accepted but not yet heard from, may complete within their
+  /// timeouts. Thread-safe.
   void drain();
-  /// Connections holding part of a request (header or body under way), counted by the gate
-  /// thread after drain(); thread-safe. drain_counted() says whether it has counted yet.
+  /// Connections holding part of a request (header or body under way, or none yet on a new
+  /// connection), counted by the gate thread after drain(); thread-safe. drain_counted() says
+  /// whether it has counted yet.
   size_t partial() const { return partial_.load(); }
   bool drain_counted() const { return drain_counted_.load(); }
   /// Connections held by the gate (idle or partial); thread-safe.

@@ -75,6 +75,10 @@ struct Server::Impl {
   std::mutex refused_mu;
   std::map<std::pair<int, std::string>, uint64_t> refused;  // (status, reason) -> requests
   std::atomic<bool> shut{false};
+  // A pool whose threads were never joined would end the process (std::thread's destructor).
+  ~Impl() {
+    if (workers) workers->shutdown();
+  }
 };
 
 namespace {
@@ -224,6 +228,7 @@ Server::~Server() {
     for (int fd : impl_->worker_fds) ::shutdown(fd, SHUT_RDWR);
   }
   impl_->workers->shutdown();
+  impl_->workers.reset();
   impl_->gate.reset();
   engine_.reset();
 }
