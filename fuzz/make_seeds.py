@@ -4,7 +4,8 @@
 gguf: two bundled vocabulary-only GGUF files (SPM and BPE) and a small hand-made GGUF v3 holding
 every value type, a nested array and two tensors. tokenizer: lines of the bundled tokenizer test
 inputs, each prefixed with the selector byte of fuzz_tokenizer.cpp. press_spec: specs from the
-README and docs. task_text: the bundled task text and small variants.
+README and docs. task_text: the bundled task text and small variants. server_request: request
+bodies for both endpoints, each after fuzz_server_request.cpp's selector byte.
 """
 import base64
 import os
@@ -94,6 +95,18 @@ def main():
         write("task_text", "retrieval.tasks.json", f.read())
     write("task_text", "small.json", '{"filler": ["a.", "b."], "separator": " ", "key_length": 4, "_c": 1}')
     write("task_text", "keys.json", '{"keys": ["x-y", "z-w"], "value_digits": 5, "words": ["one", "two"]}')
+    # server_request: selector byte (bit 0 chat, bits 1-2 the vocabulary size) + request body.
+    requests = [
+        (4, '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"stop":["\\n","The"],"stream":true,'
+            '"stream_options":{"include_usage":true},"press":"snapkv","compression_ratio":0.5,"seed":7}'),
+        (4, '{"prompt":[1,400,300,4294967301],"max_tokens":2}'),
+        (6, '{"prompt":[1,9223372036854775808,-3],"top_k":40,"top_p":0.9,"question":"Who?"}'),
+        (5, '{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text",'
+            '"text":"Hi"}]}],"max_completion_tokens":4,"cache_type_k":"q8_0"}'),
+        (1, '{"messages":[{"role":"developer","content":"x"},{"role":"assistant","content":null}],"tools":[{}]}'),
+    ]
+    for i, (sel, body) in enumerate(requests):
+        write("server_request", f"request{i:02d}", bytes([sel]) + body.encode())
     # Findings, kept as seeds (each has a regression test in tests/).
     write("task_text", "regression-number-overflow.json",  # tests/test_input_limits.cpp TaskTextJson
           base64.b64decode("eyJrZXlfa2V5cyI6IFs2Njg4NjY2ODhlODg4ODguODg2NjY4OGV5X2s2Njb/DQAbAGEAAAB0cw=="))

@@ -2,6 +2,7 @@
 // (hand-built images), a writer -> reader round trip of every value type, alignment, v2 files,
 // and hostile input: every malformed field raises kvslim::Error naming the file and the field,
 // and no truncation or byte flip of a real model file can crash the reader.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -420,6 +421,15 @@ TEST(GGUFErrors, MissingFileNamesThePath) {
   expect_error([] { GGUFFile::open("/nonexistent/dir/model.gguf"); },
                {"/nonexistent/dir/model.gguf", "cannot open"});
   expect_error([] { GGUFFile::open("/tmp"); }, {"/tmp", "not a regular file"});
+}
+
+// Regression: opening a FIFO waited for a writer forever (a press file or -m naming one hung).
+TEST(GGUFErrors, FifoIsRefusedNotWaitedOn) {
+  const std::string path = ::testing::TempDir() + "kvslim_fifo_" + std::to_string(getpid()) + ".gguf";
+  ::unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  expect_error([&] { GGUFFile::open(path); }, {path, "not a regular file"});
+  ::unlink(path.c_str());
 }
 
 TEST(GGUFErrors, UnknownTensorType) {

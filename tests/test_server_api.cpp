@@ -61,6 +61,45 @@ TEST(ServerApi, ParsesAndNamesFields) {
   EXPECT_THROW(parse_completion_request(R"({"prompt":"a","max_tokens":1e3})", false), ApiError);
 }
 
+// Regression: token ids were read as int32, so 2^32 + 5 came through as token 5 and 2^63 as 0.
+TEST(ServerApi, TokenIdsAreRangeCheckedAs64Bit) {
+  auto refusal = [](const std::string& body, int32_t n_vocab) -> std::string {
+    try {
+      parse_completion_request(body, false, n_vocab);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "prompt");
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(refusal(R"({"prompt":[1,4294967301]})", 512), "prompt[1]: token id 4294967301 is outside the vocabulary 0..511");
+  EXPECT_EQ(refusal(R"({"prompt":[9223372036854775808]})", 512),
+            "prompt[0]: token id 9223372036854775808 is outside the vocabulary 0..511");
+  EXPECT_EQ(refusal(R"({"prompt":[1,2,18446744073709551615]})", 512),
+            "prompt[2]: token id 18446744073709551615 is outside the vocabulary 0..511");
+  EXPECT_EQ(refusal(R"({"prompt":[-1]})", 512), "prompt[0]: token id -1 is outside the vocabulary 0..511");
+  EXPECT_EQ(refusal(R"({"prompt":[0,512]})", 512), "prompt[1]: token id 512 is outside the vocabulary 0..511");
+  // Without a vocabulary, the int32 range.
+  EXPECT_EQ(refusal(R"({"prompt":[2147483648]})", 0), "prompt[0]: token id 2147483648 is outside the token id range 0..2147483647");
+  // The ends of the range are accepted as they are.
+  CompletionRequest r = parse_completion_request(R"({"prompt":[0,511]})", false, 512);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{0, 511}));
+  r = parse_completion_request(R"({"prompt":[2147483647]})", false, 0);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int32_t>{2147483647}));
+}
+
+TEST(ServerApi, RefusalsByStatusAndReason) {
+  std::string t = prometheus_text(EngineMetrics{}, {{400, "prompt", 2}, {400, "messages[].content", 1}, {503, "queue_full", 3}});
+  EXPECT_NE(t.find("# TYPE kvslim_requests_rejected_total counter\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_requests_rejected_total{status=\"400\",reason=\"prompt\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_requests_rejected_total{status=\"400\",reason=\"messages[].content\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_requests_rejected_total{status=\"503\",reason=\"queue_full\"} 3\n"), std::string::npos);
+  // A label value is escaped as the exposition format asks.
+  t = prometheus_text(EngineMetrics{}, {{400, "a\"b\\c", 1}});
+  EXPECT_NE(t.find("reason=\"a\\\"b\\\\c\"} 1\n"), std::string::npos);
+}
+
 TEST(ServerApi, InvalidUtf8IsReplacedNotThrown) {
   EXPECT_EQ(dump(nlohmann::json("a\xC3")), "\"a\xEF\xBF\xBD\"");
 }

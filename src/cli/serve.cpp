@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
@@ -50,8 +53,6 @@ int run(ServeArgs& a) {
   if (a.ratio_given) check_ratio_used(a.opt.press, a.opt.compression_ratio, "--compression-ratio");
   const size_t kv_budget = a.kv_budget == "0" ? 0 : parse_byte_size(a.kv_budget, "--kv-budget");
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
-  warn_context_size(*model, a.ctx);
   server::ServerOptions& o = a.opt;
   o.engine.kv_budget = kv_budget;
   o.engine.batch_decode = !a.no_batch;
@@ -59,41 +60,77 @@ int run(ServeArgs& a) {
   o.engine.session.key_codec = parse_codec(a.cache_type_k);
   o.engine.session.value_codec = parse_codec(a.cache_type_v);
   o.engine.session.kv_quant = a.kv_quant;
-  validate_cache_config(o.engine.session.key_codec, o.engine.session.value_codec, a.kv_quant,
-                        model->hparams().head_dim);
   o.sampling = {a.temp, a.top_k, a.top_p, 0};
   o.chat_template = a.chat_template.name;
   o.chat_template_file = a.chat_template.file;
   o.jinja = a.chat_template.jinja;
   o.model_name = a.alias.empty() ? std::filesystem::path(a.model).filename().string() : a.alias;
 
-  // SIGINT / SIGTERM stop the server: the handler only writes to a pipe (async-signal-safe) and a
-  // thread reading it calls stop(). A mask would not do: OpenBLAS starts its threads before main.
-  server::Server srv(*model, o);
+  // The listener starts before the model is loaded: a load balancer sees /health answer 503 until
+  // the server can serve, instead of connections refused.
+  std::unique_ptr<Model> model;  // declared first: it outlives the server
+  server::Server srv(o);
   const int port = srv.bind();
+  std::thread http([&] { srv.run(); });
+  // SIGINT / SIGTERM: the handler only writes to a pipe (async-signal-safe) and a thread reading it
+  // drains the server. A mask would not do: OpenBLAS starts its threads before main.
   if (pipe(g_signal_pipe) != 0) throw Error("cannot create the signal pipe");
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  std::atomic<bool> ready{false}, failed{false};
   std::thread waiter([&] {
     char c = 0;
     while (read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
     }
-    srv.stop();
+    if (failed) return;
+    if (!ready) {
+      // A signal during the load: nothing to drain, and the load cannot be interrupted.
+      fmt::print(stderr, "kvslim serve: stopped while loading the model\n");
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
+    fmt::print(stderr, "kvslim serve: draining {} requests (at most {} s; /health answers 503)\n",
+               srv.requests_in_flight(), o.drain_timeout_s);
+    std::fflush(stderr);
+    const int cut = srv.shutdown();
+    if (cut > 0) fmt::print(stderr, "kvslim serve: {} requests still running at the drain timeout ended with 503\n", cut);
   });
-  fmt::print(stderr, "kvslim serve: {} on http://{}:{} ({} slots, KV budget {}, press {})\n", o.model_name, o.host,
-             port, o.engine.parallel,
-             o.engine.kv_budget ? fmt::format("{} bytes ({:.2f} MiB)", o.engine.kv_budget, o.engine.kv_budget / 1048576.0)
-                                 : std::string("unlimited"), o.press);
+  fmt::print(stderr, "kvslim serve: loading {}; listening at http://{}:{} (/health answers 503 until it is loaded)\n",
+             a.model, o.host, port);
   std::fflush(stderr);
-  srv.run();
-  // run() returned: either a signal arrived (the waiter is done) or listening failed.
-  on_signal(0);  // wakes the waiter when run() returned for another reason
-  waiter.join();
-  fmt::print(stderr, "kvslim serve: stopped\n");
-  return 0;
+  try {
+    // Tests of the start-up order stretch the load with this (milliseconds).
+    if (const char* d = std::getenv("KVSLIM_TEST_LOAD_DELAY_MS"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+    model = Model::load(a.model);
+    warn_context_size(*model, a.ctx);
+    validate_cache_config(o.engine.session.key_codec, o.engine.session.value_codec, a.kv_quant,
+                          model->hparams().head_dim);
+    srv.set_model(*model);
+    ready = true;
+    fmt::print(stderr, "kvslim serve: {} on http://{}:{} ({} slots, KV budget {}, press {})\n", o.model_name, o.host,
+               port, o.engine.parallel,
+               o.engine.kv_budget ? fmt::format("{} bytes ({:.2f} MiB)", o.engine.kv_budget, o.engine.kv_budget / 1048576.0)
+                                   : std::string("unlimited"), o.press);
+    std::fflush(stderr);
+    http.join();
+    // run() returned: either a signal arrived (the waiter is draining) or listening failed.
+    on_signal(0);  // wakes the waiter when run() returned for another reason
+    waiter.join();
+    fmt::print(stderr, "kvslim serve: stopped\n");
+    std::fflush(stderr);
+    return 0;
+  } catch (...) {
+    failed = true;
+    srv.stop();
+    on_signal(0);
+    waiter.join();
+    http.join();
+    throw;
+  }
 }
 
 }  // namespace
@@ -142,8 +179,24 @@ void add_serve(CLI::App& app, Action& action) {
   add_chat_template_options(sub, a->chat_template);
   sub->add_option("--timeout", o.timeout_s, "seconds a request may take from arrival to its last token")
       ->capture_default_str()->check(finite_range(1e-3, 1e9));
-  sub->add_option("--max-body", o.max_body, "request body limit in bytes")->capture_default_str()
-      ->check(int_range(1, 1 << 30));
+  sub->add_option("--max-body", o.max_body,
+                  "request body limit in bytes; a larger Content-Length gets 413 at once, before the body is read")
+      ->capture_default_str()->check(int_range(1, 1 << 30));
+  sub->add_option("--header-timeout", o.header_timeout_s,
+                  "seconds a request's header may take to arrive, from the connection's opening or the end of its "
+                  "previous response (408 after it; an idle connection is closed); connections still sending hold "
+                  "no HTTP worker")
+      ->capture_default_str()->check(finite_range(1e-3, 3600));
+  sub->add_option("--body-timeout", o.body_timeout_s, "seconds a request's body may take to arrive after its header (408 after it)")
+      ->capture_default_str()->check(finite_range(1e-3, 3600));
+  sub->add_option("--max-connections", o.max_connections,
+                  "client connections held at once; one more closes the oldest still sending its header. The soft "
+                  "open-file limit is raised to the hard one (at most 65536) and this is lowered to fit it")
+      ->capture_default_str()->check(int_range(1, 1 << 20));
+  sub->add_option("--drain-timeout", o.drain_timeout_s,
+                  "on SIGTERM or SIGINT: stop accepting, answer /health with 503, and give running requests this "
+                  "many seconds to finish (those left end with 503), then exit 0")
+      ->capture_default_str()->check(finite_range(0, 1e6));
   sub->add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt limit in tokens (0 = the context size)")
       ->capture_default_str()->check(int_at_least(0));
   sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");

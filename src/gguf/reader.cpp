@@ -233,7 +233,8 @@ GGUFFile::~GGUFFile() {
 }
 
 std::unique_ptr<GGUFFile> GGUFFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a FIFO or a device must be refused below, not waited on here.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error(fmt::format("{}: cannot open model file: {}", path, std::strerror(errno)));
   struct stat st{};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -2,6 +2,7 @@
 // Reading a press parameter that names a file (qfilter filters=, expected_attention stats=,
 // fastkvzip gates=, duo_attention labels=, kvzap surrogate=, latent file=, lukv curve=).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -78,10 +79,15 @@ inline std::string param_file(const PressParams& p, const std::string& press, co
   std::string path = param_str(p, press, key);
   if (path.empty()) return path;
   if (const PressFileConfinement* c = PressFileConfinement::current()) path = c->resolve(path, press, key);
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; only regular files are
+  // press files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
     throw Error(fmt::format("press {}: {}={}: cannot open file: {}", press, key, path, std::strerror(errno)));
+  struct stat st {};
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   ::close(fd);
+  if (!regular) throw Error(fmt::format("press {}: {}={}: not a regular file", press, key, path));
   return path;
 }
 

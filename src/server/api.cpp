@@ -87,7 +87,7 @@ json error_json(const ApiError& e) {
   return {{"error", err}};
 }
 
-CompletionRequest parse_completion_request(const std::string& body, bool chat) {
+CompletionRequest parse_completion_request(const std::string& body, bool chat, int32_t n_vocab) {
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) throw bad("", "the request body is not valid JSON");
   if (!j.is_object()) throw bad("", fmt::format("the request body must be a JSON object, not {}", type_name(j)));
@@ -124,10 +124,18 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
       r.prompt = (*it)[0].get<std::string>();
     } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+      // Read as 64-bit and range-checked before narrowing: a cast would wrap 2^32 + 5 to 5.
+      const int64_t limit = n_vocab > 0 ? n_vocab : int64_t{INT32_MAX} + 1;
       for (size_t i = 0; i < it->size(); ++i) {
-        if (!(*it)[i].is_number_integer())
-          throw bad("prompt", fmt::format("'prompt[{}]' must be a token id (integer), not {}", i, type_name((*it)[i])));
-        r.prompt_tokens.push_back((*it)[i].get<int32_t>());
+        const json& t = (*it)[i];
+        if (!t.is_number_integer())
+          throw bad("prompt", fmt::format("'prompt[{}]' must be a token id (integer), not {}", i, type_name(t)));
+        const bool inside = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(limit)
+                                                   : t.get<int64_t>() >= 0 && t.get<int64_t>() < limit;
+        if (!inside)
+          throw bad("prompt", fmt::format("prompt[{}]: token id {} is outside the {} 0..{}", i, t.dump(),
+                                          n_vocab > 0 ? "vocabulary" : "token id range", limit - 1));
+        r.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
     } else if (it->is_array() && it->size() > 1) {
       throw bad("prompt", "'prompt' holds several prompts; send one per request");

@@ -55,8 +55,10 @@ struct CompletionRequest {
 /// [0, 2], top_p outside (0, 1], n != 1, more than 4 stop strings, compression_ratio outside
 /// [0, 1)), and options the server does not implement (logprobs, non-zero presence/frequency
 /// penalties, tools) rather than ignoring them. Unknown fields are ignored, as OpenAI's clients
-/// send many.
-CompletionRequest parse_completion_request(const std::string& body, bool chat);
+/// send many. A prompt of token ids is read as 64-bit integers and each must lie in [0, n_vocab)
+/// (n_vocab <= 0: in the int32 range), else 400 naming the index ("prompt[1]: token id 4294967301
+/// is outside the vocabulary 0..511").
+CompletionRequest parse_completion_request(const std::string& body, bool chat, int32_t n_vocab = 0);
 
 /// Token counts and the measured cache statistics reported in `usage`.
 struct Usage {

@@ -23,7 +23,9 @@ Engine::Engine(const Model& model, EngineOptions opt) : model_(model), opt_(std:
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() {
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -34,7 +36,7 @@ Engine::~Engine() {
     std::lock_guard<std::mutex> lk(j.mu);
     if (j.done) return;
     j.done = true;
-    j.error = ApiError(503, "the server is shutting down", "", "server_error");
+    j.error = ApiError(503, "the server is shutting down", "", "server_error", "shutting_down");
     j.cv.notify_all();
   };
   for (auto& j : queue_) fail(*j);
@@ -77,6 +79,7 @@ size_t Engine::growth_bytes(const Active& a) const {
 
 void Engine::submit(const std::shared_ptr<Job>& job) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (stop_) throw ApiError(503, "the server is shutting down", "", "server_error", "shutting_down");
   if (opt_.kv_budget && job->reservation > opt_.kv_budget) {
     ++m_.requests_rejected;
     throw ApiError(503,

@@ -89,6 +89,9 @@ class Engine {
   Engine(const Model& model, EngineOptions opt);
   /// Stops the engine thread; requests still queued or running end with an error.
   ~Engine();
+  /// What the destructor does, without freeing the engine: the thread stops, queued and running
+  /// requests end with 503 "shutting down", and submit() refuses from then on. Idempotent.
+  void shutdown();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

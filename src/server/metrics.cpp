@@ -4,7 +4,7 @@
 
 namespace kvslim::server {
 
-std::string prometheus_text(const EngineMetrics& m) {
+std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>& refused) {
   std::string out;
   auto put = [&](const char* name, const char* type, const char* help, double v) {
     out += fmt::format("# HELP kvslim_{} {}\n# TYPE kvslim_{} {}\nkvslim_{} {}\n", name, help, name, type, name, v);
@@ -12,8 +12,21 @@ std::string prometheus_text(const EngineMetrics& m) {
   put("requests_finished_total", "counter", "Requests that ended normally (stop or length).", double(m.requests_finished));
   put("requests_failed_total", "counter", "Requests that ended with an error after being accepted.", double(m.requests_failed));
   put("requests_cancelled_total", "counter", "Requests dropped because the client disconnected.", double(m.requests_cancelled));
-  put("requests_rejected_total", "counter", "Requests refused with 503 (queue full or larger than the KV budget).",
-      double(m.requests_rejected));
+  out += "# HELP kvslim_requests_rejected_total Requests refused with an HTTP error, by status and reason (a 4xx's "
+         "request field at fault, a 5xx's cause).\n# TYPE kvslim_requests_rejected_total counter\n";
+  for (const Refusals& r : refused) {
+    // Label values escaped as the exposition format asks (backslash, quote, newline).
+    std::string reason;
+    for (char c : r.reason) {
+      if (c == '\\' || c == '"') reason += '\\';
+      if (c == '\n') {
+        reason += "\\n";
+        continue;
+      }
+      reason += c;
+    }
+    out += fmt::format("kvslim_requests_rejected_total{{status=\"{}\",reason=\"{}\"}} {}\n", r.status, reason, r.count);
+  }
   put("prompt_tokens_total", "counter", "Prompt tokens prefilled (context and question).", double(m.prompt_tokens));
   put("tokens_generated_total", "counter", "Tokens generated.", double(m.generated_tokens));
   put("prefill_seconds_total", "counter", "Engine time spent in prefill (chunks and compression).", m.prefill_seconds);

@@ -1,14 +1,20 @@
 #include "server/server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <ctime>
+#include <map>
 #include <random>
+#include <regex>
+#include <set>
 
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include "server/connection_gate.h"
 #include "server/metrics.h"
 #include "server/peer_socket.h"
 #include "press/param_file.h"
@@ -19,6 +25,41 @@ namespace kvslim::server {
 
 using nlohmann::json;
 
+// httplib's accept loop hands each accepted socket to process_and_close_socket() through its task
+// queue; here the queue runs it at once on the accept thread and the override passes the socket to
+// the gate, so no worker waits on a connection before its request is whole. Workers then run one
+// request at a time through process_request().
+class Server::Http : public httplib::Server {
+ public:
+  std::function<void(int)> on_accept;
+  bool serve(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
+    return process_request(strm, close_connection, connection_closed, nullptr);
+  }
+  size_t keep_alive_max() const { return keep_alive_max_count_; }
+  // Ends the accept loop (accept() fails on the shut socket and httplib closes it) without
+  // stop(): stop() marks the server as shutting down, which ends every running stream.
+  void stop_accepting() {
+    const int fd = svr_sock_;
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  bool process_and_close_socket(int sock) override {
+    on_accept(sock);
+    return true;
+  }
+};
+
+namespace {
+
+class InlineQueue : public httplib::TaskQueue {
+ public:
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {}
+};
+
+}  // namespace
+
 struct Server::Impl {
   std::optional<ChatTemplate> chat;
   std::atomic<uint64_t> next_id{1};
@@ -26,6 +67,18 @@ struct Server::Impl {
   std::mutex seed_mu;
   int64_t created = static_cast<int64_t>(std::time(nullptr));
   std::atomic<int> listen_fd{-1};
+  std::unique_ptr<httplib::ThreadPool> workers;
+  std::unique_ptr<ConnectionGate> gate;
+  std::atomic<int> in_workers{0};           // requests handed to a worker and not yet answered
+  std::mutex fds_mu;
+  std::set<int> worker_fds;                 // sockets a worker is answering on (cut at shutdown)
+  std::mutex refused_mu;
+  std::map<std::pair<int, std::string>, uint64_t> refused;  // (status, reason) -> requests
+  std::atomic<bool> shut{false};
+  // A pool whose threads were never joined would end the process (std::thread's destructor).
+  ~Impl() {
+    if (workers) workers->shutdown();
+  }
 };
 
 namespace {
@@ -37,13 +90,114 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 int64_t now_s() { return static_cast<int64_t>(std::time(nullptr)); }
 
+// Raises the soft open-file limit to the hard one (at most 65536); returns the soft limit.
+size_t raise_open_file_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  const rlim_t want = rl.rlim_max == RLIM_INFINITY ? 65536 : std::min<rlim_t>(rl.rlim_max, 65536);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlimit up = rl;
+    up.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? 65536 : static_cast<size_t>(rl.rlim_cur);
+}
+
+// The metrics label of a refused request: the field at fault for a 4xx (indices dropped, so
+// "messages[3].content" counts as "messages[].content"), the code for a 5xx.
+std::string refusal_reason(int status, const std::string& param, const std::string& code) {
+  static const std::regex index(R"(\[[0-9]+\])");
+  if (status < 500 && !param.empty()) return std::regex_replace(param, index, "[]");
+  if (!code.empty()) return code;
+  switch (status) {
+    case 400: return "request";
+    case 404: return "endpoint";
+    case 413: return "body_too_large";
+    default: return "other";
+  }
+}
+
 }  // namespace
 
-Server::Server(const Model& model, ServerOptions opt) : model_(model), opt_(std::move(opt)), impl_(new Impl) {
+Server::Server(ServerOptions opt) : opt_(std::move(opt)), impl_(new Impl) {
   // A client that disconnects mid-stream must not kill the process with SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);
   if (opt_.model_name.empty()) opt_.model_name = "kvslim";
   make_press(opt_.press, opt_.compression_ratio);  // fails early, naming the press
+  if (!(opt_.header_timeout_s > 0) || !(opt_.body_timeout_s > 0) || !(opt_.drain_timeout_s >= 0))
+    throw Error(fmt::format("ServerOptions: header_timeout_s {}, body_timeout_s {} must be positive and "
+                            "drain_timeout_s {} not negative",
+                            opt_.header_timeout_s, opt_.body_timeout_s, opt_.drain_timeout_s));
+  // Each held connection is a descriptor; the model, the listener and the workers need a few more.
+  const size_t files = raise_open_file_limit();
+  const size_t fit = files > 128 ? files - 128 : 16;
+  if (opt_.max_connections > fit) {
+    fmt::print(stderr, "kvslim serve: --max-connections {} lowered to {} (open-file limit {})\n", opt_.max_connections,
+               fit, files);
+    opt_.max_connections = fit;
+  }
+  http_ = std::make_unique<Http>();
+  const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.engine.parallel + opt_.engine.max_queue + 8;
+  impl_->workers = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(threads));
+  GateOptions g;
+  g.header_timeout_s = opt_.header_timeout_s;
+  g.body_timeout_s = opt_.body_timeout_s;
+  g.max_body = opt_.max_body;
+  g.max_connections = std::max<size_t>(1, opt_.max_connections);
+  impl_->gate = std::make_unique<ConnectionGate>(
+      g,
+      [this](std::unique_ptr<Connection> c) {
+        ++impl_->in_workers;
+        auto held = std::make_shared<std::unique_ptr<Connection>>(std::move(c));
+        impl_->workers->enqueue([this, held] {
+          std::unique_ptr<Connection> c = std::move(*held);
+          const int fd = c->fd;
+          {
+            std::lock_guard<std::mutex> lk(impl_->fds_mu);
+            impl_->worker_fds.insert(fd);
+          }
+          // The request is whole in the buffer (the gate refuses chunked bodies); reads past it
+          // would be the client's next request, which a worker never waits for.
+          ConnectionStream strm(*c, opt_.body_timeout_s, 30.0);
+          const bool last = draining_ || static_cast<size_t>(c->served + 1) >= http_->keep_alive_max();
+          bool closed = false;
+          const bool ok = http_->serve(strm, last, closed);
+          ++c->served;
+          {
+            std::lock_guard<std::mutex> lk(impl_->fds_mu);
+            impl_->worker_fds.erase(fd);
+          }
+          if (ok && !closed && !last && !draining_) {
+            impl_->gate->give_back(std::move(c));
+          } else {
+            ::shutdown(fd, SHUT_WR);
+            ::close(fd);
+          }
+          --impl_->in_workers;
+        });
+      },
+      [this](int status, const std::string& reason) { count_refusal(status, reason); });
+  http_->on_accept = [gate = impl_->gate.get()](int fd) { gate->add(fd); };
+  http_->new_task_queue = [] { return new InlineQueue; };
+  // httplib 0.11 listens with a backlog of 5 (fixed when Debian built it): a burst of clients
+  // overflows it and some connections are reset. The listening socket is remembered here, where
+  // httplib lets us set its options, and listened on again with the system's limit after bind().
+  http_->set_socket_options([impl = impl_.get()](int fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    impl->listen_fd = fd;
+  });
+  http_->set_payload_max_length(opt_.max_body);
+  http_->set_keep_alive_max_count(100);
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  routes();
+}
+
+Server::Server(const Model& model, ServerOptions opt) : Server(std::move(opt)) { set_model(model); }
+
+void Server::set_model(const Model& model) {
+  if (ready_) throw Error("Server::set_model: the server already has a model");
   if (!opt_.chat_template.empty() || !opt_.chat_template_file.empty()) {
     impl_->chat = ChatTemplate::choose(model.file(), opt_.chat_template, opt_.chat_template_file, opt_.jinja);
   } else {
@@ -63,26 +217,22 @@ Server::Server(const Model& model, ServerOptions opt) : model_(model), opt_(std:
               : fmt::format("{}: the model has no tokenizer.chat_template; {}", model.file().path(), how);
     }
   }
-  engine_ = std::make_unique<Engine>(model_, opt_.engine);
-  http_ = std::make_unique<httplib::Server>();
-  const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.engine.parallel + opt_.engine.max_queue + 8;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  // httplib 0.11 listens with a backlog of 5 (fixed when Debian built it): a burst of clients
-  // overflows it and some connections are reset. The listening socket is remembered here, where
-  // httplib lets us set its options, and listened on again with the system's limit after bind().
-  http_->set_socket_options([impl = impl_.get()](int fd) {
-    int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    impl->listen_fd = fd;
-  });
-  http_->set_payload_max_length(opt_.max_body);
-  http_->set_read_timeout(30, 0);
-  http_->set_write_timeout(30, 0);
-  routes();
+  engine_ = std::make_unique<Engine>(model, opt_.engine);
+  model_ = &model;
+  ready_.store(true, std::memory_order_release);
 }
 
 Server::~Server() {
   stop();
+  if (engine_) engine_->shutdown();  // queued and running requests end with 503
+  {
+    // Workers still writing to a client that does not read are cut off.
+    std::lock_guard<std::mutex> lk(impl_->fds_mu);
+    for (int fd : impl_->worker_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  impl_->workers->shutdown();
+  impl_->workers.reset();
+  impl_->gate.reset();
   engine_.reset();
 }
 
@@ -99,24 +249,67 @@ void Server::stop() {
   if (http_) http_->stop();
 }
 
+int Server::shutdown() {
+  if (impl_->shut.exchange(true)) return 0;
+  draining_ = true;
+  http_->stop_accepting();
+  impl_->gate->drain();
+  const auto deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(opt_.drain_timeout_s * 1e6));
+  // The gate counts partial requests on its next turn (at most a second away).
+  while (!impl_->gate->drain_counted() && Clock::now() < deadline + std::chrono::seconds(2))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (Clock::now() < deadline && (impl_->in_workers > 0 || impl_->gate->partial() > 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int cut = impl_->in_workers.load() + static_cast<int>(impl_->gate->partial());
+  if (engine_) engine_->shutdown();
+  // Workers answer their requests' 503 now; one writing to a client that does not read is cut.
+  const auto grace = Clock::now() + std::chrono::seconds(2);
+  while (impl_->in_workers > 0 && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  {
+    std::lock_guard<std::mutex> lk(impl_->fds_mu);
+    for (int fd : impl_->worker_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  return cut;
+}
+
+int Server::requests_in_flight() const { return impl_->in_workers.load(); }
+
+void Server::count_refusal(int status, const std::string& reason) {
+  std::lock_guard<std::mutex> lk(impl_->refused_mu);
+  ++impl_->refused[{status, reason}];
+}
+
 void Server::routes() {
   httplib::Server& s = *http_;
+  // Every request refused with an error is counted by status and field or cause (/metrics);
+  // a request that fails after it was accepted is counted by the engine instead.
+  auto refuse = [this](httplib::Response& res, const ApiError& e) {
+    count_refusal(e.status, refusal_reason(e.status, e.param, e.code));
+    send_error(res, e);
+  };
 
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt_.api_key.empty() || req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
+  s.set_pre_routing_handler([this, refuse](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
+    if (!ready_.load(std::memory_order_acquire)) {
+      refuse(res, ApiError(503, "the model is still loading; /health answers 200 once it is loaded", "", "server_error",
+                           "model_loading"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (opt_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
     if (auth != "Bearer " + opt_.api_key) {
-      send_error(res, ApiError(401, "invalid or missing API key (send \"Authorization: Bearer KEY\")", "",
-                               "authentication_error", "invalid_api_key"));
+      refuse(res, ApiError(401, "invalid or missing API key (send \"Authorization: Bearer KEY\")", "",
+                           "authentication_error", "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  // httplib answers unknown routes, oversized bodies, ... itself with an empty body: give them
-  // OpenAI's error shape.
+  // httplib answers unknown routes, malformed requests, ... itself with an empty body: give them
+  // OpenAI's error shape. Refusals of ours are counted where they are sent (refuse()).
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    count_refusal(res.status, refusal_reason(res.status, "", ""));
     std::string msg;
     if (res.status == 404)
       msg = fmt::format("no such endpoint: {} {}", req.method, req.path);
@@ -126,7 +319,7 @@ void Server::routes() {
       msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
     res.set_content(dump(error_json(ApiError(res.status, msg))), "application/json");
   });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  s.set_exception_handler([refuse](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
       if (ep) std::rethrow_exception(ep);
@@ -134,10 +327,17 @@ void Server::routes() {
       what = e.what();
     } catch (...) {
     }
-    send_error(res, ApiError(500, fmt::format("internal error: {}", what), "", "server_error"));
+    refuse(res, ApiError(500, fmt::format("internal error: {}", what), "", "server_error", "internal_error"));
   });
 
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    // A load balancer sends traffic only on 200: not before the model is loaded, nor once
+    // shutdown() began.
+    if (draining_ || !ready_.load(std::memory_order_acquire)) {
+      res.status = 503;
+      res.set_content(dump(json{{"status", draining_ ? "draining" : "loading"}}), "application/json");
+      return;
+    }
     EngineMetrics m = engine_->metrics();
     json j = {{"status", "ok"},
               {"slots_idle", m.parallel - m.active},
@@ -147,11 +347,18 @@ void Server::routes() {
   });
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(engine_->metrics()), "text/plain; version=0.0.4");
+    std::vector<Refusals> refused;
+    {
+      std::lock_guard<std::mutex> lk(impl_->refused_mu);
+      for (const auto& [key, n] : impl_->refused) refused.push_back({key.first, key.second, n});
+    }
+    EngineMetrics m;
+    if (ready_.load(std::memory_order_acquire)) m = engine_->metrics();
+    res.set_content(prometheus_text(m, refused), "text/plain; version=0.0.4");
   });
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const HParams& hp = model_.hparams();
+    const HParams& hp = model_->hparams();
     const int n_ctx = opt_.engine.session.n_ctx > 0 ? opt_.engine.session.n_ctx : hp.n_ctx_train;
     json model = {{"id", opt_.model_name},
                   {"object", "model"},
@@ -163,17 +370,17 @@ void Server::routes() {
                     {"n_ctx_train", hp.n_ctx_train},
                     {"n_layer", hp.n_layer},
                     {"n_head_kv", hp.n_head_kv},
-                    {"weight_type", model_.weight_type()},
+                    {"weight_type", model_->weight_type()},
                     {"chat_template", impl_->chat ? impl_->chat->name() : std::string()}}}};
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
 
-  auto completion = [this](bool chat) {
-    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+  auto completion = [this, refuse](bool chat) {
+    return [this, chat, refuse](const httplib::Request& req, httplib::Response& res) {
       try {
         serve_completion(req, res, chat);
       } catch (const ApiError& e) {
-        send_error(res, e);
+        refuse(res, e);
       }
     };
   };
@@ -184,9 +391,9 @@ void Server::routes() {
 }
 
 void Server::serve_completion(const httplib::Request& http_req, httplib::Response& res, bool chat) {
-  CompletionRequest r = parse_completion_request(http_req.body, chat);
-  const Tokenizer& tok = model_.tokenizer();
-  const HParams& hp = model_.hparams();
+  const Tokenizer& tok = model_->tokenizer();
+  const HParams& hp = model_->hparams();
+  CompletionRequest r = parse_completion_request(http_req.body, chat, hp.n_vocab);
   auto job = std::make_shared<Job>();
 
   // Prompt -> tokens.
@@ -199,12 +406,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
       throw ApiError(400, e.what(), "messages");
     }
   } else if (!r.prompt_tokens.empty()) {
-    for (size_t i = 0; i < r.prompt_tokens.size(); ++i)
-      if (r.prompt_tokens[i] < 0 || r.prompt_tokens[i] >= hp.n_vocab)
-        throw ApiError(400, fmt::format("'prompt[{}]' is token {}, outside the vocabulary (0..{})", i, r.prompt_tokens[i],
-                                        hp.n_vocab - 1),
-                       "prompt");
-    job->context = r.prompt_tokens;
+    job->context = r.prompt_tokens;  // each checked against the vocabulary by the parser
   } else {
     job->context = tok.encode(r.prompt, tok.add_bos_default(), false);
   }
@@ -306,7 +508,10 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
         engine_->notify();
       }
     }
-    if (job->error) throw *job->error;
+    if (job->error) {
+      send_error(res, *job->error);  // a failure after acceptance: counted by the engine
+      return;
+    }
     json choice = {{"index", 0}, {"finish_reason", job->finish_reason}};
     if (chat)
       choice["message"] = {{"role", "assistant"}, {"content", job->text}};

@@ -16,10 +16,12 @@ MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 class ServerProc:
     """`kvslim serve --port 0 ARGS...`; the port is read from the line it prints on stderr."""
 
-    def __init__(self, *args, model=MODEL):
+    def __init__(self, *args, model=MODEL, env=None, ready=True):
+        """ready=False: returns once the listener is up ("listening at" line), before the model is loaded."""
         cmd = [KVSLIM, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", *map(str, args)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
+        pattern = r" on http://127\.0\.0\.1:(\d+)" if ready else r"listening at http://127\.0\.0\.1:(\d+)"
         self.log = []
         deadline = time.time() + 60
         self.port = None
@@ -28,7 +30,7 @@ class ServerProc:
             if not line:
                 break
             self.log.append(line)
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+            m = re.search(pattern, line)
             if m:
                 self.port = int(m.group(1))
                 break
@@ -93,10 +95,16 @@ def post(port, path, body, **kw):
     return request(port, "POST", path, body, **kw)
 
 
+class StreamCutShort(AssertionError):
+    """A 200 stream that ended without a finish_reason and "data: [DONE]"."""
+
+
 def stream(port, path, body, stop_after=None, timeout=120):
     """POSTs with "stream": true and reads server-sent events. Returns (status, events, done) where
     events are the parsed JSON payloads and done says whether "data: [DONE]" arrived. With
-    `stop_after`, closes the connection after that many events (a client that goes away)."""
+    `stop_after`, closes the connection after that many events (a client that goes away).
+    Without it, a 200 stream that ends before a chunk with a finish_reason and [DONE] raises
+    StreamCutShort: a client cannot tell such a stream from a complete answer by its text."""
     body = dict(body, stream=True)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -122,6 +130,10 @@ def stream(port, path, body, stop_after=None, timeout=120):
         if stop_after is not None and len(events) >= stop_after:
             break
     conn.close()
+    if stop_after is None:
+        finished = any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+        if not (done and finished):
+            raise StreamCutShort(f"the stream ended without {'[DONE]' if finished else 'a finish_reason'}: {events[-3:]}")
     return resp.status, events, done
 
 

@@ -5,7 +5,11 @@ cancellation, limits, the KV budget, and a bounded load test. Run one class per 
     KVSLIM=build/kvslim python3 tests/server/test_serve.py Endpoints"""
 import json
 import os
+import re
+import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +19,7 @@ import unittest
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import KVSLIM, MODEL, ServerProc, post, request, stream, stream_text  # noqa: E402
+from serve_util import KVSLIM, MODEL, ServerProc, StreamCutShort, post, request, stream, stream_text  # noqa: E402
 
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
 
@@ -115,6 +119,19 @@ class Endpoints(unittest.TestCase):
         j = self.complete(prompt=[1, 400, 300, 500], max_tokens=6)
         self.assertEqual(j["usage"]["prompt_tokens"], 4)
         self.assertEqual(j["usage"]["completion_tokens"], 6)
+
+    def test_token_ids_outside_the_vocabulary(self):
+        """Regression: ids were narrowed to 32 bits, so 2^32 + 5 was served as token 5 and 2^63 as 0."""
+        for ids, index, bad in (([1, 4294967301], 1, 4294967301), ([9223372036854775808], 0, 9223372036854775808),
+                                ([1, 2, 18446744073709551615], 2, 18446744073709551615), ([5, -1], 1, -1),
+                                ([1, 512], 1, 512)):  # stories260K's vocabulary has 512 tokens
+            with self.subTest(ids=ids):
+                status, j = post(self.port, "/v1/completions", {"prompt": ids, "max_tokens": 2})
+                self.assertEqual(status, 400, j)
+                self.assertEqual(j["error"]["param"], "prompt")
+                self.assertEqual(j["error"]["message"],
+                                 f"prompt[{index}]: token id {bad} is outside the vocabulary 0..511")
+        self.complete(prompt=[1, 511], max_tokens=2)
 
     def test_stop_string(self):
         text = self.complete(prompt=STORY, max_tokens=32)["choices"][0]["text"]
@@ -421,6 +438,25 @@ class Limits(unittest.TestCase):
             srv.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_press_file_that_is_not_a_regular_file(self):
+        """Regression: a FIFO in --press-files-dir blocked its request forever (open waited for a writer)."""
+        tmp = tempfile.mkdtemp(prefix=f"kvslim_fifo_{os.getpid()}_")
+        os.mkfifo(os.path.join(tmp, "filters.gguf"))
+        os.mkdir(os.path.join(tmp, "adir.gguf"))
+        srv = ServerProc("--temp", 0, "-c", 256, "--press-files-dir", tmp)
+        try:
+            for name in ("filters.gguf", "adir.gguf"):
+                status, j = post(srv.port, "/v1/completions",
+                                 {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=" + name}, timeout=10)
+                self.assertEqual(status, 400, j)
+                self.assertEqual(j["error"]["param"], "press")
+                self.assertIn(f"filters={os.path.join(os.path.realpath(tmp), name)}: not a regular file",
+                              j["error"]["message"])
+            self.assertEqual(post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0], 200)
+        finally:
+            srv.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_requests_name_no_press_file_without_press_files_dir(self):
         srv = ServerProc("--temp", 0, "-c", 256)
         try:
@@ -477,7 +513,201 @@ class Limits(unittest.TestCase):
                 self.assertEqual(j["error"]["code"], "queue_full")
             else:  # the long request finished before this one arrived (a very fast machine)
                 self.assertEqual(status, 200)
-            self.assertGreaterEqual(srv.metrics()["kvslim_requests_rejected_total"], 1 if status == 503 else 0)
+            self.assertGreaterEqual(srv.metrics().get('kvslim_requests_rejected_total{status="503",reason="queue_full"}', 0),
+                                    1 if status == 503 else 0)
+        finally:
+            srv.close()
+
+
+def raw_exchange(port, data, timeout=5.0):
+    """Sends bytes on a new connection and returns everything the server sends until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+
+
+class Reliability(unittest.TestCase):
+    """Slow and half-sent requests, the request size limit, start-up and shutdown as a load
+    balancer sees them, and refusals counted by reason."""
+
+    def test_half_sent_requests_do_not_starve_the_server(self):
+        # Regression: ~80 connections that sent half a header held every HTTP worker for the 30 s
+        # read timeout, and /health went unanswered.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 1200:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+        srv = ServerProc("--parallel", 2, "--queue", 4, "-c", 256, "--temp", 0)
+        held = []
+        try:
+            for i in range(500):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                if i % 2:
+                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")  # half a header
+                else:  # a whole header and half its body
+                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: 40\r\n\r\n{\"prompt\": \"Once")
+                held.append(s)
+            t0 = time.time()
+            status, j = request(srv.port, "GET", "/health", timeout=1.0)
+            self.assertEqual(status, 200, j)
+            self.assertLess(time.time() - t0, 1.0)
+            status, j = post(srv.port, "/v1/completions", {"prompt": STORY, "max_tokens": 8}, timeout=5)
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["usage"]["completion_tokens"], 8)
+            s, events, done = stream(srv.port, "/v1/completions", {"prompt": STORY, "max_tokens": 8}, timeout=5)
+            self.assertEqual((s, done), (200, True))
+            # None of the half-sent requests reached a handler.
+            self.assertEqual(srv.metrics()["kvslim_requests_finished_total"], 2)
+        finally:
+            for s in held:
+                s.close()
+            srv.close()
+
+    def test_header_and_body_timeouts(self):
+        srv = ServerProc("-c", 256, "--header-timeout", 0.5, "--body-timeout", 0.5)
+        try:
+            t0 = time.time()
+            out = raw_exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out)
+            self.assertIn(b"--header-timeout", out)
+            self.assertLess(time.time() - t0, 3)
+            out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+            self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out)
+            self.assertIn(b"--body-timeout", out)
+            # An idle connection is closed without a response.
+            self.assertEqual(raw_exchange(srv.port, b""), b"")
+            # Keep-alive: two requests on one connection, the second after the first's response.
+            out = raw_exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                                         b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.assertEqual(out.count(b"HTTP/1.1 200 OK"), 2, out)
+            m = srv.metrics()
+            self.assertEqual(m['kvslim_requests_rejected_total{status="408",reason="header_timeout"}'], 1)
+            self.assertEqual(m['kvslim_requests_rejected_total{status="408",reason="body_timeout"}'], 1)
+        finally:
+            srv.close()
+
+    def test_oversized_content_length_refused_before_the_body(self):
+        # Regression: a Content-Length of 10^12 held a worker for 35 s before its 413.
+        srv = ServerProc("-c", 256, "--max-body", 4096)
+        try:
+            t0 = time.time()
+            out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                         b"Content-Length: 1000000000000\r\n\r\n{\"prompt\": ")
+            self.assertLess(time.time() - t0, 1.0)
+            head, _, body = out.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"HTTP/1.1 413 "), out)
+            j = json.loads(body)
+            self.assertIn("1000000000000", j["error"]["message"])
+            self.assertIn("4096", j["error"]["message"])
+            out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12x\r\n\r\n")
+            self.assertTrue(out.startswith(b"HTTP/1.1 400 "), out)
+            # A chunked body would be read by a worker a chunk at a time: refused, naming Content-Length.
+            out = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+                                         b"\r\n\r\n5\r\n{\"pro")
+            self.assertTrue(out.startswith(b"HTTP/1.1 411 "), out)
+            self.assertIn(b"Content-Length", out)
+            self.assertEqual(post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0], 200)
+        finally:
+            srv.close()
+
+    def test_health_is_503_until_the_model_is_loaded(self):
+        srv = ServerProc("-c", 256, "--temp", 0, env={"KVSLIM_TEST_LOAD_DELAY_MS": "3000"}, ready=False)
+        try:
+            status, j = request(srv.port, "GET", "/health", timeout=2)
+            self.assertEqual((status, j), (503, {"status": "loading"}))
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2}, timeout=2)
+            self.assertEqual(status, 503, j)
+            self.assertEqual(j["error"]["code"], "model_loading")
+            deadline = time.time() + 30
+            while request(srv.port, "GET", "/health", timeout=2)[0] != 200:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
+            self.assertEqual(status, 200, j)
+            self.assertEqual(srv.close(), 0)
+        finally:
+            srv.close()
+
+    def test_sigterm_drains_running_requests(self):
+        srv = ServerProc("--parallel", 2, "-c", 512, "--temp", 0, "--drain-timeout", 60)
+        try:
+            body = {"prompt": STORY, "max_tokens": 400, "temperature": 1.0, "seed": 3}
+            # The whole answers, from the server before any shutdown, to compare against.
+            want = post(srv.port, "/v1/completions", body)[1]["choices"][0]["text"]
+            results = {}
+            t1 = threading.Thread(target=lambda: results.update(plain=post(srv.port, "/v1/completions", body)))
+            t2 = threading.Thread(target=lambda: results.update(streamed=stream(srv.port, "/v1/completions", body)))
+            t1.start()
+            t2.start()
+            deadline = time.time() + 20
+            while srv.metrics()["kvslim_requests_processing"] < 2 and time.time() < deadline:
+                time.sleep(0.002)
+            srv.proc.send_signal(signal.SIGTERM)
+            t1.join()
+            t2.join()
+            self.assertEqual(srv.proc.wait(timeout=30), 0)
+            status, j = results["plain"]
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["choices"][0]["text"], want)
+            status, events, done = results["streamed"]  # stream() checked its finish_reason and [DONE]
+            self.assertEqual(stream_text(events, False), want)
+            with self.assertRaises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+            srv.close()
+            self.assertIn("kvslim serve: stopped\n", srv.log)
+            # Both were still running when the signal came (each takes a few hundred ms); the count may
+            # also hold the last /metrics poll, answered but not yet handed back by its worker.
+            drained = [int(m.group(1)) for m in map(lambda l: re.match(r"kvslim serve: draining (\d+) requests", l),
+                                                    srv.log) if m]
+            self.assertEqual(len(drained), 1, srv.log)
+            self.assertGreaterEqual(drained[0], 2, srv.log)
+        finally:
+            srv.close()
+
+    def test_drain_timeout_ends_what_is_left_with_503(self):
+        srv = ServerProc("--parallel", 1, "--queue", 16, "-c", 512, "--temp", 0, "--drain-timeout", 0.2)
+        try:
+            body = {"prompt": STORY, "max_tokens": 400}
+            with ThreadPoolExecutor(8) as ex:
+                futures = [ex.submit(post, srv.port, "/v1/completions", body) for _ in range(8)]
+                deadline = time.time() + 20
+                while time.time() < deadline:  # all 8 in: 1 running, 7 queued (~0.25 s each)
+                    m = srv.metrics()
+                    if m["kvslim_requests_queued"] + m["kvslim_requests_processing"] == 8:
+                        break
+                    time.sleep(0.002)
+                srv.proc.send_signal(signal.SIGTERM)
+                answers = [f.result() for f in futures]
+            self.assertEqual(srv.proc.wait(timeout=30), 0)
+            cut = [j for status, j in answers if status == 503]
+            self.assertTrue(cut, answers)
+            for j in cut:
+                self.assertEqual(j["error"]["code"], "shutting_down")
+            for status, j in answers:
+                self.assertIn(status, (200, 503), j)
+        finally:
+            srv.close()
+
+    def test_refusals_counted_by_reason(self):
+        srv = ServerProc("-c", 256, "--parallel", 1, "--queue", 0)
+        try:
+            self.assertEqual(post(srv.port, "/v1/completions", {"prompt": "hi", "max_tokens": -1})[0], 400)
+            self.assertEqual(post(srv.port, "/v1/completions", {"prompt": [1, 4294967301]})[0], 400)
+            self.assertEqual(post(srv.port, "/v1/completions", {"prompt": [1, 4294967301]})[0], 400)
+            self.assertEqual(post(srv.port, "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": "a"}, {"role": "user"}]})[0], 400)
+            self.assertEqual(request(srv.port, "GET", "/nothing")[0], 404)
+            m = srv.metrics()
+            self.assertEqual(m['kvslim_requests_rejected_total{status="400",reason="max_tokens"}'], 1)
+            self.assertEqual(m['kvslim_requests_rejected_total{status="400",reason="prompt"}'], 2)
+            self.assertEqual(m['kvslim_requests_rejected_total{status="400",reason="messages[].content"}'], 1)
+            self.assertEqual(m['kvslim_requests_rejected_total{status="404",reason="endpoint"}'], 1)
+            self.assertEqual(m["kvslim_requests_failed_total"], 0)
         finally:
             srv.close()
 
