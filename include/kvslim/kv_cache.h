@@ -87,6 +87,14 @@ class Segment {
   /// Appends one entry to tier 0; k and v hold head_dim floats (k is rotated here when the
   /// cache rotates keys).
   void append(const float* k, const float* v, int32_t position);
+  /// Whether k and v (head_dim floats each, as append takes them) fit this segment's codecs: every
+  /// value finite and, where a codec keeps f16 or bf16 values, steps, zero points or block scales,
+  /// small enough that none of them overflows (|x| <= 65504 for f16 rows, KIVI and q2_1; 65504 * 127
+  /// for q8_0 and 65504 * 8 for q4_0, whose f16 scale is amax / 127 and max / -8). Keys are tested as
+  /// stored (after the Hadamard rotation when on). Returns nullptr when both fit, else "key" or
+  /// "value"; `largest` receives that row's largest |x|. Latent segments (codes of projections)
+  /// always pass here: the forward pass's hidden-state check covers them.
+  const char* check_fit(const float* k, const float* v, float* largest) const;
   /// Keeps only the entries at `indices` (strictly increasing, each < size()), compacts them in
   /// order and releases the freed memory. Entries keep their tier. Throws kvslim::Error on bad
   /// indices.

@@ -17,6 +17,7 @@
 // batching); step_batch() advances several requests by one token each.
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -43,7 +44,7 @@ const char* finish_reason_name(FinishReason r);
 
 /// Auto-budget: the request chooses its press's compression ratio after prefill so that the
 /// compressed cache fits a byte budget and/or stays within a fidelity target, measured on the
-/// request's own text (no peer engine offers this; CLLA's issue 14 asks for it).
+/// request's own text (no peer engine offers this).
 ///
 /// How: the context is prefilled once and observed; the press then compresses copies of that cache
 /// at trial ratios (bisection). Fidelity is measured on probe tokens: the question when there is
@@ -210,7 +211,7 @@ class Request {
   /// step() up to, not including, advance(): returns true with the token to run next, false once
   /// finished.
   bool sample_step(Token* next);
-  friend void step_batch(const std::vector<Request*>& requests);
+  friend std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests);
   const Model& model_;
   std::unique_ptr<Press> owned_press_;
   Press* press_;
@@ -234,7 +235,10 @@ class Request {
 /// Requests must be distinct and share one model. The decode steps of all requests whose press
 /// needs no decode-time observation or attention selection run in one pass over the weights
 /// (Session::decode_batch: continuous batching, bit-identical to stepping them one by one); the
-/// others step on their own.
-void step_batch(const std::vector<Request*>& requests);
+/// others step on their own. A request whose step fails (a numeric overflow in its cache, its
+/// press's refusal) fails alone: the result's entry i holds request i's exception (null when it
+/// stepped or had finished; a failed decode pass leaves its cache as before the step), and the
+/// other requests' tokens are those they get without it.
+std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests);
 
 }  // namespace kvslim

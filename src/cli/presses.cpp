@@ -31,6 +31,10 @@ constexpr const char* kSyntax = R"(Spec syntax (kvslim generate --press SPEC --c
   R fills every `ratio` the spec leaves unset (each part of a composition gets R unless it sets
   its own); `ratio=` after a policy or wrapper sets the ratio of what it wraps.
   With --chunk-size C the press acts after every chunk, its ratio applying to all context so far.
+  budget=N (every scorer press and policy, e.g. snapkv:budget=4096, adakv(snapkv):budget=4096):
+  instead of a ratio, each KV head keeps at most N context entries after every chunk (an adaptive
+  policy keeps N x heads per layer; threshold and per_layer are capped at N per head), so the
+  cache stops growing with the context. A budget and a ratio together are an error.
 )";
 
 void print_group(PressKind kind, const char* title) {

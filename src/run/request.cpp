@@ -249,32 +249,48 @@ const RequestStats& Request::stats() const {
   return stats_;
 }
 
-void step_batch(const std::vector<Request*>& requests) {
+std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests) {
+  std::vector<std::exception_ptr> errors(requests.size());
   std::vector<Session*> sessions;
   std::vector<Token> tokens;
-  std::vector<Request*> batched;
-  for (Request* r : requests) {
-    Token t = -1;
-    if (!r || !r->sample_step(&t)) continue;
-    if (r->press_->decode_needs().any()) {
-      r->advance(t);
-    } else {
-      sessions.push_back(r->session_.get());
-      tokens.push_back(t);
-      batched.push_back(r);
+  std::vector<size_t> batched;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request* r = requests[i];
+    try {
+      Token t = -1;
+      if (!r || !r->sample_step(&t)) continue;
+      if (r->press_->decode_needs().any()) {
+        r->advance(t);
+      } else {
+        sessions.push_back(r->session_.get());
+        tokens.push_back(t);
+        batched.push_back(i);
+      }
+    } catch (...) {
+      errors[i] = std::current_exception();
     }
   }
-  if (batched.empty()) return;
-  const std::vector<float> logits = Session::decode_batch(sessions, tokens);
-  const size_t nv = static_cast<size_t>(batched[0]->model_.hparams().n_vocab);
-  for (size_t i = 0; i < batched.size(); ++i) {
-    Request& r = *batched[i];
-    r.logits_.assign(logits.begin() + i * nv, logits.begin() + (i + 1) * nv);
-    // As run::decode_step with nothing recorded: a decoding press may still evict here.
-    Observation obs;
-    obs.runner = r.session_.get();
-    r.press_->after_decode(r.session_->cache(), r.model_, obs);
+  if (batched.empty()) return errors;
+  std::vector<std::exception_ptr> failed;
+  const std::vector<float> logits = Session::decode_batch(sessions, tokens, &failed);
+  const size_t nv = static_cast<size_t>(requests[batched[0]]->model_.hparams().n_vocab);
+  for (size_t j = 0; j < batched.size(); ++j) {
+    Request& r = *requests[batched[j]];
+    if (failed[j]) {
+      errors[batched[j]] = failed[j];
+      continue;
+    }
+    try {
+      r.logits_.assign(logits.begin() + j * nv, logits.begin() + (j + 1) * nv);
+      // As run::decode_step with nothing recorded: a decoding press may still evict here.
+      Observation obs;
+      obs.runner = r.session_.get();
+      r.press_->after_decode(r.session_->cache(), r.model_, obs);
+    } catch (...) {
+      errors[batched[j]] = std::current_exception();
+    }
   }
+  return errors;
 }
 
 }  // namespace kvslim
