@@ -172,6 +172,11 @@ TEST(CliHabits, Version) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out.rfind("kvslim ", 0), 0u) << r.out;
   EXPECT_TRUE(r.out.size() > 8 && std::isdigit(static_cast<unsigned char>(r.out[7]))) << r.out;
+  // The binary runs with the single-threaded OpenBLAS it was linked with, whichever one the
+  // system's alternatives make libopenblas.so.0: the threaded one starts threads at load that hung
+  // the process at exit under a memory limit.
+  EXPECT_TRUE(contains(r.out, "\nBLAS: OpenBLAS ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "SINGLE_THREADED (single-threaded)")) << r.out;
 }
 
 TEST(CliHabits, PressFlagsNeedAPress) {
