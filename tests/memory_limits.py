@@ -2,10 +2,10 @@
 """kvslim under an address-space limit (`ulimit -v`, RLIMIT_AS): every run ends, by itself, within
 a timeout. At 256 MiB and above `generate` succeeds at 1, 2 and 4 threads; below, it either
 succeeds or exits 1 with an error of kvslim's that names the limit. `--version` succeeds at every
-limit. Regression for two failures of the threaded OpenBLAS, whose worker threads start when the
-library loads: a hang at exit between 128 and 192 MiB (the main thread waited in OpenBLAS's
-shutdown on a worker stuck in OpenBLAS's allocator, which retries a failed mmap forever), and at
-64 MiB an exit 130 with OpenBLAS's "pthread_create failed" instead of an error of ours.
+limit. Regression for two failures of OpenBLAS's worker threads, which started when the library
+loaded: a hang at exit between 128 and 192 MiB (the main thread waited in OpenBLAS's shutdown on a
+worker stuck in OpenBLAS's allocator, which retries a failed mmap forever), and at 64 MiB an exit
+130 with OpenBLAS's "pthread_create failed" instead of an error of ours.
 
 Usage: memory_limits.py KVSLIM MODEL   (exit 0: every run behaved)
 """

@@ -1,5 +1,6 @@
 // kvslim: command-line entry point. Library errors become one line on stderr and exit code 1.
 #include <cstdio>
+#include <functional>
 #include <new>
 #include <string>
 #include <system_error>
@@ -26,7 +27,15 @@ std::string memory_limit_note() {
 int main(int argc, char** argv) {
   CLI::App app{"kvslim: long-context LLM inference with KV-cache compression"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kvslim " KVSLIM_VERSION "\nBLAS: " + kvslim::blas_description());
+  app.set_version_flag("--version", std::function<std::string()>([] {
+    std::string blas;
+    try {
+      blas = kvslim::blas_description();
+    } catch (const std::exception& e) {  // OpenBLAS is loaded here, and may not fit a memory limit
+      blas = e.what();
+    }
+    return "kvslim " KVSLIM_VERSION "\nBLAS: " + blas;
+  }));
   kvslim::cli::Action action;
   kvslim::cli::add_generate(app, action);
   kvslim::cli::add_presses(app, action);

@@ -220,13 +220,13 @@ size_t address_space_limit() {
   return static_cast<size_t>(lim.rlim_cur);
 }
 
-bool blas_single_threaded() { return openblas_get_parallel() == 0; }
+bool blas_single_threaded() { return openblas_get_parallel() == 0 || openblas_get_num_threads() == 1; }
 
 std::string blas_description() {
   std::string s = openblas_get_config();
   while (!s.empty() && s.back() == ' ') s.pop_back();
-  if (blas_single_threaded()) return s + " (single-threaded)";
-  return fmt::format("{} (threaded: {} threads of its own)", s, openblas_get_num_threads());
+  if (blas_single_threaded()) return s + " (one thread: none of its own)";
+  return fmt::format("{} ({} threads of its own)", s, openblas_get_num_threads());
 }
 
 // Slots held by this thread: a thread that holds one already (a second guard in the same scope)
