@@ -178,6 +178,13 @@ TEST(CliHabits, Version) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out.rfind("kvslim ", 0), 0u) << r.out;
   EXPECT_TRUE(r.out.size() > 8 && std::isdigit(static_cast<unsigned char>(r.out[7]))) << r.out;
+  // OpenBLAS runs with no threads of its own (started before main with one): its threads hung
+  // the process at exit under a memory limit. And it is the pthread build the binary was linked
+  // with, whichever one the system's alternatives make libopenblas.so.0 (the single-threaded
+  // build gives wrong products when called from several threads: test_blas_threads.cpp).
+  EXPECT_TRUE(contains(r.out, "\nBLAS: OpenBLAS ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "(one thread: none of its own)")) << r.out;
+  EXPECT_FALSE(contains(r.out, "SINGLE_THREADED")) << r.out;
 }
 
 TEST(CliHabits, PressFlagsNeedAPress) {

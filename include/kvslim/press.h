@@ -71,8 +71,13 @@ class Press {
   /// saved), printed by `kvslim generate`; "" when it has nothing to add.
   virtual std::string report() const { return {}; }
   /// The compression ratio asked for (fraction of context entries to remove). A composition
-  /// reports 1 - prod(1 - r_i).
+  /// reports 1 - prod(1 - r_i). 0 for a press whose evictions follow from its scores or act
+  /// while decoding (threshold, DMS) or that removes no entries (think): what a request removed
+  /// is measured from the cache, RequestStats::request_compression_ratio().
   virtual double ratio() const { return 0.0; }
+  /// The fraction of key channels asked to be pruned from every entry (ThinK's key_ratio); 0 for
+  /// a press that keeps whole keys. Measured: RequestStats::key_channel_ratio().
+  virtual double key_channel_ratio() const { return 0.0; }
   /// Sets the ratio (wrappers and `outer(...):ratio=` use it). Default: kvslim::Error.
   virtual void set_ratio(double r);
   /// Entries per segment apply() leaves from `n` when nothing is protected: what the next press

@@ -104,8 +104,24 @@ struct RequestStats {
   double press_seconds = 0;             ///< of which the press's compression
   double decode_seconds = 0;            ///< from the first sampled token to the last
   AutoBudgetReport auto_budget;         ///< what auto-budget chose (used == false when off)
-  /// Fraction of context entries removed, measured: 1 - entries_kept / entries_total.
+  /// Fraction of context entries removed by the compression after prefill, measured: 1 -
+  /// entries_kept / entries_total (what a prefill press was asked for; decode comes after).
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
+  // The whole request so far (context, question and every decoded token run; prefill and decode),
+  // read from the cache by Request::stats():
+  size_t entries_seen = 0;              ///< tokens run x layers x KV heads: what a full cache would hold
+  size_t entries_now = 0;               ///< entries the cache holds
+  size_t key_channels_now = 0;          ///< key channels stored over those entries (a latent key: its rank)
+  int head_dim = 0;
+  /// The compression ratio of the whole request: entries removed / entries seen, over prefill and
+  /// decode (a press that evicts while decoding counts), measured from the cache. A press that
+  /// prunes key channels (ThinK) removes no entries: see key_channel_ratio().
+  double request_compression_ratio() const { return entries_seen ? 1.0 - double(entries_now) / entries_seen : 0.0; }
+  /// Fraction of the key channels of the entries held that are not stored: 1 - key_channels_now /
+  /// (entries_now x head_dim). ThinK's key_ratio; a latent key basis of rank r counts head_dim - r.
+  double key_channel_ratio() const {
+    return entries_now && head_dim ? 1.0 - double(key_channels_now) / (double(entries_now) * head_dim) : 0.0;
+  }
   /// Cache bytes / full f16 cache bytes of the context.
   double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
   /// (context + question tokens) / prefill_seconds.

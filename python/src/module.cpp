@@ -75,6 +75,8 @@ py::dict run(const PyModel& m, const std::string& context, const std::string& qu
   stats["entries_total"] = s.entries_total;
   stats["kept_per_layer"] = s.kept_per_layer;
   stats["compression_ratio"] = s.compression_ratio();
+  stats["request_compression_ratio"] = s.request_compression_ratio();
+  stats["key_channel_ratio"] = s.key_channel_ratio();
   stats["kv_bytes"] = s.kv_bytes;
   stats["full_f16_bytes"] = s.full_f16_bytes;
   stats["memory_ratio"] = s.memory_ratio();

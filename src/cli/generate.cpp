@@ -237,6 +237,13 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "shared bases     {} B held once per process for every request (not in the KV bytes)\n",
                st.shared_bytes);
   fmt::print(stderr, "KV cache type    {}; peak during prefill {} B\n", cache_type, st.peak_kv_bytes);
+  // What the press did over the whole request, decode-time eviction included (a press that acts
+  // only while decoding shows 0 above), measured from the cache at the end.
+  fmt::print(stderr, "request          {} of {} entries removed over prefill and decode (compression ratio {:.3f})",
+             st.entries_seen - std::min(st.entries_seen, st.entries_now), st.entries_seen,
+             st.request_compression_ratio());
+  if (st.key_channel_ratio() > 0) fmt::print(stderr, "; key channel ratio {:.3f}", st.key_channel_ratio());
+  fmt::print(stderr, "\n");
   // The lines above are the cache right after compression; decoding adds entries (and decode-time
   // presses evict), so the cache the request ended with is shown too.
   if (st.generated_tokens > 0 && st.context_tokens > 0) {
@@ -297,6 +304,10 @@ int run(const GenerateArgs& a) {
         {"entries_total", st.entries_total},
         {"kept_per_layer", st.kept_per_layer},
         {"compression_ratio", st.compression_ratio()},
+        {"entries_seen", st.entries_seen},
+        {"entries_now", st.entries_now},
+        {"request_compression_ratio", st.request_compression_ratio()},
+        {"key_channel_ratio", st.key_channel_ratio()},
         {"kv_bytes", st.kv_bytes},
         {"shared_bytes", st.shared_bytes},
         {"full_f16_bytes", st.full_f16_bytes},

@@ -1,6 +1,9 @@
 // kvslim: command-line entry point. Library errors become one line on stderr and exit code 1.
 #include <cstdio>
+#include <functional>
+#include <new>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -9,11 +12,30 @@
 #include "cli/flag_names.h"
 #include "cli/options.h"
 #include "kvslim/error.h"
+#include "kvslim/threads.h"
+
+namespace {
+
+// "" without an address-space limit; else the limit, which is the usual reason for running out.
+std::string memory_limit_note() {
+  const size_t lim = kvslim::address_space_limit();
+  return lim ? fmt::format(" (address-space limit {} MiB, ulimit -v {})", lim >> 20, lim >> 10) : "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvslim: long-context LLM inference with KV-cache compression"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kvslim " KVSLIM_VERSION);
+  app.set_version_flag("--version", std::function<std::string()>([] {
+    std::string blas;
+    try {
+      blas = kvslim::blas_description();
+    } catch (const std::exception& e) {  // OpenBLAS is loaded here, and may not fit a memory limit
+      blas = e.what();
+    }
+    return "kvslim " KVSLIM_VERSION "\nBLAS: " + blas;
+  }));
   kvslim::cli::Action action;
   kvslim::cli::add_generate(app, action);
   kvslim::cli::add_presses(app, action);
@@ -86,7 +108,12 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: {}\n", kvslim::cli::flags_in(e.what()));
     return 1;
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "error: out of memory\n");
+    fmt::print(stderr, "error: out of memory{}\n", memory_limit_note());
+    return 1;
+  } catch (const std::system_error& e) {
+    // A thread that cannot start (its stack does not fit under the limit) says EAGAIN.
+    const bool memory = e.code() == std::errc::resource_unavailable_try_again || e.code() == std::errc::not_enough_memory;
+    fmt::print(stderr, "error: {}{}\n", e.what(), memory ? memory_limit_note() : "");
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -244,7 +244,19 @@ void Request::rewind(int32_t position) {
 }
 
 const RequestStats& Request::stats() const {
-  stats_.final_kv_bytes = session_->cache().bytes();
+  const KVCache& cache = session_->cache();
+  stats_.final_kv_bytes = cache.bytes();
+  // Every token run (next_position() counts them; a rewind takes its tokens back) gave each
+  // (layer, KV head) one entry; what is missing now was removed.
+  stats_.entries_seen = static_cast<size_t>(std::max(0, position())) * cache.n_layer() * cache.n_head_kv();
+  stats_.entries_now = cache.entries();
+  stats_.head_dim = cache.head_dim();
+  stats_.key_channels_now = 0;
+  for (int l = 0; l < cache.n_layer(); ++l)
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      const Segment& seg = cache.seg(l, h);
+      stats_.key_channels_now += seg.size() * static_cast<size_t>(seg.latent() ? seg.latent_keys().rank() : seg.head_dim());
+    }
   if (decode_started_ && finish_ == FinishReason::None) stats_.decode_seconds = steady_seconds() - decode_t0_;
   return stats_;
 }
