@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
+#include "kvslim/context.h"
 #include "kvslim/generate.h"
 #include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
@@ -43,6 +44,8 @@ struct GenerateArgs {
   ChatTemplateArgs chat_template;
   AutoBudget auto_budget;
   std::string kv_budget;        // --kv-budget SIZE, parsed in run()
+  std::string context_file;     // --context FILE: a stored context instead of -p/-f
+  bool press_given = false, cache_given = false;
 };
 
 std::string human_bytes(double b) {
@@ -53,8 +56,22 @@ std::string human_bytes(double b) {
 }
 
 int run(const GenerateArgs& a) {
-  if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
-  if (!a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
+  const bool stored = !a.context_file.empty();
+  if (stored) {
+    // The stored context was compressed when it was built: everything that acts before the question
+    // is the file's.
+    if (a.prompt_given || a.file_given)
+      throw Error("--context FILE is the context: drop -p / -f (the question goes in --question)");
+    if (a.press_given || a.ratio_given || a.chunk_given)
+      throw Error("--context FILE was compressed when it was built: drop --press / --compression-ratio / --chunk-size "
+                  "(`kvslim context info FILE` shows its press)");
+    if (a.cache_given)
+      throw Error("--context FILE keeps the cache types it was built with: drop the cache type and KIVI flags");
+    if (a.chat || a.chat_template.given() || a.auto_budget.active() || !a.kv_budget.empty())
+      throw Error("--context FILE does not take --chat, a chat template, --target-kl or --kv-budget");
+  }
+  if (!stored && a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
+  if (!stored && !a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
   check_ratio(a.ratio, "--compression-ratio");
   if (a.press == "none" && (a.ratio_given || a.chunk_given))
     throw Error(fmt::format("{} needs a press: add --press NAME (see `kvslim presses`); without one nothing is removed",
@@ -79,6 +96,8 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
+  std::unique_ptr<Context> stored_context;
+  if (stored) stored_context = std::make_unique<Context>(Context::load(*model, a.context_file));
   if (a.chat || a.chat_template.given()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
     const ChatTemplate t =
@@ -93,10 +112,19 @@ int run(const GenerateArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
+  // With a stored context the press, its report and the cache types are the file's.
+  std::string press_desc = press->describe(), press_report;
+  std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
+  if (stored_context) {
+    const ContextInfo ci = stored_context->info();
+    press_desc = ci.press;
+    press_report = ci.press_report;
+    cache_type = ci.cache_type;
+  }
   // A progress line while the prompt is prefilled (only on a terminal, after the first second).
   Progress progress(!a.no_progress);
   bool prefilling = true;
-  if (progress.active()) {
+  if (progress.active() && !stored_context) {
     const Tokenizer& tok = model->tokenizer();
     const size_t total = tok.encode(opt.context, tok.add_bos_default(), false).size() +
                          (opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size());
@@ -112,9 +140,10 @@ int run(const GenerateArgs& a) {
   auto echo_prompt = [&] {
     if (echoed) return;
     echoed = true;
-    if (a.display_prompt) fmt::print(text_out, "{}{}", opt.context, opt.question);
+    if (a.display_prompt)
+      fmt::print(text_out, "{}{}", stored_context ? stored_context->text() : opt.context, opt.question);
   };
-  GenerateResult r = generate(*model, *press, opt, [&](const std::string& s) {
+  auto on_text = [&](const std::string& s) {
     if (prefilling) {
       prefilling = false;
       progress.clear();
@@ -122,7 +151,8 @@ int run(const GenerateArgs& a) {
     echo_prompt();
     fmt::print(text_out, "{}", s);
     std::fflush(text_out);
-  });
+  };
+  GenerateResult r = stored_context ? generate(*model, *stored_context, opt, on_text) : generate(*model, *press, opt, on_text);
   prefilling = false;
   progress.clear();
   echo_prompt();
@@ -136,11 +166,11 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "generation stopped at the context limit (-c {}): {} prompt tokens, {} generated{}\n",
                n_ctx, st.context_tokens + st.question_tokens, st.generated_tokens,
                a.n_predict < 0 ? "" : fmt::format(" (-n {} asked for more; raise -c)", a.n_predict));
-  const std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
   fmt::print(stderr, "\n--- kvslim ---\n");
   fmt::print(stderr, "model            {} ({}, {} layers, {} query heads, {} KV heads, head_dim {}, {})\n", a.model,
              hp.arch, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, model->weight_type());
-  fmt::print(stderr, "press            {}\n", press->describe());
+  fmt::print(stderr, "press            {}{}\n", press_desc,
+             stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
   fmt::print(stderr, "entries kept     {} / {} ({:.1f}% kept, compression ratio {:.3f})\n", st.entries_kept,
              st.entries_total, 100.0 * st.entries_kept / std::max<size_t>(1, st.entries_total), st.compression_ratio());
@@ -191,7 +221,7 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
              st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print(stderr, "decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
-  const std::string report = press->report();
+  const std::string report = stored_context ? press_report : press->report();
   if (!report.empty()) fmt::print(stderr, "press report     {}\n", report);
 
   if (!a.json.empty()) {
@@ -200,7 +230,7 @@ int run(const GenerateArgs& a) {
         {"model", a.model},
         {"arch", hp.arch},
         {"weight_type", model->weight_type()},
-        {"press", press->describe()},
+        {"press", press_desc},
         {"cache_type", cache_type},
         {"text", r.text},
         {"tokens", r.tokens},
@@ -283,7 +313,15 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
   add_chat_template_options(sub, a->chat_template);  // each implies --chat
   add_auto_budget_options(sub, a->auto_budget, a->kv_budget);
-  sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+  sub->add_option("--context", a->context_file,
+                  "answer from a stored context (`kvslim context build`) instead of -p/-f: its compressed cache is "
+                  "loaded, not prefilled; the press and cache types are the file's");
+  sub->callback([a, sub, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+    a->press_given = sub->get_option("--press")->count() > 0;
+    a->cache_given = false;
+    for (const char* f : {"--cache-type-k", "--cache-type-v", "--kivi-bits", "--kivi-group", "--kivi-residual",
+                          "--kv-hadamard"})
+      a->cache_given = a->cache_given || sub->get_option(f)->count() > 0;
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;
     a->ratio_given = ratio_opt->count() > 0;

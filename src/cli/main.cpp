@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   kvslim::cli::add_eval(app, action);
   kvslim::cli::add_bench(app, action);
   kvslim::cli::add_serve(app, action);
+  kvslim::cli::add_context(app, action);
   try {
     // llama.cpp's -ctk/-ctv would otherwise reach CLI11 as "-c tk".
     std::vector<std::string> args = kvslim::cli::rewrite_llama_short_flags(argc, argv);
