@@ -242,8 +242,8 @@ def test_several_questions_compress_once_with_the_same_answers(pipe):
     for q, answer in zip(asked, once["answers"]):
         # One question at a time compresses the context again: the same tokens come out.
         assert pipe(STORY, question=q, press=press, max_new_tokens=10)["answer"] == answer
-    # Only the questions are prefilled from the stored context.
-    assert all(s["prefill_seconds"] < once["stats"][0]["context_tokens"] for s in once["stats"])
+    # Every answer read the one compressed cache.
+    assert len({(s["kv_bytes"], s["entries_kept"], s["context_tokens"]) for s in once["stats"]}) == 1
     # A press with decode state is still answered, by compressing per question.
     out = pipe(STORY, questions=[" Who?", " Where?"], press=kvslim.Press("h2o", compression_ratio=0.5),
                max_new_tokens=4)
