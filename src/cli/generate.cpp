@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
+#include "util/clock.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
 #include "kvslim/context.h"
@@ -97,7 +98,12 @@ int run(const GenerateArgs& a) {
   apply_threads(a.threads);
   auto model = Model::load(a.model);
   std::unique_ptr<Context> stored_context;
-  if (stored) stored_context = std::make_unique<Context>(Context::load(*model, a.context_file));
+  double load_seconds = 0;
+  if (stored) {
+    const double t0 = steady_seconds();
+    stored_context = std::make_unique<Context>(Context::load(*model, a.context_file));
+    load_seconds = steady_seconds() - t0;
+  }
   if (a.chat || a.chat_template.given()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
     const ChatTemplate t =
@@ -172,6 +178,10 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "press            {}{}\n", press_desc,
              stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
+  if (stored_context)
+    fmt::print(stderr, "stored context   {} B read and checked in {:.4f} s (model fingerprint included); only the "
+                       "question is prefilled\n",
+               stored_context->info().file_bytes, load_seconds);
   fmt::print(stderr, "entries kept     {} / {} ({:.1f}% kept, compression ratio {:.3f})\n", st.entries_kept,
              st.entries_total, 100.0 * st.entries_kept / std::max<size_t>(1, st.entries_total), st.compression_ratio());
   std::string per_layer;
