@@ -228,8 +228,14 @@ int run(const GenerateArgs& a) {
                           ab.target_met ? "met" : "NOT met");
     fmt::print(stderr, "auto-budget      {}\n", line);
   }
-  fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
-             st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
+  if (stored_context)
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} question tokens, {:.3f} s; the context was prefilled and "
+                       "compressed when it was stored)\n",
+               st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0, st.question_tokens,
+               st.prefill_seconds);
+  else
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
+               st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print(stderr, "decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
   const std::string report = stored_context ? press_report : press->report();
   if (!report.empty()) fmt::print(stderr, "press report     {}\n", report);
