@@ -270,10 +270,15 @@ int run(const GenerateArgs& a) {
         {"prefill_seconds", st.prefill_seconds},
         {"press_seconds", st.press_seconds},
         {"decode_seconds", st.decode_seconds},
-        {"prefill_tokens_per_second", st.prefill_tps()},
+        {"prefill_tokens_per_second",
+         stored_context ? (st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0) : st.prefill_tps()},
         {"decode_tokens_per_second", st.decode_tps()},
         {"press_report", report},
     };
+    if (stored_context) {
+      j["context_file"] = a.context_file;
+      j["context_load_seconds"] = load_seconds;
+    }
     if (st.auto_budget.used) {
       const AutoBudgetReport& ab = st.auto_budget;
       j["auto_budget"] = {{"ratio", ab.ratio},
