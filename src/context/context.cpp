@@ -104,7 +104,7 @@ struct Context::Data {
   std::vector<Token> tokens;
   std::string text;
   std::vector<float> logits;
-  KVCache cache{1, 1, 1};
+  KVCache cache{1, 1, 32};  // a placeholder until the built or read cache replaces it
   size_t file_bytes = 0;
 
   ContextInfo info() const {
