@@ -71,11 +71,11 @@ py::dict run(const PyModel& m, const std::string& context, const std::string& qu
 }
 
 /// A stored compressed context (kvslim/context.h) and the model it was built or loaded with.
-struct PyContext {
+struct PyStoredContext {
   Context context;
 };
 
-PyContext build_context(const PyModel& m, const std::string& text, const std::string& press_spec, double ratio,
+PyStoredContext build_context(const PyModel& m, const std::string& text, const std::string& press_spec, double ratio,
                         int chunk_size, int n_ctx, const std::string& cache_type_k, const std::string& cache_type_v) {
   check_ratio(ratio, press_spec);
   ContextOptions opt;
@@ -84,11 +84,11 @@ PyContext build_context(const PyModel& m, const std::string& text, const std::st
   opt.chunk_size = chunk_size;
   opt.session = session_options(n_ctx, cache_type_k, cache_type_v);
   py::gil_scoped_release release;
-  return PyContext{Context::build(*m.model, text, opt)};
+  return PyStoredContext{Context::build(*m.model, text, opt)};
 }
 
 /// A question answered from a stored context: only the question is prefilled.
-py::dict run_context(const PyModel& m, const PyContext& c, const std::string& question, int max_new_tokens,
+py::dict run_context(const PyModel& m, const PyStoredContext& c, const std::string& question, int max_new_tokens,
                      double temperature, int top_k, double top_p, uint64_t seed, int n_ctx) {
   RequestOptions opt;
   opt.n_predict = max_new_tokens;
@@ -105,7 +105,7 @@ py::dict run_context(const PyModel& m, const PyContext& c, const std::string& qu
   return request_result(*req, c.context.info().press);
 }
 
-py::dict context_info(const PyContext& c) {
+py::dict context_info(const PyStoredContext& c) {
   const ContextInfo i = c.context.info();
   py::dict d;
   d["format_version"] = i.format_version;
@@ -273,26 +273,26 @@ PYBIND11_MODULE(_kvslim, m) {
           "detokenize", [](const PyModel& p, const std::vector<Token>& t) { return p.model->tokenizer().decode(t); },
           py::arg("tokens"));
 
-  py::class_<PyContext>(m, "Context")
+  py::class_<PyStoredContext>(m, "Context")
       .def_static("build", &build_context, py::arg("model"), py::arg("text"), py::arg("press_spec"), py::arg("ratio"),
                   py::arg("chunk_size"), py::arg("n_ctx"), py::arg("cache_type_k"), py::arg("cache_type_v"))
       .def_static(
           "load",
           [](const PyModel& m, const std::string& path) {
             py::gil_scoped_release release;
-            return PyContext{Context::load(*m.model, path)};
+            return PyStoredContext{Context::load(*m.model, path)};
           },
           py::arg("model"), py::arg("path"))
       .def(
           "save",
-          [](const PyContext& c, const std::string& path) {
+          [](const PyStoredContext& c, const std::string& path) {
             py::gil_scoped_release release;
             c.context.save(path);
           },
           py::arg("path"))
       .def("info", &context_info)
-      .def_property_readonly("tokens", [](const PyContext& c) { return c.context.tokens(); })
-      .def_property_readonly("text", [](const PyContext& c) { return c.context.text(); });
+      .def_property_readonly("tokens", [](const PyStoredContext& c) { return c.context.tokens(); })
+      .def_property_readonly("text", [](const PyStoredContext& c) { return c.context.text(); });
   m.def("storage_refusal", [](const std::string& spec, double ratio) { return make_press(spec, ratio)->storage_refusal(); },
         py::arg("spec"), py::arg("ratio"), "Why a press cannot be stored as a context, or \"\" when it can.");
   m.def("run_context", &run_context, py::arg("model"), py::arg("context"), py::arg("question"),

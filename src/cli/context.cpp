@@ -148,7 +148,7 @@ void add_context(CLI::App& app, Action& action) {
   add_model_option(build, a->model);
   auto* prompt_opt = build->add_option("-p,--prompt", a->prompt, "context text");
   auto* file_opt = build->add_option("-f,--file", a->prompt_file, "read the context from a file ('-' = standard input)");
-  build->add_option("-o,--output", a->output, "the context file to write (written atomically)")->required();
+  build->add_option("-o,--out", a->output, "the context file to write (written atomically)")->required();
   build->add_option("--press", a->press, "press spec: NAME[:key=value,...] (see `kvslim presses`: the presses that "
                                          "can be stored)")
       ->capture_default_str();
