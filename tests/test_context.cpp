@@ -514,3 +514,21 @@ TEST(StoredContextCli, BadUsesAreCleanErrors) {
   EXPECT_NE(r.out.find("stored context: no:"), std::string::npos);
   EXPECT_NE(r.out.find("stored context: yes"), std::string::npos);
 }
+
+TEST(StoredContext, RestoringAMismatchedCacheIsRefused) {
+  const Model& m = bundled_model();
+  const HParams& hp = m.hparams();
+  Session s(m, SessionOptions{});
+  EXPECT_THROW(s.restore(KVCache(hp.n_layer + 1, hp.n_head_kv, hp.head_dim), 0), Error);
+  KVCache c(hp.n_layer, hp.n_head_kv, hp.head_dim);
+  std::vector<float> k(hp.head_dim, 0.5f), v(hp.head_dim, 0.25f);
+  c.seg(0, 0).append(k.data(), v.data(), 9);
+  EXPECT_THROW(s.restore(c, 5), Error);           // before the cache's last position
+  EXPECT_THROW(s.restore(c, 1 << 30), Error);     // beyond the context size
+  s.restore(c, 10);
+  EXPECT_EQ(s.next_position(), 10);
+  EXPECT_EQ(s.cache().entries(), 1u);
+  Request r(m, make_press("none", 0.0));
+  RequestStats st;
+  EXPECT_THROW(r.set_prompt_cached({1, 2}, c, 10, std::vector<float>(3), st), Error);  // logits of another vocabulary
+}
