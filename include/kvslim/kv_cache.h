@@ -63,6 +63,10 @@ std::string describe_cache_config(KVCodec key, KVCodec value, const KVQuantOptio
 /// One storage tier of a segment (its codecs' bytes, KIVI groups, key tiles): internal, in
 /// src/kv/store.h.
 class KVStore;
+namespace kv {
+/// Writes and reads caches byte for byte (stored contexts): internal, in src/kv/serialize.h.
+struct CacheIO;
+}  // namespace kv
 
 /// Entries of one (layer, KV head): keys (RoPE applied) and values, head_dim each, plus the
 /// original token position of every entry. Entry order is insertion order. Entries live in tier 0
@@ -182,6 +186,7 @@ class Segment {
   LatentCodes lk_, lv_;
   void set_tiers(const std::vector<uint8_t>& low);
   void drop_tiers();
+  friend struct kv::CacheIO;
 };
 
 /// All segments of a model: n_layer x n_head_kv. The first cache constructed fixes glibc's mmap
@@ -239,6 +244,7 @@ class KVCache {
   int n_layer_, n_head_kv_, head_dim_;
   std::vector<Segment> segs_;
   std::vector<int> source_;  ///< [n_layer] source layer of each layer; empty when none shares
+  friend struct kv::CacheIO;
 };
 
 }  // namespace kvslim

@@ -92,6 +92,11 @@ class Press {
   virtual bool evicts_in_decode() const { return false; }
   /// Whether a decode_needs() hook chooses the entries attention reads (ClusterKV).
   virtual bool selects_in_decode() const { return false; }
+  /// Why a cache this press compressed cannot be stored as a context (kvslim/context.h) and
+  /// continued in another request, or "" when it can. Default: a press that evicts or selects
+  /// entries during decode, or observes decode steps, keeps per-request state (accumulated scores,
+  /// clusters, windows) that the stored cache does not carry, so it is refused.
+  virtual std::string storage_refusal() const;
 };
 
 /// Parameters of a press as given on the command line: name -> value text.

@@ -163,6 +163,15 @@ class Request {
   /// The same with tokens already made. Throws kvslim::Error for an empty context or a prompt
   /// longer than the context size. Must be called before the first prefill_step().
   void set_prompt_tokens(std::vector<Token> context, std::vector<Token> question = {});
+  /// The context already prefilled and compressed elsewhere (a stored context, kvslim/context.h):
+  /// `cache` holds its entries, the next token runs at `next_position`, `logits` [n_vocab] are the
+  /// last context token's, and `context_stats` carries the context's figures (entries, bytes, peak,
+  /// press time; its prefill time is not this request's: prefill_seconds counts the question only).
+  /// Only the question is prefilled; the press is reset and sees the question and the decode steps.
+  /// Throws kvslim::Error like set_prompt_tokens, and for a cache that does not fit the model or
+  /// logits that are not n_vocab values.
+  void set_prompt_cached(std::vector<Token> context, KVCache cache, int32_t next_position, std::vector<float> logits,
+                         const RequestStats& context_stats, std::vector<Token> question = {});
 
   // --- step-wise ----------------------------------------------------------------------------
   /// Runs the next chunk of context and lets the press compress (resetting the press before the

@@ -87,6 +87,11 @@ class Session : public ModelRunner {
   /// (KVzip discards its replay this way). Throws kvslim::Error when `position` is negative or
   /// beyond next_position().
   void rewind(int32_t position) override;
+  /// Continues from a cache built elsewhere (a stored context, kvslim/context.h): replaces the
+  /// cache (its codecs included) and continues at `next_position`. Throws kvslim::Error when the
+  /// cache's shape differs from the model's, or `next_position` is below the cache's
+  /// next_position() or beyond n_ctx().
+  void restore(KVCache cache, int32_t next_position);
 
  private:
   /// One session's consecutive rows of a forward batch (session.cpp).

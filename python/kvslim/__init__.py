@@ -24,8 +24,8 @@ from . import eval  # noqa: E402  (kvslim.eval.niah / ruler / fidelity)
 
 __version__ = _kvslim.__version__
 
-__all__ = ["pipeline", "KVPressTextGenerationPipeline", "Model", "KvslimError", "available_presses", "set_threads",
-           "eval", "bundled_model", "ModelFileError"] + list(_press_names)
+__all__ = ["pipeline", "KVPressTextGenerationPipeline", "Model", "Context", "KvslimError", "available_presses",
+           "set_threads", "eval", "bundled_model", "ModelFileError"] + list(_press_names)
 
 
 class ModelFileError(KvslimError, FileNotFoundError):
@@ -90,6 +90,57 @@ def _press_of(press: Union[None, str, BasePress]) -> BasePress:
     return press
 
 
+class Context:
+    """A context compressed once and stored: questions are answered from it without prefilling it again.
+
+        ctx = kvslim.Context.build(model, text, press=kvslim.SnapKVPress(compression_ratio=0.5))
+        ctx.save("doc.kvc")
+        ctx = kvslim.Context.load(model, "doc.kvc")
+        pipe(ctx, questions=[" Who?", " Where?"])
+
+    The context is compressed exactly as ``pipe(text, question=...)`` compresses it before the
+    question, so answers are token for token the same. Presses that keep state for decode (H2O,
+    decoding(...), ...) cannot be stored and raise KvslimError saying why.
+    """
+
+    def __init__(self, model: Model, handle):
+        self.model = model
+        self._handle = handle
+
+    @classmethod
+    def build(cls, model: Union[str, Model], text: str, press: Union[None, str, BasePress] = None,
+              chunk_size: int = 0, n_ctx: int = 0, cache_type_k: str = "f16",
+              cache_type_v: str = "f16") -> "Context":
+        m = model if isinstance(model, Model) else Model(str(model))
+        p = _press_of(press)
+        return cls(m, _kvslim.Context.build(m, text, p.spec(), p.ratio, int(chunk_size), int(n_ctx), cache_type_k,
+                                            cache_type_v))
+
+    @classmethod
+    def load(cls, model: Union[str, Model], path: str) -> "Context":
+        """Reads a file written by save() or ``kvslim context build``; KvslimError names what is wrong
+        (another model, another format version, a truncated or corrupted file)."""
+        m = model if isinstance(model, Model) else Model(str(model))
+        return cls(m, _kvslim.Context.load(m, str(path)))
+
+    def save(self, path: str) -> None:
+        """Writes the context atomically (a temporary file renamed over `path`)."""
+        self._handle.save(str(path))
+
+    @property
+    def info(self) -> Dict:
+        """Tokens, press, entries, bytes, memory ratio, file bytes and the model fingerprint."""
+        return self._handle.info()
+
+    @property
+    def tokens(self) -> List[int]:
+        return self._handle.tokens
+
+    @property
+    def text(self) -> str:
+        return self._handle.text
+
+
 class KVPressTextGenerationPipeline:
     """Context + question -> answer, with the context's KV cache compressed by a press.
 
@@ -110,16 +161,34 @@ class KVPressTextGenerationPipeline:
         self.cache_type_v = cache_type_v
         self.chunk_size = chunk_size
 
-    def __call__(self, context: str, question: str = "", questions: Optional[Sequence[str]] = None,
+    def __call__(self, context: Union[str, "Context"], question: str = "", questions: Optional[Sequence[str]] = None,
                  press: Union[None, str, BasePress] = None, max_new_tokens: int = 50, answer_prefix: str = "",
                  temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, seed: int = 0,
                  **unsupported) -> Dict:
         if unsupported:
             raise TypeError(f"unsupported argument(s): {', '.join(sorted(unsupported))}")
-        p = _press_of(press)
-        spec, ratio = p.spec(), p.ratio
         asked = list(questions) if questions is not None else [question]
         answers, stats = [], []
+        stored = context if isinstance(context, Context) else None
+        if stored is not None and press is not None:
+            raise TypeError("a stored Context was compressed when it was built: give no press")
+        if stored is None:
+            p = _press_of(press)
+            spec, ratio = p.spec(), p.ratio
+            # Several questions about one context: compress it once (when the press can be stored)
+            # and answer each from the stored cache, token for token as compressing it each time.
+            if len(asked) > 1 and not _kvslim.storage_refusal(spec, ratio):
+                stored = Context.build(self.model, context, p, self.chunk_size, self.n_ctx, self.cache_type_k,
+                                       self.cache_type_v)
+        if stored is not None:
+            for q in asked:
+                r = _kvslim.run_context(self.model, stored._handle, q + answer_prefix, int(max_new_tokens),
+                                        float(temperature), int(top_k), float(top_p), int(seed), int(self.n_ctx))
+                answers.append(r["answer"])
+                stats.append(r["stats"])
+            if questions is not None:
+                return {"answers": answers, "stats": stats}
+            return {"answer": answers[0], "stats": stats[0]}
         for q in asked:
             # Each question gets the same compressed context (the press sees only the context).
             r = _kvslim.run(self.model, context, q + answer_prefix, spec, ratio, int(max_new_tokens),

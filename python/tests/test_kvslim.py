@@ -260,3 +260,39 @@ def test_pipeline_warns_that_a_gpu_device_is_ignored():
         w.simplefilter("error")
         kvslim.pipeline("kv-press-text-generation", model=STORIES, device="cpu")
         kvslim.pipeline("kv-press-text-generation", model=STORIES)
+
+
+def test_several_questions_compress_once_with_the_same_answers(pipe):
+    press = kvslim.Press("adakv(snapkv)", compression_ratio=0.5)
+    asked = [" Who was there?", " Where did they go?", ""]
+    once = pipe(STORY, questions=asked, press=press, max_new_tokens=10)
+    for q, answer in zip(asked, once["answers"]):
+        # One question at a time compresses the context again: the same tokens come out.
+        assert pipe(STORY, question=q, press=press, max_new_tokens=10)["answer"] == answer
+    # Every answer read the one compressed cache.
+    assert len({(s["kv_bytes"], s["entries_kept"], s["context_tokens"]) for s in once["stats"]}) == 1
+    # A press with decode state is still answered, by compressing per question.
+    out = pipe(STORY, questions=[" Who?", " Where?"], press=kvslim.Press("h2o", compression_ratio=0.5),
+               max_new_tokens=4)
+    assert len(out["answers"]) == 2
+
+
+def test_context_build_save_load(pipe, tmp_path):
+    press = kvslim.SnapKVPress(compression_ratio=0.5)
+    ctx = kvslim.Context.build(pipe.model, STORY, press=press)
+    path = tmp_path / "story.kvc"
+    ctx.save(str(path))
+    loaded = kvslim.Context.load(pipe.model, str(path))
+    assert loaded.tokens == ctx.tokens and loaded.text == STORY
+    info = loaded.info
+    assert info["file_bytes"] == path.stat().st_size
+    assert info["press"].startswith("snapkv") and 0 < info["memory_ratio"] < 1
+    want = pipe(STORY, question=" Then", press=press, max_new_tokens=12)["answer"]
+    assert pipe(loaded, question=" Then", max_new_tokens=12)["answer"] == want
+    with pytest.raises(TypeError):
+        pipe(loaded, question=" Then", press=press)
+    with pytest.raises(kvslim.KvslimError, match="cannot be stored"):
+        kvslim.Context.build(pipe.model, STORY, press=kvslim.Press("h2o", compression_ratio=0.5))
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(kvslim.KvslimError, match="truncated"):
+        kvslim.Context.load(pipe.model, str(path))

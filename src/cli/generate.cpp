@@ -11,8 +11,10 @@
 #include "cli/context_size.h"
 #include "cli/flag_names.h"
 #include "cli/options.h"
+#include "util/clock.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
+#include "kvslim/context.h"
 #include "kvslim/generate.h"
 #include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
@@ -46,6 +48,8 @@ struct GenerateArgs {
   ChatTemplateArgs chat_template;
   AutoBudget auto_budget;
   std::string kv_budget;        // --kv-budget SIZE, parsed in run()
+  std::string context_file;     // --context FILE: a stored context instead of -p/-f
+  bool press_given = false, cache_given = false;
 };
 
 std::string human_bytes(double b) {
@@ -132,9 +136,23 @@ int run_chat(const GenerateArgs& a) {
 }
 
 int run(const GenerateArgs& a) {
-  if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
-  if (!a.prompt_given && !a.file_given && (a.chat || !a.system_prompt.empty())) return run_chat(a);
-  if (!a.prompt_given && !a.file_given)
+  const bool stored = !a.context_file.empty();
+  if (stored) {
+    // The stored context was compressed when it was built: everything that acts before the question
+    // is the file's.
+    if (a.prompt_given || a.file_given)
+      throw Error("--context FILE is the context: drop -p / -f (the question goes in --question)");
+    if (a.press_given || a.ratio_given || a.chunk_given)
+      throw Error("--context FILE was compressed when it was built: drop --press / --compression-ratio / --chunk-size "
+                  "(`kvslim context info FILE` shows its press)");
+    if (a.cache_given)
+      throw Error("--context FILE keeps the cache types it was built with: drop the cache type and KIVI flags");
+    if (a.chat || a.chat_template.given() || !a.system_prompt.empty() || a.auto_budget.active() || !a.kv_budget.empty())
+      throw Error("--context FILE does not take --chat, a chat template, a system prompt, --target-kl or --kv-budget");
+  }
+  if (!stored && a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
+  if (!stored && !a.prompt_given && !a.file_given && (a.chat || !a.system_prompt.empty())) return run_chat(a);
+  if (!stored && !a.prompt_given && !a.file_given)
     throw Error("no prompt: give the context with -p TEXT or -f FILE (or -cnv alone for an interactive chat)");
   check_ratio(a.ratio, "--compression-ratio");
   if (a.press == "none" && (a.ratio_given || a.chunk_given))
@@ -160,6 +178,13 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
+  std::unique_ptr<Context> stored_context;
+  double load_seconds = 0;
+  if (stored) {
+    const double t0 = steady_seconds();
+    stored_context = std::make_unique<Context>(Context::load(*model, a.context_file));
+    load_seconds = steady_seconds() - t0;
+  }
   if (a.chat || a.chat_template.given() || !a.system_prompt.empty()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
     const ChatTemplate t = chat_template_for(*model, a.chat_template);
@@ -176,10 +201,19 @@ int run(const GenerateArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
+  // With a stored context the press, its report and the cache types are the file's.
+  std::string press_desc = press->describe(), press_report;
+  std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
+  if (stored_context) {
+    const ContextInfo ci = stored_context->info();
+    press_desc = ci.press;
+    press_report = ci.press_report;
+    cache_type = ci.cache_type;
+  }
   // A progress line while the prompt is prefilled (only on a terminal, after the first second).
   Progress progress(!a.no_progress);
   bool prefilling = true;
-  if (progress.active()) {
+  if (progress.active() && !stored_context) {
     const Tokenizer& tok = model->tokenizer();
     const size_t total = tok.encode(opt.context, tok.add_bos_default(), false).size() +
                          (opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size());
@@ -195,9 +229,10 @@ int run(const GenerateArgs& a) {
   auto echo_prompt = [&] {
     if (echoed) return;
     echoed = true;
-    if (a.display_prompt) fmt::print(text_out, "{}{}", opt.context, opt.question);
+    if (a.display_prompt)
+      fmt::print(text_out, "{}{}", stored_context ? stored_context->text() : opt.context, opt.question);
   };
-  GenerateResult r = generate(*model, *press, opt, [&](const std::string& s) {
+  auto on_text = [&](const std::string& s) {
     if (prefilling) {
       prefilling = false;
       progress.clear();
@@ -205,7 +240,8 @@ int run(const GenerateArgs& a) {
     echo_prompt();
     fmt::print(text_out, "{}", s);
     std::fflush(text_out);
-  });
+  };
+  GenerateResult r = stored_context ? generate(*model, *stored_context, opt, on_text) : generate(*model, *press, opt, on_text);
   prefilling = false;
   progress.clear();
   echo_prompt();
@@ -219,12 +255,16 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "generation stopped at the context limit (-c {}): {} prompt tokens, {} generated{}\n",
                n_ctx, st.context_tokens + st.question_tokens, st.generated_tokens,
                a.n_predict < 0 ? "" : fmt::format(" (-n {} asked for more; raise -c)", a.n_predict));
-  const std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
   fmt::print(stderr, "\n--- kvslim ---\n");
   fmt::print(stderr, "model            {} ({}, {} layers, {} query heads, {} KV heads, head_dim {}, {})\n", a.model,
              hp.arch, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, model->weight_type());
-  fmt::print(stderr, "press            {}\n", press->describe());
+  fmt::print(stderr, "press            {}{}\n", press_desc,
+             stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
+  if (stored_context)
+    fmt::print(stderr, "stored context   {} B read and checked in {:.4f} s (model fingerprint included); only the "
+                       "question is prefilled\n",
+               stored_context->info().file_bytes, load_seconds);
   fmt::print(stderr, "entries kept     {} / {} ({:.1f}% kept, compression ratio {:.3f})\n", st.entries_kept,
              st.entries_total, 100.0 * st.entries_kept / std::max<size_t>(1, st.entries_total), st.compression_ratio());
   std::string per_layer;
@@ -278,10 +318,16 @@ int run(const GenerateArgs& a) {
                           ab.target_met ? "met" : "NOT met");
     fmt::print(stderr, "auto-budget      {}\n", line);
   }
-  fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
-             st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
+  if (stored_context)
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} question tokens, {:.3f} s; the context was prefilled and "
+                       "compressed when it was stored)\n",
+               st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0, st.question_tokens,
+               st.prefill_seconds);
+  else
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
+               st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print(stderr, "decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
-  const std::string report = press->report();
+  const std::string report = stored_context ? press_report : press->report();
   if (!report.empty()) fmt::print(stderr, "press report     {}\n", report);
 
   if (!a.json.empty()) {
@@ -290,7 +336,7 @@ int run(const GenerateArgs& a) {
         {"model", a.model},
         {"arch", hp.arch},
         {"weight_type", model->weight_type()},
-        {"press", press->describe()},
+        {"press", press_desc},
         {"cache_type", cache_type},
         {"text", r.text},
         {"tokens", r.tokens},
@@ -318,10 +364,15 @@ int run(const GenerateArgs& a) {
         {"prefill_seconds", st.prefill_seconds},
         {"press_seconds", st.press_seconds},
         {"decode_seconds", st.decode_seconds},
-        {"prefill_tokens_per_second", st.prefill_tps()},
+        {"prefill_tokens_per_second",
+         stored_context ? (st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0) : st.prefill_tps()},
         {"decode_tokens_per_second", st.decode_tps()},
         {"press_report", report},
     };
+    if (stored_context) {
+      j["context_file"] = a.context_file;
+      j["context_load_seconds"] = load_seconds;
+    }
     if (st.auto_budget.used) {
       const AutoBudgetReport& ab = st.auto_budget;
       j["auto_budget"] = {{"ratio", ab.ratio},
@@ -380,7 +431,15 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_option("--system-prompt", a->system_prompt, "system message of the chat (-sys; implies --chat)");
   add_chat_template_options(sub, a->chat_template);  // each implies --chat
   add_auto_budget_options(sub, a->auto_budget, a->kv_budget);
-  sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+  sub->add_option("--context", a->context_file,
+                  "answer from a stored context (`kvslim context build`) instead of -p/-f: its compressed cache is "
+                  "loaded, not prefilled; the press and cache types are the file's");
+  sub->callback([a, sub, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+    a->press_given = sub->get_option("--press")->count() > 0;
+    a->cache_given = false;
+    for (const char* f : {"--cache-type-k", "--cache-type-v", "--kivi-bits", "--kivi-group", "--kivi-residual",
+                          "--kv-hadamard"})
+      a->cache_given = a->cache_given || sub->get_option(f)->count() > 0;
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;
     a->ratio_given = ratio_opt->count() > 0;

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   kvslim::cli::add_eval(app, action);
   kvslim::cli::add_bench(app, action);
   kvslim::cli::add_serve(app, action);
+  kvslim::cli::add_context(app, action);
   // Subcommands that run a model take llama.cpp's GPU flags (and ignore them), as a command line
   // written for llama-cli or llama-bench runs unchanged.
   const auto runs_model = [](CLI::App* sub) {

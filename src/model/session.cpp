@@ -52,6 +52,19 @@ void Session::reset() {
   next_pos_ = 0;
 }
 
+void Session::restore(KVCache cache, int32_t next_position) {
+  const HParams& hp = model_.hparams();
+  if (cache.n_layer() != hp.n_layer || cache.n_head_kv() != hp.n_head_kv || cache.head_dim() != hp.head_dim)
+    throw Error(fmt::format("restore: a cache of {} layers x {} KV heads x head_dim {} does not fit the model's {} x {} x {}",
+                            cache.n_layer(), cache.n_head_kv(), cache.head_dim(), hp.n_layer, hp.n_head_kv,
+                            hp.head_dim));
+  if (next_position < cache.next_position() || next_position > n_ctx_)
+    throw Error(fmt::format("restore: next position {} is outside [{}, n_ctx {}]", next_position,
+                            cache.next_position(), n_ctx_));
+  cache_ = std::move(cache);
+  next_pos_ = next_position;
+}
+
 void Session::rewind(int32_t position) {
   if (position < 0 || position > next_pos_)
     throw Error(fmt::format("rewind: position {} is outside [0, {}]", position, next_pos_));

@@ -101,6 +101,19 @@ void Press::compress(KVCache& cache, const Model& model, const Observation& obs)
 ObservationNeeds Press::needs() const { return {}; }
 ObservationNeeds Press::decode_needs() const { return {}; }
 
+std::string Press::storage_refusal() const {
+  if (evicts_in_decode())
+    return "it evicts entries during decode with state kept from the prefill (accumulated scores or a decode "
+           "window), which a stored context does not carry";
+  if (selects_in_decode())
+    return "it chooses the entries attention reads at every decode step from state built during the prefill, which "
+           "a stored context does not carry";
+  if (decode_needs().any())
+    return "it observes every decode step (its scores or hooks run during decode), with state a stored context does "
+           "not carry";
+  return {};
+}
+
 void Press::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
 
 size_t Press::kept_after(const Target& t) const {

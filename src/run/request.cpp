@@ -90,6 +90,27 @@ void Request::set_prompt_tokens(std::vector<Token> context, std::vector<Token> q
   stats_.question_tokens = static_cast<int>(question_.size());
 }
 
+void Request::set_prompt_cached(std::vector<Token> context, KVCache cache, int32_t next_position,
+                                std::vector<float> logits, const RequestStats& context_stats,
+                                std::vector<Token> question) {
+  if (logits.size() != static_cast<size_t>(model_.hparams().n_vocab))
+    throw Error(fmt::format("request: {} context logits for a vocabulary of {}", logits.size(),
+                            model_.hparams().n_vocab));
+  set_prompt_tokens(std::move(context), std::move(question));
+  session_->restore(std::move(cache), next_position);
+  press_->reset();
+  context_done_ = context_.size();
+  logits_ = std::move(logits);
+  const int n_question = stats_.question_tokens;
+  stats_ = context_stats;
+  stats_.context_tokens = static_cast<int>(context_.size());
+  stats_.question_tokens = n_question;
+  stats_.prefill_seconds = 0;
+  stats_.generated_tokens = 0;
+  stats_.decode_seconds = 0;
+  if (question_.empty()) prefilled_ = true;
+}
+
 bool Request::prefill_step() {
   if (!prompt_set_) throw Error("request: no prompt set");
   if (prefilled_) return true;
