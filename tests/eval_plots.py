@@ -239,6 +239,7 @@ def main():
         print("SKIP: gnuplot is not on PATH (Debian package gnuplot-nox)")
         return 77
     out = a.keep or tempfile.mkdtemp(prefix="kvslim_eval_plots_")
+    os.makedirs(out, exist_ok=True)
     common = ["--no-progress", "--plot-format", "svg"]
     sweeps = {
         "fidelity": ["fidelity", "--press", "streaming_llm", "knorm", "--ratios", "0.25,0.5", "--samples", "2",
