@@ -181,8 +181,9 @@ std::string gp_quote_lines(const std::vector<std::string>& lines) {
 /// title and axis labels.
 std::string plot_head(const std::string& format, int w, int h, const std::string& out_path, const std::string& title,
                       const std::string& xlabel, const std::string& ylabel) {
-  // gnuplot centres the title on the plotting area, which the y axis labels push right.
-  const std::vector<std::string> lines = wrap_title(title, w - 160);
+  // gnuplot centres the title on the plotting area, which the axis labels and a colour box move
+  // off the canvas's centre by up to about 30 px.
+  const std::vector<std::string> lines = wrap_title(title, w - 100);
   std::string s = terminal(format, w, h + kLinePx * static_cast<int>(lines.size() - 1));
   s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path),
                    gp_quote_lines(lines), gp_quote(xlabel), gp_quote(ylabel));
