@@ -128,6 +128,68 @@ std::string terminal(const std::string& format, int w, int h) {
   return fmt::format("set terminal svg size {},{} dynamic noenhanced font \"sans,12\"\n", w, h);
 }
 
+// Text layout estimates in canvas pixels. A character of the svg terminal's 12 px sans font is
+// about 0.55 x 12 px wide on average; 0.6 x 12 leaves room for wide glyphs, and covers the png
+// terminal's 10 pt font too. One line of text takes about 1.5 x 12 px.
+constexpr double kCharPx = 0.6 * 12;
+constexpr int kLinePx = 18;
+
+/// `title` cut into lines of at most `width_px` (estimated): first at the ": " that separates
+/// what a plot shows from where it comes from, then at ", ", then at spaces, then anywhere.
+std::vector<std::string> wrap_title(const std::string& title, int width_px) {
+  const size_t max = std::max<size_t>(16, static_cast<size_t>(width_px / kCharPx));
+  std::vector<std::string> lines;
+  std::string rest = title;
+  bool first = true;
+  while (rest.size() > max) {
+    size_t cut = std::string::npos, skip = 0;
+    const size_t colon = rest.find(": ");
+    // Not after a short head ("NIAH:"), which would make a line of one word.
+    if (first && colon != std::string::npos && colon >= 8 && colon + 1 <= max) {
+      cut = colon + 1;
+      skip = 1;
+    } else {
+      for (const char* sep : {", ", " "}) {
+        const size_t at = rest.rfind(sep, max - std::strlen(sep) + 1);
+        if (at != std::string::npos && at > 0) {
+          cut = at + std::strlen(sep) - 1;
+          skip = 1;
+          break;
+        }
+      }
+      if (cut == std::string::npos) cut = max;
+    }
+    lines.push_back(rest.substr(0, cut));
+    rest = rest.substr(cut + skip);
+    first = false;
+  }
+  lines.push_back(rest);
+  return lines;
+}
+
+/// A gnuplot string of several lines (gnuplot's "\n" escape between them).
+std::string gp_quote_lines(const std::vector<std::string>& lines) {
+  std::string q;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string one = gp_quote(lines[i]);
+    q += i ? "\\n" + one.substr(1, one.size() - 2) : one.substr(0, one.size() - 1);
+  }
+  return q + "\"";
+}
+
+/// The script's head: terminal of `w` x `h` pixels plus the lines the wrapped title adds, output,
+/// title and axis labels.
+std::string plot_head(const std::string& format, int w, int h, const std::string& out_path, const std::string& title,
+                      const std::string& xlabel, const std::string& ylabel) {
+  // gnuplot centres the title on the plotting area, which the axis labels and a colour box move
+  // off the canvas's centre by up to about 30 px.
+  const std::vector<std::string> lines = wrap_title(title, w - 100);
+  std::string s = terminal(format, w, h + kLinePx * static_cast<int>(lines.size() - 1));
+  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path),
+                   gp_quote_lines(lines), gp_quote(xlabel), gp_quote(ylabel));
+  return s;
+}
+
 /// Writes the script next to the plot and runs gnuplot on it.
 bool run_gnuplot(const std::string& script, const std::string& out_path, std::string* why) {
   const std::string gp = find_gnuplot();
@@ -513,11 +575,16 @@ std::string file_safe(const std::string& s) {
 }
 
 bool plot_lines(const LinePlot& p, const std::string& out_path, const std::string& format, std::string* why) {
-  std::string s = terminal(format, 860, 520);
-  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path),
-                   gp_quote(p.title), gp_quote(p.xlabel), gp_quote(p.ylabel));
-  s += "set key outside right\nset grid\n";
-  s += p.x_unit_range ? "set xrange [-0.02:1.02]\n" : "set xrange [0:*]\n";
+  std::string s;
+  s += "set grid\n";
+  // From 0 to 5% past the largest x, so no point sits on the border (gnuplot's autoscale stops at
+  // the data when no tic lies beyond it).
+  double max_x = 0;
+  for (const auto& se : p.series)
+    for (const auto& pt : se.points) max_x = std::max(max_x, pt.x);
+  s += p.x_unit_range ? "set xrange [-0.02:1.02]\n"
+       : max_x > 0    ? fmt::format("set xrange [0:{}]\n", max_x * 1.05)
+                      : "set xrange [0:*]\n";
   if (p.y_unit_range) s += "set yrange [-0.02:1.02]\n";
   if (p.log_y) s += "set logscale y\nset format y \"%g\"\n";
   // On a log axis a non-positive value (a KL of exactly 0) has no place; its bar is cut at the
@@ -542,6 +609,21 @@ bool plot_lines(const LinePlot& p, const std::string& out_path, const std::strin
     s += fmt::format("$s{} << EOD\n{}EOD\n", i, rows);
     drawn.push_back(i);
   }
+  // The key goes below the plot, in as many columns of the longest entry as the width holds; the
+  // canvas grows by its rows so the plotting area keeps its size whatever the entries' lengths.
+  std::vector<std::string> keys;
+  for (size_t i : drawn) keys.push_back(p.series[i].name);
+  const bool baseline = p.has_baseline && (!p.log_y || p.baseline > 0);
+  if (baseline) keys.push_back(p.baseline_label);
+  const int width = 860;
+  size_t longest = 0;
+  for (const auto& k : keys) longest = std::max(longest, k.size());
+  // A column: the line sample (samplen 3, about 4 characters), the text, a gap of 4 characters.
+  const int col_px = static_cast<int>((longest + 8) * kCharPx);
+  const int cols = std::clamp((width - 40) / std::max(col_px, 1), 1, std::max<int>(1, static_cast<int>(keys.size())));
+  const int rows = keys.empty() ? 0 : (static_cast<int>(keys.size()) + cols - 1) / cols;
+  s = plot_head(format, width, 500 + kLinePx * rows, out_path, p.title, p.xlabel, p.ylabel) + s;
+  s += fmt::format("set key outside below center horizontal reverse Left samplen 3 height 1 maxcols {}\n", cols);
   std::string plot;
   for (size_t k = 0; k < drawn.size(); ++k) {
     const size_t i = drawn[k];
@@ -549,7 +631,7 @@ bool plot_lines(const LinePlot& p, const std::string& out_path, const std::strin
     plot += fmt::format("{}$s{} using 1:2:3:4 with yerrorlines lw 2 dt {} pt {} title {}", plot.empty() ? "" : ", ", i,
                         i % 5 + 1, (i % 7) + 4, gp_quote(p.series[i].name));
   }
-  if (p.has_baseline && (!p.log_y || p.baseline > 0))
+  if (baseline)
     plot += fmt::format("{}{} with lines lw 2 dt 2 lc rgb \"black\" title {}", plot.empty() ? "" : ", ", p.baseline,
                         gp_quote(p.baseline_label));
   s += plot.empty() ? "plot NaN notitle\n" : "plot " + plot + "\n";
@@ -560,9 +642,7 @@ bool plot_heatmap(const std::vector<std::vector<double>>& z, const std::vector<s
                   const std::vector<std::string>& cols, const std::string& title, const std::string& xlabel,
                   const std::string& ylabel, const std::string& out_path, const std::string& format, std::string* why,
                   const std::string& cblabel) {
-  std::string s = terminal(format, 700, 500);
-  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path), gp_quote(title),
-                   gp_quote(xlabel), gp_quote(ylabel));
+  std::string s = plot_head(format, 700, 500, out_path, title, xlabel, ylabel);
   s += "set cbrange [0:1]\nset palette defined (0 '#b2182b', 0.5 '#fee08b', 1 '#1a9850')\n";
   s += fmt::format("set cblabel {}\n", gp_quote(cblabel));
   s += fmt::format("set xrange [-0.5:{}]\nset yrange [-0.5:{}]\n", cols.size() - 0.5, rows.size() - 0.5);
@@ -581,9 +661,7 @@ bool plot_heatmap(const std::vector<std::vector<double>>& z, const std::vector<s
 
 bool plot_bars(const std::vector<double>& values, const std::string& title, const std::string& xlabel,
                const std::string& ylabel, const std::string& out_path, const std::string& format, std::string* why) {
-  std::string s = terminal(format, 700, 450);
-  s += fmt::format("set output {}\nset title {}\nset xlabel {}\nset ylabel {}\n", gp_quote(out_path), gp_quote(title),
-                   gp_quote(xlabel), gp_quote(ylabel));
+  std::string s = plot_head(format, 700, 450, out_path, title, xlabel, ylabel);
   s += "set style fill solid 0.7\nset boxwidth 0.7\nset grid ytics\nset yrange [0:*]\nset xtics 1\n$bars << EOD\n";
   for (size_t i = 0; i < values.size(); ++i) s += fmt::format("{} {}\n", i, values[i]);
   s += fmt::format("EOD\nset xrange [-0.6:{}]\nplot $bars using 1:2 with boxes notitle\n", values.size() - 0.4);

@@ -51,6 +51,7 @@ std::string join_ints(const std::set<int>& v) {
 /// "n=4" or "n=2-4": the samples per point of `rows` (anything with a sample count).
 template <typename Rows, typename Count>
 std::string n_text(const Rows& rows, Count count) {
+  if (rows.empty()) return std::string("n=0");
   int lo = 1 << 30, hi = 0;
   for (const auto& r : rows) lo = std::min(lo, count(r)), hi = std::max(hi, count(r));
   return lo == hi ? fmt::format("n={}", lo) : fmt::format("n={}-{}", lo, hi);
@@ -189,10 +190,12 @@ std::vector<Pooled> pool(const std::vector<TaskSummary>& rows, const std::string
 }
 
 /// Score against the achieved compression ratio (or memory ratio), one line per press spec, the
-/// full cache as a dashed horizontal line.
-LinePlot score_plot(const std::vector<Pooled>& rows, const std::string& title, bool memory) {
+/// full cache as a dashed horizontal line. The title is "`what`: `where`, n=.. per point`flag`",
+/// its count taken from the rows drawn (pooled over tasks, it is the sum of the tasks' samples).
+LinePlot score_plot(const std::vector<Pooled>& rows, const std::string& what, const std::string& where,
+                    const std::string& flag, bool memory) {
   LinePlot p;
-  p.title = title;
+  p.title = fmt::format("{}: {}, {} per point{}", what, where, n_text(rows, [](const Pooled& r) { return r.n; }), flag);
   ratio_axis(p, memory);
   p.ylabel = "score (mean, 95% Wilson interval)";
   p.y_unit_range = true;
@@ -258,19 +261,16 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
   std::sort(lengths.begin(), lengths.end());
   std::sort(depths.begin(), depths.end());
   const std::string what = niah ? "needle in a haystack" : tasks.size() > 1 ? "RULER-style tasks (pooled)" : tasks[0];
-  const std::string where = fmt::format("{}, {} tokens, {} per point", model_name(res.info), join_ints(lengths_set),
-                                        n_text(rep.task_coarse, [](const TaskSummary& s) { return s.n; }));
+  const std::string where = fmt::format("{}, {} tokens", model_name(res.info), join_ints(lengths_set));
   const bool failed = std::any_of(rep.task_coarse.begin(), rep.task_coarse.end(),
                                   [](const TaskSummary& s) { return is_baseline(s.press_spec) && s.score == 0; });
   const std::string flag = failed ? " [FULL CACHE SCORED 0: scores meaningless]" : "";
   const Drawer draw{opt, dir, rep};
   const auto pooled = pool(rep.task_coarse, "");
-  draw("score_vs_ratio", score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), false));
-  draw("score_vs_memory", score_plot(pooled, fmt::format("{}: {}{}", what, where, flag), true));
+  draw("score_vs_ratio", score_plot(pooled, what, where, flag, false));
+  draw("score_vs_memory", score_plot(pooled, what, where, flag, true));
   if (!niah && tasks.size() > 1)
-    for (const auto& task : tasks)
-      draw("score_vs_ratio_" + task,
-           score_plot(pool(rep.task_coarse, task), fmt::format("{}: {}{}", task, where, flag), false));
+    for (const auto& task : tasks) draw("score_vs_ratio_" + task, score_plot(pool(rep.task_coarse, task), task, where, flag, false));
   if (!niah) return;
   std::vector<std::string> rows, cols;
   for (int l : lengths) rows.push_back(std::to_string(l));
@@ -279,7 +279,7 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
   for (const auto& s : rep.task_coarse) runs.emplace_back(s.press_spec, s.ratio);
   for (const auto& [spec, ratio] : runs) {
     std::vector<std::vector<double>> score(lengths.size(), std::vector<double>(depths.size(), 0.0)), kept = score;
-    int n = 0;
+    std::vector<TaskSummary> cells;
     double achieved = 0;
     for (const auto& s : rep.task_fine)
       if (s.press_spec == spec && s.ratio == ratio) {
@@ -287,12 +287,13 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
         const size_t c = std::find(depths.begin(), depths.end(), s.depth) - depths.begin();
         score[r][c] = s.score;
         kept[r][c] = s.needle_kept;
-        n = std::max(n, s.n);
+        cells.push_back(s);
       }
     for (const auto& s : rep.task_coarse)
       if (s.press_spec == spec && s.ratio == ratio) achieved = s.compression_ratio;
     const std::string tail =
-        fmt::format("{:.2f} (achieved {:.2f}), {}, n={} per cell", ratio, achieved, model_name(res.info), n);
+        fmt::format("{:.2f} (achieved {:.2f}), {}, {} per cell", ratio, achieved, model_name(res.info),
+                    n_text(cells, [](const TaskSummary& s) { return s.n; }));
     const std::string name = fmt::format("{}_{:.2f}", file_safe(spec), ratio);
     auto heat_map = [&](const std::vector<std::vector<double>>& z, const std::string& title, const std::string& key) {
       draw(key + "_" + name, [&](const std::string& path, const std::string& format, std::string* why) {
@@ -313,15 +314,20 @@ void fidelity_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir
     ctx = res.fidelity[0].outcome.cache.context_tokens;
     cont = static_cast<int>(res.fidelity[0].outcome.metrics.tokens()) + 1;
   }
-  const std::string where = fmt::format("{}, {} context + {} continuation tokens, {} samples per point",
-                                        model_name(res.info), ctx, cont,
-                                        n_text(rep.fidelity, [](const FidelitySummary& s) { return s.samples; }));
+  const std::string where =
+      fmt::format("{}, {} context + {} continuation tokens", model_name(res.info), ctx, cont);
   enum Metric { KL, TOP1, PPL };
   auto make = [&](Metric m, bool memory) {
     LinePlot p;
-    p.title = (m == KL ? "KL(full || compressed) per token: " : m == TOP1 ? "top-1 agreement with the full cache: "
-                                                                            : "perplexity of the continuation: ") +
-              where;
+    // The count of the title is over the rows drawn: a KL of 0 has no place on the log axis.
+    std::vector<FidelitySummary> drawn;
+    for (const auto& s : rep.fidelity)
+      if (m != KL || s.metrics.mean_kl() > 0) drawn.push_back(s);
+    p.title = fmt::format("{}: {}, {} per point",
+                          m == KL     ? "KL(full || compressed) per token"
+                          : m == TOP1 ? "top-1 agreement with the full cache"
+                                      : "perplexity of the continuation",
+                          where, n_text(drawn, [](const FidelitySummary& s) { return s.samples; }));
     ratio_axis(p, memory);
     p.ylabel = m == KL ? "KL (nats, log scale; mean, 95% t interval)" : m == TOP1 ? "top-1 agreement (mean, 95% t interval)"
                                                                                    : "perplexity (mean, 95% t interval)";
