@@ -92,10 +92,13 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "nlohmann-json3-dev")
+# OpenBLAS is loaded by its path at run time (src/kernels/blas_loader.cpp), so dpkg-shlibdeps does not
+# see it: the package names the pthread build, the one the path points at.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libopenblas0-pthread")
 if(TARGET _kvslim)
   math(EXPR KVSLIM_PY_NEXT_MINOR "${Python3_VERSION_MINOR} + 1")
-  set(CPACK_DEBIAN_PACKAGE_DEPENDS
-      "python3 (>= ${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}), python3 (<< ${Python3_VERSION_MAJOR}.${KVSLIM_PY_NEXT_MINOR})")
+  string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS
+         ", python3 (>= ${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}), python3 (<< ${Python3_VERSION_MAJOR}.${KVSLIM_PY_NEXT_MINOR})")
 endif()
 set(CPACK_GENERATOR DEB)
 include(CPack)
