@@ -253,9 +253,10 @@ class Faults(unittest.TestCase):
             self.assertTrue(errors)
             self.assertEqual([r for r in errors if not r[0] <= t_kill <= r[1]], [])
             cut = [r for r in results if r[4] and r[6] == "replica-a" and r[0] <= t_kill <= r[1]]
-            self.assertTrue(cut)
-            self.assertEqual({r[5] for r in cut}, {"error"}, cut)
+            # (One that had all its chunks on the way before the kill may still end whole: it is then
+            # checked against the sequential run above.)
             self.assertGreaterEqual(len(cut), len(cut_keys))
+            self.assertIn("error", {r[5] for r in cut}, cut)
             survivor_after = [r for r in results if r[0] > t_kill and r[6] == "replica-b"]
             self.assertGreaterEqual(len(survivor_after), 2 * CLIENTS)
             self.assertEqual({r[5] for r in survivor_after}, {"complete"})
