@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`kvslim bench` against llama.cpp's `llama-bench` on the same GGUF files, alternating, with the
-speed targets of the README's table (issue 12) checked pair by pair. Python standard library only;
+speed targets of docs/PERFORMANCE.md's table checked pair by pair. Python standard library only;
 llama-bench is built outside this repository (bench/README.md, "llama.cpp, built outside this
 repository").
 
@@ -40,7 +40,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_client  # noqa: E402  (its cpu_seconds reads a process's CPU time from /proc)
 
-# Targets of issue 12 (README's speed table): ratio kvslim / llama.cpp, by test and depth.
+# Targets (docs/PERFORMANCE.md's speed table): ratio kvslim / llama.cpp, by test and depth.
 PP512_TARGET = 1.2
 DECODE512_TARGET = 1.1
 FLOOR_TARGET = 0.80  # Q4_K_M decode at 512: share of kvslim's paired read floor (median token)
@@ -220,8 +220,12 @@ def run_short(args, level, llama_bin, model, path, rnd, raw):
     out = {}
 
     def kvslim():
-        out["kv"] = run_kvslim(args, level, ["-m", path, "-p", str(p), "--depth", str(d), "-n", str(n), "-r",
-                                             str(args.reps), "--floor"], stem + "-kvslim")
+        # Two runs, as llama-bench's below: kvslim bench runs every -p test at every --depth, and the
+        # prefill test here is at depth 0.
+        rows = run_kvslim(args, level, ["-m", path, "-p", str(p), "-n", "0", "-r", str(args.reps)],
+                          stem + "-kvslim-pp")
+        out["kv"] = rows + run_kvslim(args, level, ["-m", path, "-p", "0", "--depth", str(d), "-n", str(n), "-r",
+                                                    str(args.reps), "--floor"], stem + "-kvslim-tg")
 
     def llama():
         rows, _, _ = run_llama(llama_bin, ["-m", path, "-t", str(args.threads), "-p", str(p), "-n", "0", "-r",

@@ -1,7 +1,7 @@
-// Press benchmark (issue 3): press overhead as a share of prefill time for every press, KV bytes at
+// Press benchmark: press overhead as a share of prefill time for every press, KV bytes at
 // ratios 0.5 / 0.75 / 0.9 for uniform, AdaKV and ZigZagKV budgets, and peak KV bytes with and
 // without chunked compression for a prompt eight times the budget. Prints Google Benchmark's
-// table, then markdown tables for the README.
+// table, then markdown tables (docs/PERFORMANCE.md shows them).
 //
 //   kvslim_bench [--model PATH]... [--tokens N] [--threads T] [--reps R] [benchmark flags]
 // (run from the repository root; the default model is models/stories260K.gguf)

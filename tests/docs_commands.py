@@ -105,7 +105,7 @@ def value_after(tokens, i):
 def shrink(tokens):
     """Cuts the sizes of a kvslim command; returns the new token list."""
     out, i = [], 0
-    single = {"--samples": "1", "-r": "1", "--reps": "1", "--gen": "2"}
+    single = {"--samples": "1", "-r": "1", "--repetitions": "1", "--reps": "1", "--gen": "2"}
     first = {"--depths", "--ratios", "--tasks"}
     while i < len(tokens):
         t = tokens[i]
@@ -134,7 +134,7 @@ def shrink(tokens):
         elif t in ("--continuation-tokens",) and v is not None:
             out += [t, str(min(int(v), 16))]
             i += 2
-        elif t in ("-n", "--n-predict") and v is not None and "eval" not in tokens:
+        elif t in ("-n", "--n-predict") and v is not None and "eval" not in tokens and "bench" not in tokens:
             out += [t, str(min(int(v), 8)) if int(v) >= 0 else "8"]
             i += 2
         elif t == "--press" and "eval" in tokens:
@@ -145,15 +145,21 @@ def shrink(tokens):
                 j += 1
             out += [t] + specs[:2]
             i = j
-        elif t in ("-p",) and "bench" in tokens and v is not None:
+        elif t in ("-p", "--n-prompt") and "bench" in tokens and v is not None:
             out += [t, "16"]
             i += 2
-        elif t == "--depth" and "bench" in tokens and v is not None:
+        elif t in ("--depth", "-d") and "bench" in tokens and v is not None:
             out += [t, "32"]
+            i += 2
+        elif t in ("-n", "--n-gen") and "bench" in tokens and v is not None:
+            out += [t, "2"]  # bench takes lists (-n 16,32): one short decode test
             i += 2
         else:
             out.append(t)
             i += 1
+    # bench repeats each test 5 times by default (llama-bench's -r): once is enough here.
+    if "bench" in tokens and not any(t in ("-r", "--repetitions") for t in out):
+        out += ["-r", "1"]
     return out
 
 

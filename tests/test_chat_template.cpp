@@ -215,3 +215,27 @@ TEST(ChatTemplate, TokenizeOnBundledModel) {
   // Same ids as encoding the hand-written text with special tokens parsed.
   EXPECT_EQ(ids, tok.encode("[INST] Hi there [/INST] Hello! </s><s>[INST] Name a color. [/INST]", true, true));
 }
+
+// llama-server's fallback: a model without tokenizer.chat_template gets ChatML and a warning that
+// names the file; a model with one gets its own and no warning. The ChatML text is written by hand.
+TEST(ChatTemplate, FallbackToChatMLWhenTheModelHasNone) {
+  auto model = Model::load(KVSLIM_SOURCE_DIR "/models/stories260K.gguf");
+  std::string warning = "stale";
+  ChatTemplate t = ChatTemplate::from_gguf_or_chatml(model->file(), false, warning);
+  EXPECT_EQ(t.name(), "chatml");
+  EXPECT_NE(warning.find("stories260K.gguf"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("ChatML"), std::string::npos) << warning;
+  EXPECT_EQ(warning.find('\n'), std::string::npos) << "one line: " << warning;
+  EXPECT_EQ(t.render({{"user", "Hi"}}, "<s>", "</s>"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.end_of_turn(), "<|im_end|>");
+  // choose() falls back only when asked to (with somewhere to put the warning).
+  EXPECT_EQ(ChatTemplate::choose(model->file(), "", "", false, &warning).name(), "chatml");
+  EXPECT_THROW(ChatTemplate::choose(model->file(), "", "", false), Error);
+  // A name given by hand wins and clears the warning.
+  EXPECT_EQ(ChatTemplate::choose(model->file(), "llama3", "", false, &warning).name(), "llama3");
+  EXPECT_TRUE(warning.empty());
+  auto phi = GGUFFile::open(KVSLIM_SOURCE_DIR "/tests/data/vocab/ggml-vocab-phi-3.gguf");
+  warning = "stale";
+  EXPECT_EQ(ChatTemplate::from_gguf_or_chatml(*phi, false, warning).name(), "jinja");
+  EXPECT_TRUE(warning.empty()) << warning;
+}

@@ -1,4 +1,4 @@
-// Composition semantics and the cases of issue 11's "Why": each stage is sized from the entries
+// Composition semantics: each stage is sized from the entries
 // actually present, no segment is emptied, pairings that cannot work are refused at parse time
 // naming both presses, and every job's decode step honours decode-time selection.
 #include <gtest/gtest.h>

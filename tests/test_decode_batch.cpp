@@ -11,6 +11,7 @@
 #include "kvslim/request.h"
 #include "kvslim/session.h"
 #include "model/layer_hook.h"
+#include "support/files.h"
 
 using namespace kvslim;
 
@@ -94,6 +95,137 @@ TEST(DecodeBatch, RefusesBadInput) {
   Session b(*model, tiny);
   b.forward({1});
   EXPECT_THROW(Session::decode_batch({&b}, {1}), Error);  // the context is full
+}
+
+namespace {
+
+// The bundled model with layer 0's key projection scaled by `scale`: its keys leave f16's range
+// (65504) while an f32 key cache holds them.
+std::string big_keys_copy(float scale) {
+  auto f = GGUFFile::open(kModel);
+  GGUFWriter w;
+  for (const auto& [k, v] : f->metadata())
+    if (k != "general.alignment") w.set(k, v);
+  for (const TensorInfo& t : f->tensors()) {
+    std::vector<float> x = f->tensor_f32(t);
+    if (t.name == "blk.0.attn_k.weight")
+      for (float& e : x) e *= scale;
+    w.add_tensor_f32(t.name, GGMLType::F32, t.ne, x);
+  }
+  const std::string path = temp_path("big_keys.gguf");
+  w.write(path);
+  return path;
+}
+
+std::string message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+// One row of a batch whose key overflows its f16 cache fails alone: the error names the layer and
+// the cache type, its session is left as it was, and the other rows get exactly what they get
+// without it. Before, the batched path had no guard: the f16 cache stored inf and the row's
+// logits were NaN with no error.
+TEST(DecodeBatch, AFailingRowFailsAlone) {
+  const std::string path = big_keys_copy(1e6f);
+  auto model = Model::load(path);
+  const size_t nv = model->hparams().n_vocab;
+  SessionOptions wide;
+  wide.key_codec = KVCodec::F32;
+  Session f16(*model, SessionOptions{}), a(*model, wide), b(*model, wide), a1(*model, wide), b1(*model, wide);
+  const std::vector<Token> ids = model->tokenizer().encode("Once upon a time", true, false);
+  for (Session* s : {&a, &b, &a1, &b1}) s->forward(ids);
+  std::vector<std::exception_ptr> errors;
+  const std::vector<float> got = Session::decode_batch({&a, &f16, &b}, {5, 5, 9}, &errors);
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_FALSE(errors[0]);
+  EXPECT_FALSE(errors[2]);
+  ASSERT_TRUE(errors[1]);
+  const std::string msg = message(errors[1]);
+  for (const char* part : {"numeric overflow in layer 0", "key", "f16", "cache_type_k", "f32"})
+    EXPECT_NE(msg.find(part), std::string::npos) << "'" << msg << "' lacks '" << part << "'";
+  EXPECT_EQ(f16.next_position(), 0);
+  EXPECT_EQ(f16.cache().entries(), 0u);
+  const std::vector<float> want_a = a1.forward({5}), want_b = b1.forward({9});
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + nv), want_a);
+  EXPECT_EQ(std::vector<float>(got.begin() + 2 * nv, got.end()), want_b);
+  EXPECT_EQ(std::vector<float>(got.begin() + nv, got.begin() + 2 * nv), std::vector<float>(nv, 0.0f));
+  EXPECT_EQ(a.cache().bytes(), a1.cache().bytes());
+  // Without an error list the row's error is thrown.
+  EXPECT_THROW(Session::decode_batch({&f16}, {5}), Error);
+  // A prefill on a short prompt fails where the key is stored, before anything else.
+  try {
+    f16.forward(ids);
+    ADD_FAILURE() << "a prefill into an f16 cache that cannot hold its keys succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f16.next_position(), 0);
+  EXPECT_EQ(f16.cache().entries(), 0u);
+  std::remove(path.c_str());
+}
+
+namespace {
+
+// Keeps every entry and refuses the decode step numbered `fail_at` (a press that needs no
+// decode-time observation, so its request steps inside the batch).
+class RefusingPress : public Press {
+ public:
+  explicit RefusingPress(int fail_at) : fail_at_(fail_at) {}
+  std::string describe() const override { return "refusing"; }
+  void apply(KVCache&, const Model&, const Observation&, const Target&) override {}
+  void after_decode(KVCache&, const Model&, const Observation&) override {
+    if (++steps_ == fail_at_) throw Error("refused at this decode step");
+  }
+
+ private:
+  int fail_at_, steps_ = 0;
+};
+
+}  // namespace
+
+// The server's decode step: a request whose step throws ends with its error (step_batch returns
+// it), the others of the batch finish with the text they have alone.
+TEST(DecodeBatch, StepBatchReturnsEachRequestsError) {
+  auto model = Model::load(kModel);
+  RequestOptions o;
+  o.n_predict = 12;
+  auto alone = [&](const std::string& p) {
+    Request r(*model, make_press("none", 0.0), o);
+    r.set_prompt(p);
+    return r.run();
+  };
+  const std::string want_a = alone("Once upon a time"), want_b = alone("Lily went to the park");
+  RefusingPress refusing(3);
+  Request a(*model, make_press("none", 0.0), o), bad(*model, refusing, o), b(*model, make_press("none", 0.0), o);
+  a.set_prompt("Once upon a time");
+  bad.set_prompt("Tom had a red ball");
+  b.set_prompt("Lily went to the park");
+  int failed_at = -1;
+  for (int step = 0; step < 40 && !(a.finished() && b.finished()); ++step) {
+    std::vector<Request*> live;
+    for (Request* r : {&a, &bad, &b})
+      if (!r->finished() && !(r == &bad && failed_at >= 0)) live.push_back(r);
+    const std::vector<std::exception_ptr> errors = step_batch(live);
+    ASSERT_EQ(errors.size(), live.size());
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i] == &bad && errors[i]) {
+        EXPECT_NE(message(errors[i]).find("refused at this decode step"), std::string::npos);
+        failed_at = step;
+      } else {
+        EXPECT_FALSE(errors[i]) << "request " << i << " step " << step << ": " << message(errors[i]);
+      }
+    }
+  }
+  EXPECT_GE(failed_at, 0);
+  EXPECT_EQ(a.text(), want_a);
+  EXPECT_EQ(b.text(), want_b);
 }
 
 TEST(DecodeBatch, StepBatchEqualsRunningAlone) {

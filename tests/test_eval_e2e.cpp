@@ -242,7 +242,7 @@ TEST(EvalE2E, TaskRunChecksTheCacheAndTheNeedle) {
   EXPECT_THROW(run_task(m, *none, s, t, "\n", tiny), Error);
 }
 
-// The acceptance check: on a model that can retrieve, the full cache answers and a press
+// The acceptance check of a retrieval evaluation: on a model that can retrieve, the full cache answers and a press
 // that evicts the needle's entries scores lower. Needs models/retrieval.gguf (built by
 // tools/retrieval_model/make_retrieval_model.py) and its task text models/retrieval.tasks.json (see models/RETRIEVAL.md).
 TEST(EvalE2E, RetrievalModelSweepFullCacheRetrievesAndEvictionLosesTheNeedle) {

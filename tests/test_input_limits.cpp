@@ -1,4 +1,4 @@
-// Bounds and checks on input before work (issue 17): press specs limited in length and nesting,
+// Bounds and checks on input before work: press specs limited in length and nesting,
 // press specs that describe() writes read back to the same press (nested ones included), text
 // files checked before they are read, and file content escaped before an error message echoes it.
 #include <gtest/gtest.h>

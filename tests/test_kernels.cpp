@@ -349,27 +349,30 @@ TEST(Kernels, LevelNamesAndOrder) {
   for (size_t i = 1; i < s.size(); ++i) EXPECT_LT(static_cast<int>(s[i - 1]), static_cast<int>(s[i]));
 }
 
-// `kvslim bench` on the bundled model: one pp, two tg rows and a depth-fill row per press, JSON with the measured
-// fields, and bad input reported as an error (exit 1) rather than a crash.
+// `kvslim bench` on the bundled model: a pp row per depth, a tg row per depth and a depth-fill row per press, JSON
+// with the measured fields, and bad input reported as an error (exit 1) rather than a crash.
 TEST(BenchCli, RunsAndWritesJson) {
   const std::string dir = ::testing::TempDir();
   const std::string stem = dir + "/kvslim_bench_" + std::to_string(::getpid());
   const std::string json = stem + ".json", out = stem + ".out";
   const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
   const std::string cmd = std::string("'") + KVSLIM_CLI + "' bench -m '" + model +
-                          "' -p 32 -n 4 --depth 0,16 -t 1 --press none --press knorm --compression-ratio 0.5 --json '" +
+                          "' -p 32 -n 4 --depth 0,16 -r 1 -t 1 --press none --press knorm --compression-ratio 0.5 --json '" +
                           json + "' > '" + out + "' 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream f(json);
   ASSERT_TRUE(f.good());
   const nlohmann::json j = nlohmann::json::parse(f);
-  ASSERT_EQ(j.size(), 8u);  // 2 presses x (pp32, tg4 @ d0, fill d16, tg4 @ d16)
+  ASSERT_EQ(j.size(), 10u);  // 2 presses x (pp32, pp32 @ d16, tg4 @ d0, fill d16, tg4 @ d16)
   EXPECT_EQ(j[0]["test"], "pp32");
-  EXPECT_EQ(j[1]["test"], "tg4 @ d0");
-  EXPECT_EQ(j[2]["test"], "fill d16");  // the prefill of the 16-token context, timed on its own
-  EXPECT_EQ(j[2]["n_prompt"], 16);
-  EXPECT_EQ(j[3]["test"], "tg4 @ d16");
-  EXPECT_EQ(j[4]["test"], "pp32");
+  EXPECT_EQ(j[1]["test"], "pp32 @ d16");  // 32 tokens prefilled after a 16-token context (llama-bench's -d)
+  EXPECT_EQ(j[1]["n_prompt"], 32);
+  EXPECT_EQ(j[1]["depth"], 16);
+  EXPECT_EQ(j[2]["test"], "tg4 @ d0");
+  EXPECT_EQ(j[3]["test"], "fill d16");  // the prefill of the 16-token context, timed on its own
+  EXPECT_EQ(j[3]["n_prompt"], 16);
+  EXPECT_EQ(j[4]["test"], "tg4 @ d16");
+  EXPECT_EQ(j[5]["test"], "pp32");
   for (const auto& r : j) {
     EXPECT_GT(r["avg_ts"].get<double>(), 0.0);
     EXPECT_GT(r["peak_rss_bytes"].get<double>(), 0.0);
@@ -378,11 +381,13 @@ TEST(BenchCli, RunsAndWritesJson) {
   }
   // The ratio only on the rows of a press that takes it (regression: press none rows said 0.5).
   EXPECT_TRUE(j[0]["compression_ratio"].is_null());
-  EXPECT_EQ(j[4]["compression_ratio"], 0.5);
+  EXPECT_EQ(j[5]["compression_ratio"], 0.5);
   EXPECT_TRUE(j[0]["weight_prefetch"] == "none" || j[0]["weight_prefetch"] == "ahead");
   // KV bytes measured from the cache: knorm at ratio 0.5 keeps 16 of the 32 prefill entries.
-  EXPECT_NEAR(j[4]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
-  EXPECT_NEAR(j[6]["kv_bytes"].get<double>() / j[2]["kv_bytes"].get<double>(), 0.5, 0.05);  // 8 of 16
+  EXPECT_NEAR(j[5]["kv_bytes"].get<double>() / j[0]["kv_bytes"].get<double>(), 0.5, 0.05);
+  EXPECT_NEAR(j[8]["kv_bytes"].get<double>() / j[3]["kv_bytes"].get<double>(), 0.5, 0.05);  // 8 of 16
+  // pp32 @ d16: the press compresses the 16-token context (8 kept), the 32 tokens after it stay: 40 of 48.
+  EXPECT_NEAR(j[6]["kv_bytes"].get<double>() / j[1]["kv_bytes"].get<double>(), 40.0 / 48.0, 0.03);
   std::stringstream table;
   table << std::ifstream(out).rdbuf();
   EXPECT_NE(table.str().find("| model"), std::string::npos);
@@ -397,14 +402,14 @@ TEST(BenchCli, RunsAndWritesJson) {
 
   // Regression: the warm-up prefilled n_ctx - 8 tokens, negative for a tiny context (-p 2 -n 1),
   // and failed with "cannot create std::vector larger than max_size()".
-  const std::string tiny = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -p 2 -n 1 -t 1 > '" + out +
+  const std::string tiny = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -p 2 -n 1 -r 1 -t 1 > '" + out +
                            "' 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(tiny.c_str())), 0);
 
   // Regression: an unwritable --json path was found only after the whole run. A run that would
   // take minutes (depth 100,000) must fail at once (the timeout turns a late failure into 124).
   const std::string late = "timeout 60 '" + std::string(KVSLIM_CLI) + "' bench -m '" + model +
-                           "' -p 0 --depth 100000 -n 1 --json /nonexistent/dir/b.json > '" + out + "' 2>&1";
+                           "' -p 0 --depth 100000 -n 1 -r 1 --json /nonexistent/dir/b.json > '" + out + "' 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(late.c_str())), 1);
   std::stringstream err2;
   err2 << std::ifstream(out).rdbuf();
@@ -420,7 +425,7 @@ TEST(BenchCli, FloorReportsTheDecodeShareOfTheReadRate) {
   const std::string stem = ::testing::TempDir() + "/kvslim_floor_" + std::to_string(::getpid());
   const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
   const std::string cmd = std::string("'") + KVSLIM_CLI + "' bench -m '" + model +
-                          "' -p 0 -n 4 --depth 8 -t 1 --no-progress --floor --json '" + stem + ".json' > '" + stem +
+                          "' -p 0 -n 4 --depth 8 -r 1 -t 1 --no-progress --floor --json '" + stem + ".json' > '" + stem +
                           ".out' 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream f(stem + ".json");
@@ -469,7 +474,7 @@ TEST(BenchCli, FloorReportsTheDecodeShareOfTheReadRate) {
   EXPECT_NE(table.str().find("fit in the CPU's caches"), std::string::npos) << table.str();
 
   // Regression: --floor with no decode test (-n 0) printed nothing and exited 0.
-  const std::string none = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -p 8 -n 0 --floor > '" + stem +
+  const std::string none = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -p 8 -n 0 -r 1 --floor > '" + stem +
                            ".err' 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(none.c_str())), 1);
   std::stringstream err;

@@ -234,7 +234,7 @@ TEST(KVAttention, BlockwiseMatchesFloat64Softmax) {
   qdot::set_level(saved);
 }
 
-// Long-context prefill tiles (issue 12): a tile of 8 tokens x a GQA group of 8 heads (64 rows, as
+// Long-context prefill tiles: a tile of 8 tokens x a GQA group of 8 heads (64 rows, as
 // the forward pass sends them) against 1,100 entries (69 blocks: pairs and a lone last block),
 // with causal prefixes ending mid-block, inside the first block, and at the end; and a tile of
 // rows whose prefixes start only after many blocks the first rows never see. Every codec the

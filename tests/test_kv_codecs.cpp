@@ -681,7 +681,7 @@ TEST(KVCodec, Q2_1DecodersAreBitExactAtEveryLevel) {
   qdot::set_level(saved);
 }
 
-// Regression (session 11): the stores' key tiles and value rows were std::vectors, so the decode step
+// Regression: the stores' key tiles and value rows were std::vectors, so the decode step
 // that outgrew a long segment copied it into freshly faulted pages (every segment at once: 1.5 s for
 // the first token after a 16K fill on a Zen 5 VM). They grow by realloc now, which moves a mapped
 // block's pages (mremap) or extends it in place. From 33,000 to 70,000 f16 entries (head_dim 64; a

@@ -111,6 +111,31 @@ TEST(NumericGuard, HugeBlockCountRejectedBeforeAllocating) {
                     {"llama.block_count = 6", "needs at least 54 tensors", "48"});
 }
 
+// Only layer 0's key projection scaled: the keys leave f16's range while the hidden states stay
+// finite (attention saturates to one entry), so the guard on hidden states alone let a short
+// prompt generate with exit 0 from a cache of inf keys. Each key is now checked as it is stored.
+TEST(NumericGuard, KeyOverflowOnAShortPromptIsCaughtWhereTheKeyIsStored) {
+  const std::string path = temp_path("big_keys.gguf");
+  rewrite_model(path, nullptr, [](const std::string& name) { return name == "blk.0.attn_k.weight" ? 1e6f : 1.0f; });
+  const std::string gen = "generate -m '" + path + "' -p 'Once upon a time' -n 4 --temp 0";
+  Result r = run_cli(gen);
+  EXPECT_NE(r.rc, 0) << r.err;
+  EXPECT_LT(r.rc, 128) << r.err;
+  for (const char* p : {"numeric overflow in layer 0", "key", "f16", "--cache-type-k", "f32"})
+    EXPECT_NE(r.err.find(p), std::string::npos) << "'" << r.err << "' lacks '" << p << "'";
+  Result ok = run_cli(gen + " --cache-type-k f32");
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  // Scaled by 2e4 the keys reach about 1.7e5: too large for f16 rows, but q8_0 and q4_0 store an f16
+  // scale per block (amax / 127, max / -8), which holds keys up to 65504 x 127 and 65504 x 8.
+  rewrite_model(path, nullptr, [](const std::string& name) { return name == "blk.0.attn_k.weight" ? 2e4f : 1.0f; });
+  EXPECT_NE(run_cli(gen).rc, 0);
+  for (const char* codec : {"q8_0", "q4_0"}) {
+    Result q = run_cli(gen + " --cache-type-k " + codec);
+    EXPECT_EQ(q.rc, 0) << codec << ": " << q.err;
+  }
+  std::remove(path.c_str());
+}
+
 // Q and K scaled by 1e5: keys reach about 1e5 and more, beyond f16's 65504, so the default f16
 // key cache stores inf. Before the guard, generate printed nothing new and exited 0, and eval
 // fidelity printed KL -nan with top-1 agreement 1.0000.

@@ -1,4 +1,4 @@
-// The rules every press obeys (issue 3; ARCHITECTURE.md section 4), on the bundled model, plus the
+// The rules every press obeys (docs/CLI.md, "Press specs"), on the bundled model, plus the
 // spec parser, chunked prefill, decoding presses and key re-rotation.
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// The rest of kvpress's catalogue (issue 13): each press against its reference rule, with the
+// The rest of kvpress's catalogue: each press against its reference rule, with the
 // expected values recomputed here in float64 from the reference's formulas (kvpress/presses/*.py),
 // on the bundled model (5 layers, 8 query heads over 4 KV heads: GQA groups of 2, head_dim 8).
 #include <algorithm>

@@ -126,7 +126,7 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   std::remove(path.c_str());
 }
 
-// Regression (session 7, latent-user review): with file=, a single k_bits / v_bits was silently
+// Regression: with file=, a single k_bits / v_bits was silently
 // dropped (the file's bits were used), and k_rank / energy / share were ignored. Bits given in the
 // spec now replace the file's on their side; the per-request bases' parameters are errors.
 TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAreErrors) {
@@ -188,7 +188,7 @@ TEST(PressLatent, TwoLatentStagesInOneCompositionAreAnError) {
   }
 }
 
-// Regression (session 7): latent:k_rank=9 on head_dim 8 ran rank 8 while the press named 9 (memory
+// Regression: latent:k_rank=9 on head_dim 8 ran rank 8 while the press named 9 (memory
 // ratio 1.04 with f16 codes); cla:n=9 on 5 layers shared all 4 possible layers silently.
 TEST(PressLatent, RanksAboveHeadDimAndClaCountsAboveTheLayersAreErrors) {
   const Model& model = bundled_model();

@@ -1,4 +1,4 @@
-// Presses against their reference rules (issue 13): budgets, protected entries and defaults as
+// Presses against their reference rules: budgets, protected entries and defaults as
 // kvpress's code (or the authors' where kvpress has none) computes them. Expected values are
 // derived by hand from the reference formulas or recomputed in float64 here.
 #include <cmath>
@@ -104,7 +104,7 @@ TEST(PressReference, H2OSplitsTheBudgetBetweenRecentAndHeavyHitters) {
   }
 }
 
-// The issue's case: the bundled 411-token story at 0.5 under pyramidkv(snapkv) (window 64, beta
+// A worked case: the bundled 411-token story at 0.5 under pyramidkv(snapkv) (window 64, beta
 // 20, 5 layers). By hand: cap = 64 + 205.5 = 269.5; min = 205.5 / 20 = 10.275, max = 411 - 10.275
 // = 400.725 >= 411 - 64 = 347 -> max 347, min 411 - 347 = 64; 411 >= 347 >= 64 >= 64 holds; step
 // (347 - 64) / 4 = 70.75 -> 347, 276.25, 205.5, 134.75, 64 -> round: 347 276 206 135 64 per KV head.

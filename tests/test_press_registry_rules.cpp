@@ -121,6 +121,7 @@ class SpyPress : public Press, private LayerHook {
     log_.clear();
   }
   double ratio() const override { return p_->ratio(); }
+  double key_channel_ratio() const override { return p_->key_channel_ratio(); }
   void set_ratio(double r) override { p_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return p_->kept_after(t); }
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
@@ -356,4 +357,60 @@ TEST(RegistryRules, RatioUseIsReportedAsTheBehaviourShowsIt) {
   EXPECT_THROW(check_ratio_used("think", 0.5, "--compression-ratio"), Error);
   EXPECT_NO_THROW(check_ratio_used("think", 0.0, "--compression-ratio"));
   EXPECT_NO_THROW(check_ratio_used("kvzip+latent", 0.5, "--compression-ratio"));
+}
+
+// Figures a request reports are what its press did. For every registered press alone and a few
+// compositions, after prefill and a decode long enough for decode-time presses to act, the
+// request's ratios equal a count taken here: the entries in the cache's segments against the
+// tokens run (each gave every layer and KV head one entry), and the key channels stored against
+// whole keys. Regression: a threshold press acting in decode (DMS) evicted ~half of the entries
+// while every figure said 0, and ThinK's pruned channels showed nowhere inside a composition.
+TEST(RegistryRules, ReportedRatiosAreWhatTheCacheHolds) {
+  std::vector<std::string> specs = runnable_specs();
+  const std::string dms = "threshold(knorm):tau=-4,window=8,decode=1";
+  for (const std::string& s : std::vector<std::string>{dms, "snapkv+think", "think:key_ratio=0.25+knorm", "knorm+" + dms,
+                               "decoding(knorm):interval=4,size=16", "key_rerotation(streaming_llm)+think"})
+    specs.push_back(s);
+  const HParams& hp = bundled_model().hparams();
+  for (const std::string& spec : specs) {
+    auto p = make_press(spec, 0.5);
+    Request r(bundled_model(), *p, greedy(24));
+    r.set_prompt(story(6), " The ball");
+    r.run();
+    ASSERT_FALSE(r.generated().empty()) << spec;
+    const RequestStats& st = r.stats();
+    // The last sampled token is never run through the model.
+    const size_t tokens = r.context_tokens().size() + r.question_tokens().size() + r.generated().size() - 1;
+    size_t entries = 0, key_channels = 0;
+    const KVCache& c = r.cache();
+    for (int l = 0; l < c.n_layer(); ++l)
+      for (int h = 0; h < c.n_head_kv(); ++h) {
+        const Segment& seg = c.seg(l, h);
+        entries += seg.size();
+        const int dims = seg.latent() ? static_cast<int>(seg.latent_keys().basis().rank()) : hp.head_dim;
+        key_channels += seg.size() * static_cast<size_t>(dims);
+      }
+    const size_t seen = tokens * hp.n_layer * hp.n_head_kv;
+    EXPECT_EQ(st.entries_seen, seen) << spec;
+    EXPECT_EQ(st.entries_now, entries) << spec;
+    EXPECT_DOUBLE_EQ(st.request_compression_ratio(), 1.0 - double(entries) / seen) << spec;
+    EXPECT_DOUBLE_EQ(st.key_channel_ratio(), 1.0 - double(key_channels) / (double(entries) * hp.head_dim)) << spec;
+    // A press asked to prune key channels pruned that share of them (floor(head_dim * r) each).
+    if (p->key_channel_ratio() > 0)
+      EXPECT_NEAR(st.key_channel_ratio(), p->key_channel_ratio(), 1.0 / hp.head_dim + 1e-12) << spec;
+    else if (name_of(spec) != "latent")  // a latent basis's rank is its own parameter (energy)
+      EXPECT_EQ(st.key_channel_ratio(), 0.0) << spec;
+  }
+  // The decode-time threshold evicts while decoding: more is removed over the request than the
+  // prefill compression removed, and it is reported.
+  auto p = make_press(dms, 0.0);
+  Request r(bundled_model(), *p, greedy(24));
+  r.set_prompt(story(6));
+  r.run();
+  EXPECT_GT(r.stats().request_compression_ratio(), 0.2);
+  EXPECT_LT(r.cache().entries(), r.stats().entries_seen);
+  // And think inside a composition reports its channels while the other stage removes entries.
+  auto both = make_press("snapkv+think", 0.5);
+  EXPECT_DOUBLE_EQ(both->key_channel_ratio(), 0.5);
+  EXPECT_DOUBLE_EQ(both->ratio(), 0.5);
 }

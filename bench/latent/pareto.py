@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Pareto fronts of `kvslim eval fidelity` summaries: memory ratio against KL and against top-1.
 
-Usage: bench/latent/pareto.py DIR_OR_CSV...   (each DIR searched for */summary.csv)
+Usage: bench/latent/pareto.py DIR_OR_CSV...   (each DIR searched for */summary.csv; a CSV with a `run`
+column, as bench/results/latent_story_fidelity.csv, names each row's sweep by it)
 
 Reads every summary.csv row (press spec, ratio, KL, top-1 agreement, memory ratios), drops the
 full-cache baseline, and prints
   - the front of (memory ratio after compression, KL): rows no other row beats on both;
   - the front of (memory ratio after compression, top-1 agreement);
-  - for issue 14's story targets, the smallest memory ratio meeting each.
+  - for the story model's targets (docs/LATENT.md), the smallest memory ratio meeting each.
 "Memory ratio after compression" is the CSV's prefill_memory_ratio (the compressed context's
 cache bytes over its f16 cache bytes, shared calibrated bases excluded); memory_ratio (at the end
 of the run, with the uncompressed teacher-forced tokens) is printed next to it.
@@ -28,7 +29,8 @@ def rows(paths):
                     continue
                 out.append(dict(spec=r["press_spec"], ratio=float(r["ratio"]), kl=float(r["kl"]),
                                 top1=float(r["top1_agreement"]), mem=float(r["prefill_memory_ratio"]),
-                                end=float(r["memory_ratio"]), src=os.path.basename(os.path.dirname(f))))
+                                end=float(r["memory_ratio"]),
+                                src=r.get("run") or os.path.basename(os.path.dirname(f))))
     return out
 
 

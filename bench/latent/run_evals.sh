@@ -26,7 +26,7 @@ $K eval fidelity $FID --ratios 0 --press \
 $K eval fidelity $FID --ratios 0.25,0.5,0.75 --press kvzip "kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8" \
   -o "$OUT/story"
 
-# ---- Round 2: cross-layer shared bases, 8K NIAH, the story model's curve ----
+# ---- Cross-layer shared bases, 8K NIAH, the story model's curve ----
 # Calibrated bases shared across adjacent layers (--share 0.02: a layer joins when the pooled basis
 # keeps within 2% of the variance its own keeps).
 $K latent-calibrate -m models/retrieval.gguf --text bench/latent/retrieval_calib.txt --doc-tokens 2048 \

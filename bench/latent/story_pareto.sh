@@ -1,5 +1,5 @@
 #!/bin/sh
-# The story model's composition space for issue 14's fidelity targets (docs/LATENT.md, "Story
+# The story model's composition space for the latent KV fidelity targets (docs/LATENT.md, "Story
 # model: the composition space"): eviction presses x ratios, KV codecs for keys and values apart,
 # latent codes from calibrated bases (8/8, 8/4, f16/8 bits; per-channel or per-token scales), and
 # cross-layer entry sharing (press cla), each on `kvslim eval fidelity`'s default sampled text

@@ -63,6 +63,10 @@ std::string describe_cache_config(KVCodec key, KVCodec value, const KVQuantOptio
 /// One storage tier of a segment (its codecs' bytes, KIVI groups, key tiles): internal, in
 /// src/kv/store.h.
 class KVStore;
+namespace kv {
+/// Writes and reads caches byte for byte (stored contexts): internal, in src/kv/serialize.h.
+struct CacheIO;
+}  // namespace kv
 
 /// Entries of one (layer, KV head): keys (RoPE applied) and values, head_dim each, plus the
 /// original token position of every entry. Entry order is insertion order. Entries live in tier 0
@@ -87,6 +91,14 @@ class Segment {
   /// Appends one entry to tier 0; k and v hold head_dim floats (k is rotated here when the
   /// cache rotates keys).
   void append(const float* k, const float* v, int32_t position);
+  /// Whether k and v (head_dim floats each, as append takes them) fit this segment's codecs: every
+  /// value finite and, where a codec keeps f16 or bf16 values, steps, zero points or block scales,
+  /// small enough that none of them overflows (|x| <= 65504 for f16 rows, KIVI and q2_1; 65504 * 127
+  /// for q8_0 and 65504 * 8 for q4_0, whose f16 scale is amax / 127 and max / -8). Keys are tested as
+  /// stored (after the Hadamard rotation when on). Returns nullptr when both fit, else "key" or
+  /// "value"; `largest` receives that row's largest |x|. Latent segments (codes of projections)
+  /// always pass here: the forward pass's hidden-state check covers them.
+  const char* check_fit(const float* k, const float* v, float* largest) const;
   /// Keeps only the entries at `indices` (strictly increasing, each < size()), compacts them in
   /// order and releases the freed memory. Entries keep their tier. Throws kvslim::Error on bad
   /// indices.
@@ -174,6 +186,7 @@ class Segment {
   LatentCodes lk_, lv_;
   void set_tiers(const std::vector<uint8_t>& low);
   void drop_tiers();
+  friend struct kv::CacheIO;
 };
 
 /// All segments of a model: n_layer x n_head_kv. The first cache constructed fixes glibc's mmap
@@ -231,6 +244,7 @@ class KVCache {
   int n_layer_, n_head_kv_, head_dim_;
   std::vector<Segment> segs_;
   std::vector<int> source_;  ///< [n_layer] source layer of each layer; empty when none shares
+  friend struct kv::CacheIO;
 };
 
 }  // namespace kvslim

@@ -20,6 +20,10 @@
 
 namespace kvslim {
 
+namespace kv {
+struct CacheIO;  // src/kv/serialize.h: stored contexts read and write the codes byte for byte
+}  // namespace kv
+
 /// A linear map of head_dim values (one key or one value) to `rank` latent coordinates:
 /// code = P (x - mean), reconstruction x ~= mean + P^T code, P with orthonormal rows.
 /// Either dense (`proj`, rank x head_dim, row-major) or a channel selection (`channels`: P's rows
@@ -156,6 +160,7 @@ class LatentCodes {
   std::vector<float> center_, step_;
   size_t row_ = 0, n_ = 0;
   std::vector<uint8_t> data_;
+  friend struct kv::CacheIO;
 };
 
 }  // namespace kvslim

@@ -1,7 +1,9 @@
 #pragma once
 // Llama-family models (arch `llama`: Llama 2/3, Mistral, TinyLlama; arch `qwen2`) loaded from GGUF,
 // with weights kept in their file type in the mapping.
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,13 @@ class Model {
   size_t weight_bytes() const { return weight_bytes_; }
   /// Name of the dominant weight type (e.g. "q8_0").
   std::string weight_type() const;
+  /// XXH64 digest of every tensor's name, type, shape and bytes as stored in the file: part of a
+  /// stored context's fingerprint. Computed on the first call (it reads every weight once, in
+  /// parallel: a fraction of a second per GB once the file is in the page cache) and kept, so
+  /// loading a model costs nothing extra. Thread-safe.
+  uint64_t tensor_digest() const;
+  /// XXH64 digest of the tokenizer's vocabulary: every token's stored string, BOS and EOS.
+  uint64_t vocab_digest() const;
 
  private:
   Model() = default;
@@ -70,6 +79,8 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;
   size_t weight_bytes_ = 0;
+  mutable std::once_flag digest_once_;
+  mutable uint64_t tensor_digest_ = 0;
 };
 
 }  // namespace kvslim

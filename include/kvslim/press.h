@@ -71,8 +71,13 @@ class Press {
   /// saved), printed by `kvslim generate`; "" when it has nothing to add.
   virtual std::string report() const { return {}; }
   /// The compression ratio asked for (fraction of context entries to remove). A composition
-  /// reports 1 - prod(1 - r_i).
+  /// reports 1 - prod(1 - r_i). 0 for a press whose evictions follow from its scores or act
+  /// while decoding (threshold, DMS) or that removes no entries (think): what a request removed
+  /// is measured from the cache, RequestStats::request_compression_ratio().
   virtual double ratio() const { return 0.0; }
+  /// The fraction of key channels asked to be pruned from every entry (ThinK's key_ratio); 0 for
+  /// a press that keeps whole keys. Measured: RequestStats::key_channel_ratio().
+  virtual double key_channel_ratio() const { return 0.0; }
   /// Sets the ratio (wrappers and `outer(...):ratio=` use it). Default: kvslim::Error.
   virtual void set_ratio(double r);
   /// Entries per segment apply() leaves from `n` when nothing is protected: what the next press
@@ -87,6 +92,11 @@ class Press {
   virtual bool evicts_in_decode() const { return false; }
   /// Whether a decode_needs() hook chooses the entries attention reads (ClusterKV).
   virtual bool selects_in_decode() const { return false; }
+  /// Why a cache this press compressed cannot be stored as a context (kvslim/context.h) and
+  /// continued in another request, or "" when it can. Default: a press that evicts or selects
+  /// entries during decode, or observes decode steps, keeps per-request state (accumulated scores,
+  /// clusters, windows) that the stored cache does not carry, so it is refused.
+  virtual std::string storage_refusal() const;
 };
 
 /// Parameters of a press as given on the command line: name -> value text.

@@ -17,6 +17,7 @@
 // batching); step_batch() advances several requests by one token each.
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -43,7 +44,7 @@ const char* finish_reason_name(FinishReason r);
 
 /// Auto-budget: the request chooses its press's compression ratio after prefill so that the
 /// compressed cache fits a byte budget and/or stays within a fidelity target, measured on the
-/// request's own text (no peer engine offers this; CLLA's issue 14 asks for it).
+/// request's own text (no peer engine offers this).
 ///
 /// How: the context is prefilled once and observed; the press then compresses copies of that cache
 /// at trial ratios (bisection). Fidelity is measured on probe tokens: the question when there is
@@ -103,8 +104,24 @@ struct RequestStats {
   double press_seconds = 0;             ///< of which the press's compression
   double decode_seconds = 0;            ///< from the first sampled token to the last
   AutoBudgetReport auto_budget;         ///< what auto-budget chose (used == false when off)
-  /// Fraction of context entries removed, measured: 1 - entries_kept / entries_total.
+  /// Fraction of context entries removed by the compression after prefill, measured: 1 -
+  /// entries_kept / entries_total (what a prefill press was asked for; decode comes after).
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
+  // The whole request so far (context, question and every decoded token run; prefill and decode),
+  // read from the cache by Request::stats():
+  size_t entries_seen = 0;              ///< tokens run x layers x KV heads: what a full cache would hold
+  size_t entries_now = 0;               ///< entries the cache holds
+  size_t key_channels_now = 0;          ///< key channels stored over those entries (a latent key: its rank)
+  int head_dim = 0;
+  /// The compression ratio of the whole request: entries removed / entries seen, over prefill and
+  /// decode (a press that evicts while decoding counts), measured from the cache. A press that
+  /// prunes key channels (ThinK) removes no entries: see key_channel_ratio().
+  double request_compression_ratio() const { return entries_seen ? 1.0 - double(entries_now) / entries_seen : 0.0; }
+  /// Fraction of the key channels of the entries held that are not stored: 1 - key_channels_now /
+  /// (entries_now x head_dim). ThinK's key_ratio; a latent key basis of rank r counts head_dim - r.
+  double key_channel_ratio() const {
+    return entries_now && head_dim ? 1.0 - double(key_channels_now) / (double(entries_now) * head_dim) : 0.0;
+  }
   /// Cache bytes / full f16 cache bytes of the context.
   double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
   /// (context + question tokens) / prefill_seconds.
@@ -146,6 +163,15 @@ class Request {
   /// The same with tokens already made. Throws kvslim::Error for an empty context or a prompt
   /// longer than the context size. Must be called before the first prefill_step().
   void set_prompt_tokens(std::vector<Token> context, std::vector<Token> question = {});
+  /// The context already prefilled and compressed elsewhere (a stored context, kvslim/context.h):
+  /// `cache` holds its entries, the next token runs at `next_position`, `logits` [n_vocab] are the
+  /// last context token's, and `context_stats` carries the context's figures (entries, bytes, peak,
+  /// press time; its prefill time is not this request's: prefill_seconds counts the question only).
+  /// Only the question is prefilled; the press is reset and sees the question and the decode steps.
+  /// Throws kvslim::Error like set_prompt_tokens, and for a cache that does not fit the model or
+  /// logits that are not n_vocab values.
+  void set_prompt_cached(std::vector<Token> context, KVCache cache, int32_t next_position, std::vector<float> logits,
+                         const RequestStats& context_stats, std::vector<Token> question = {});
 
   // --- step-wise ----------------------------------------------------------------------------
   /// Runs the next chunk of context and lets the press compress (resetting the press before the
@@ -210,7 +236,7 @@ class Request {
   /// step() up to, not including, advance(): returns true with the token to run next, false once
   /// finished.
   bool sample_step(Token* next);
-  friend void step_batch(const std::vector<Request*>& requests);
+  friend std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests);
   const Model& model_;
   std::unique_ptr<Press> owned_press_;
   Press* press_;
@@ -234,7 +260,10 @@ class Request {
 /// Requests must be distinct and share one model. The decode steps of all requests whose press
 /// needs no decode-time observation or attention selection run in one pass over the weights
 /// (Session::decode_batch: continuous batching, bit-identical to stepping them one by one); the
-/// others step on their own.
-void step_batch(const std::vector<Request*>& requests);
+/// others step on their own. A request whose step fails (a numeric overflow in its cache, its
+/// press's refusal) fails alone: the result's entry i holds request i's exception (null when it
+/// stepped or had finished; a failed decode pass leaves its cache as before the step), and the
+/// other requests' tokens are those they get without it.
+std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests);
 
 }  // namespace kvslim

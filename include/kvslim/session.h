@@ -1,5 +1,6 @@
 #pragma once
 // A session runs a model over tokens on its own KV cache: batched prefill and single-token decode.
+#include <exception>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -63,12 +64,17 @@ class Session : public ModelRunner {
 
   /// One decode step for several sessions in one pass over the weights (continuous batching):
   /// tokens[i] runs at sessions[i]->next_position() on sessions[i]'s cache. Returns logits
-  /// [sessions.size()][n_vocab], bit-identical to sessions[i]->forward({tokens[i]}) (f32/f16/bf16
-  /// weights are multiplied three rows at a time, as forward does for fewer than four tokens).
-  /// Calls no hook: a session whose press needs a decode-time observation or attention selection
-  /// goes through forward(). Sessions must be distinct, over the same model and
-  /// with the same `exact` option. Throws kvslim::Error like forward (context full, bad token id).
-  static std::vector<float> decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens);
+  /// [sessions.size()][n_vocab], bit-identical to sessions[i]->forward({tokens[i]}): it is the same
+  /// layer over a batch of one row per session, whose rows never mix (f32/f16/bf16 weights are
+  /// multiplied three rows at a time, as forward does for fewer than four tokens). Calls no hook: a
+  /// session whose press needs a decode-time observation or attention selection goes through
+  /// forward(). Sessions must be distinct, over the same model and with the same `exact` option
+  /// (else kvslim::Error). A row that fails (context full, bad token id, numeric overflow) fails
+  /// alone: with `errors`, errors[i] holds row i's exception (null when it succeeded), its session
+  /// is left as it was and its logits are zero, while the other rows finish as if it had not been
+  /// in the batch; without `errors`, the first row's error is thrown after the pass.
+  static std::vector<float> decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens,
+                                         std::vector<std::exception_ptr>* errors = nullptr);
 
   KVCache& cache() { return cache_; }
   const KVCache& cache() const override { return cache_; }
@@ -81,9 +87,21 @@ class Session : public ModelRunner {
   /// (KVzip discards its replay this way). Throws kvslim::Error when `position` is negative or
   /// beyond next_position().
   void rewind(int32_t position) override;
+  /// Continues from a cache built elsewhere (a stored context, kvslim/context.h): replaces the
+  /// cache (its codecs included) and continues at `next_position`. Throws kvslim::Error when the
+  /// cache's shape differs from the model's, or `next_position` is below the cache's
+  /// next_position() or beyond n_ctx().
+  void restore(KVCache cache, int32_t next_position);
 
  private:
-  void forward_batch(const Token* tokens, int n, bool all_logits, float* logits, LayerHook* hook);
+  /// One session's consecutive rows of a forward batch (session.cpp).
+  struct Rows;
+  /// The transformer layers over a batch of rows from one or more sessions (the only forward pass:
+  /// a prefill batch is one Rows of many tokens, a decode step of many sessions many Rows of one).
+  static void forward_rows(std::vector<Rows>& runs);
+  /// Causal attention of every run's rows over its own session's segments of layer l.
+  static void attend_runs(std::vector<Rows>& runs, int l, const HParams& hp, const float* q, float* out,
+                          const std::vector<bool>& want_mass);
   const Model& model_;
   SessionOptions opt_;
   int n_ctx_;

@@ -1,5 +1,7 @@
 #pragma once
 // How many threads the engine's loops use (one pool per process; see src/kernels/threads.h).
+#include <cstddef>
+#include <string>
 
 namespace kvslim {
 
@@ -11,5 +13,13 @@ void set_num_threads(int n);
 int num_threads();
 /// CPUs this process may run on (its affinity mask), at least 1.
 int available_cores();
+/// Whether the OpenBLAS loaded at run time has no threads of its own (one thread, as the kvslim
+/// executable starts it; see CMakeLists.txt).
+bool blas_single_threaded();
+/// The OpenBLAS loaded at run time, e.g. "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY
+/// Haswell MAX_THREADS=64 (one thread: none of its own)"; "(N threads of its own)" otherwise.
+std::string blas_description();
+/// The address-space limit (RLIMIT_AS, `ulimit -v`) in bytes; 0 when unlimited.
+size_t address_space_limit();
 
 }  // namespace kvslim

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kvslim/context.h"
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_results.h"
@@ -45,6 +46,9 @@ SessionOptions session_options(int n_ctx, const std::string& cache_type_k, const
 /// context is prefilled and compressed by `press_spec` at `ratio`, the question appended
 /// uncompressed, then up to `max_new_tokens` generated. Returns the answer and what was measured
 /// from the cache, after compression and at the end.
+/// The answer and statistics of a request that has run; `desc` names the press.
+py::dict request_result(Request& req, const std::string& desc);
+
 py::dict run(const PyModel& m, const std::string& context, const std::string& question,
              const std::string& press_spec, double ratio, int max_new_tokens, double temperature, int top_k,
              double top_p, uint64_t seed, int chunk_size, int n_ctx, const std::string& cache_type_k,
@@ -58,13 +62,73 @@ py::dict run(const PyModel& m, const std::string& context, const std::string& qu
   opt.session = session_options(n_ctx, cache_type_k, cache_type_v);
   const std::string desc = press->describe();
   Request req(*m.model, std::move(press), opt);
-  EndCheck end;
   {
     py::gil_scoped_release release;
     req.set_prompt(context, question);
     req.run();
-    end = inspect_end(req.cache(), req.stats().context_tokens, req.position());
   }
+  return request_result(req, desc);
+}
+
+/// A stored compressed context (kvslim/context.h) and the model it was built or loaded with.
+struct PyStoredContext {
+  Context context;
+};
+
+PyStoredContext build_context(const PyModel& m, const std::string& text, const std::string& press_spec, double ratio,
+                        int chunk_size, int n_ctx, const std::string& cache_type_k, const std::string& cache_type_v) {
+  check_ratio(ratio, press_spec);
+  ContextOptions opt;
+  opt.press = press_spec;
+  opt.ratio = ratio;
+  opt.chunk_size = chunk_size;
+  opt.session = session_options(n_ctx, cache_type_k, cache_type_v);
+  py::gil_scoped_release release;
+  return PyStoredContext{Context::build(*m.model, text, opt)};
+}
+
+/// A question answered from a stored context: only the question is prefilled.
+py::dict run_context(const PyModel& m, const PyStoredContext& c, const std::string& question, int max_new_tokens,
+                     double temperature, int top_k, double top_p, uint64_t seed, int n_ctx) {
+  RequestOptions opt;
+  opt.n_predict = max_new_tokens;
+  opt.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), seed};
+  opt.session.n_ctx = n_ctx;
+  std::unique_ptr<Request> req;
+  {
+    py::gil_scoped_release release;
+    std::vector<Token> q;
+    if (!question.empty()) q = m.model->tokenizer().encode(question, false, false);
+    req = c.context.request(*m.model, std::move(q), opt);
+    req->run();
+  }
+  return request_result(*req, c.context.info().press);
+}
+
+py::dict context_info(const PyStoredContext& c) {
+  const ContextInfo i = c.context.info();
+  py::dict d;
+  d["format_version"] = i.format_version;
+  d["arch"] = i.arch;
+  d["fingerprint"] = fmt::format("{:016x}", i.fingerprint);
+  d["press"] = i.press;
+  d["cache_type"] = i.cache_type;
+  d["chunk_size"] = i.chunk_size;
+  d["context_tokens"] = i.context_tokens;
+  d["entries_kept"] = i.entries_kept;
+  d["entries_total"] = i.entries_total;
+  d["compression_ratio"] = i.compression_ratio();
+  d["kv_bytes"] = i.kv_bytes;
+  d["full_f16_bytes"] = i.full_f16_bytes;
+  d["memory_ratio"] = i.memory_ratio();
+  d["file_bytes"] = i.file_bytes;
+  d["prefill_seconds"] = i.prefill_seconds;
+  d["press_seconds"] = i.press_seconds;
+  return d;
+}
+
+py::dict request_result(Request& req, const std::string& desc) {
+  const EndCheck end = inspect_end(req.cache(), req.stats().context_tokens, req.position());
   const RequestStats& s = req.stats();
   py::dict stats;
   stats["press"] = desc;
@@ -75,6 +139,8 @@ py::dict run(const PyModel& m, const std::string& context, const std::string& qu
   stats["entries_total"] = s.entries_total;
   stats["kept_per_layer"] = s.kept_per_layer;
   stats["compression_ratio"] = s.compression_ratio();
+  stats["request_compression_ratio"] = s.request_compression_ratio();
+  stats["key_channel_ratio"] = s.key_channel_ratio();
   stats["kv_bytes"] = s.kv_bytes;
   stats["full_f16_bytes"] = s.full_f16_bytes;
   stats["memory_ratio"] = s.memory_ratio();
@@ -209,6 +275,31 @@ PYBIND11_MODULE(_kvslim, m) {
           "detokenize", [](const PyModel& p, const std::vector<Token>& t) { return p.model->tokenizer().decode(t); },
           py::arg("tokens"));
 
+  py::class_<PyStoredContext>(m, "Context")
+      .def_static("build", &build_context, py::arg("model"), py::arg("text"), py::arg("press_spec"), py::arg("ratio"),
+                  py::arg("chunk_size"), py::arg("n_ctx"), py::arg("cache_type_k"), py::arg("cache_type_v"))
+      .def_static(
+          "load",
+          [](const PyModel& m, const std::string& path) {
+            py::gil_scoped_release release;
+            return PyStoredContext{Context::load(*m.model, path)};
+          },
+          py::arg("model"), py::arg("path"))
+      .def(
+          "save",
+          [](const PyStoredContext& c, const std::string& path) {
+            py::gil_scoped_release release;
+            c.context.save(path);
+          },
+          py::arg("path"))
+      .def("info", &context_info)
+      .def_property_readonly("tokens", [](const PyStoredContext& c) { return c.context.tokens(); })
+      .def_property_readonly("text", [](const PyStoredContext& c) { return c.context.text(); });
+  m.def("storage_refusal", [](const std::string& spec, double ratio) { return make_press(spec, ratio)->storage_refusal(); },
+        py::arg("spec"), py::arg("ratio"), "Why a press cannot be stored as a context, or \"\" when it can.");
+  m.def("run_context", &run_context, py::arg("model"), py::arg("context"), py::arg("question"),
+        py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"),
+        py::arg("n_ctx"));
   m.def("run", &run, py::arg("model"), py::arg("context"), py::arg("question"), py::arg("press_spec"),
         py::arg("ratio"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
         py::arg("seed"), py::arg("chunk_size"), py::arg("n_ctx"), py::arg("cache_type_k"), py::arg("cache_type_v"));

@@ -219,9 +219,36 @@ def test_installs_with_one_command(tmp_path):
                    capture_output=True)
     site = tmp_path / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "dist-packages"
     env = dict(os.environ, PYTHONPATH=str(site))
-    r = subprocess.run([sys.executable, "-c", "import kvslim; print(kvslim.__file__, kvslim.__version__)"],
+    r = subprocess.run([sys.executable, "-c", "import kvslim; print(kvslim.__file__, kvslim.bundled_model())"],
                        env=env, capture_output=True, text=True, check=True)
-    assert r.stdout.startswith(str(site))
+    module_file, model = r.stdout.split()
+    assert module_file.startswith(str(site))
+    assert model == str(site / "kvslim" / "models" / "stories260K.gguf")
+
+
+def test_pipeline_without_a_model_runs_the_bundled_one_from_any_directory(tmp_path):
+    # Outside the repository (no models/ beside the working directory) the default model is the
+    # copy inside the package; its answer is the one of the repository's file.
+    code = ("import kvslim; p = kvslim.pipeline(threads=1); "
+            "print(repr(p('Once upon a time, there was a girl.', question=' Then', max_new_tokens=6)['answer']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    expected = kvslim.pipeline(model=STORIES, threads=1)("Once upon a time, there was a girl.", question=" Then",
+                                                         max_new_tokens=6)["answer"]
+    assert r.stdout.strip() == repr(expected)
+    assert os.path.samefile(os.path.dirname(kvslim.bundled_model()), os.path.join(os.path.dirname(kvslim.__file__),
+                                                                                  "models"))
+
+
+def test_a_model_id_is_not_a_gguf_file_and_the_error_says_how_to_get_one(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        kvslim.pipeline("kv-press-text-generation", model="meta-llama/Llama-3.2-1B")
+    assert isinstance(e.value, kvslim.KvslimError)
+    msg = str(e.value)
+    assert "'meta-llama/Llama-3.2-1B' is a model id, not a file" in msg
+    assert "GGUF" in msg and "convert_hf_to_gguf.py" in msg
+    missing = str(tmp_path / "absent.gguf")
+    with pytest.raises(FileNotFoundError, match=f"model '{missing}' is not a file: kvslim reads GGUF"):
+        kvslim.pipeline(model=missing)
 
 
 def test_pipeline_warns_that_a_gpu_device_is_ignored():
@@ -233,3 +260,39 @@ def test_pipeline_warns_that_a_gpu_device_is_ignored():
         w.simplefilter("error")
         kvslim.pipeline("kv-press-text-generation", model=STORIES, device="cpu")
         kvslim.pipeline("kv-press-text-generation", model=STORIES)
+
+
+def test_several_questions_compress_once_with_the_same_answers(pipe):
+    press = kvslim.Press("adakv(snapkv)", compression_ratio=0.5)
+    asked = [" Who was there?", " Where did they go?", ""]
+    once = pipe(STORY, questions=asked, press=press, max_new_tokens=10)
+    for q, answer in zip(asked, once["answers"]):
+        # One question at a time compresses the context again: the same tokens come out.
+        assert pipe(STORY, question=q, press=press, max_new_tokens=10)["answer"] == answer
+    # Every answer read the one compressed cache.
+    assert len({(s["kv_bytes"], s["entries_kept"], s["context_tokens"]) for s in once["stats"]}) == 1
+    # A press with decode state is still answered, by compressing per question.
+    out = pipe(STORY, questions=[" Who?", " Where?"], press=kvslim.Press("h2o", compression_ratio=0.5),
+               max_new_tokens=4)
+    assert len(out["answers"]) == 2
+
+
+def test_context_build_save_load(pipe, tmp_path):
+    press = kvslim.SnapKVPress(compression_ratio=0.5)
+    ctx = kvslim.Context.build(pipe.model, STORY, press=press)
+    path = tmp_path / "story.kvc"
+    ctx.save(str(path))
+    loaded = kvslim.Context.load(pipe.model, str(path))
+    assert loaded.tokens == ctx.tokens and loaded.text == STORY
+    info = loaded.info
+    assert info["file_bytes"] == path.stat().st_size
+    assert info["press"].startswith("snapkv") and 0 < info["memory_ratio"] < 1
+    want = pipe(STORY, question=" Then", press=press, max_new_tokens=12)["answer"]
+    assert pipe(loaded, question=" Then", max_new_tokens=12)["answer"] == want
+    with pytest.raises(TypeError):
+        pipe(loaded, question=" Then", press=press)
+    with pytest.raises(kvslim.KvslimError, match="cannot be stored"):
+        kvslim.Context.build(pipe.model, STORY, press=kvslim.Press("h2o", compression_ratio=0.5))
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(kvslim.KvslimError, match="truncated"):
+        kvslim.Context.load(pipe.model, str(path))

@@ -143,7 +143,7 @@ void add_attention_stats(CLI::App& app, Action& action) {
   sub->add_option("-p,--prompt", a->prompt, "prompt text");
   sub->add_option("-f,--file", a->prompt_file, "read the prompt from a file ('-' = standard input)");
   sub->add_option("--window", a->opt.window, "observation window: last prompt tokens whose queries are analysed")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(int_at_least(1));
   sub->add_option("--mass", a->opt.mass, "attention mass an MBA must hold")->capture_default_str()
       ->check(finite_range(1e-9, 1.0));
   sub->add_option("--similarity", a->opt.similarity, "cosine similarity an LMBO budget must reach")
@@ -152,7 +152,7 @@ void add_attention_stats(CLI::App& app, Action& action) {
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);
   sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }
 

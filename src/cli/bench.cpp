@@ -51,11 +51,12 @@ std::string cpu_model_name() {
 
 struct BenchArgs {
   std::string model;
-  int n_prompt = 512;
+  std::vector<int> n_prompts{512};
   std::vector<int> depths{0};
-  int n_gen = 32;
+  std::vector<int> n_gens{32};
   int threads = 0;
-  int reps = 1;
+  int reps = 5;  // llama-bench's default
+  std::string output = "md";
   int batch = 512;
   int chunk_size = 0;
   std::vector<std::string> presses{"none"};
@@ -195,11 +196,41 @@ std::string human_size(double b) {
   return fmt::format("{:.2f} KiB", b / 1024.0);
 }
 
+// A CSV field: quoted when it holds a comma, a quote or a line break (RFC 4180).
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// A JSON value as one CSV field: strings as they are, arrays as their items separated by spaces
+// (as llama-bench writes samples_ns), null as an empty field.
+std::string csv_value(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return csv_field(v.get<std::string>());
+  if (v.is_null()) return "";
+  if (v.is_array()) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " ") + x.dump();
+    return csv_field(s);
+  }
+  return v.dump();
+}
+
 int run(BenchArgs a) {
-  if (a.n_prompt < 0 || a.n_gen < 0) throw Error("bench: -p and --gen must be >= 0");
   if (a.reps < 1) throw Error(fmt::format("bench: -r {} must be >= 1", a.reps));
-  for (int d : a.depths)
-    if (d < 0) throw Error(fmt::format("bench: --depth {} must be >= 0", d));
+  if (a.output != "md" && a.json == "-")
+    throw Error(fmt::format("-o {} and --json - both write to stdout: write the JSON to a file (--json FILE)", a.output));
+  // Each list once, in the order given (llama-bench runs a repeated value once too).
+  for (std::vector<int>* v : {&a.n_prompts, &a.n_gens, &a.depths}) {
+    std::vector<int> seen;
+    for (int x : *v)
+      if (std::find(seen.begin(), seen.end(), x) == seen.end()) seen.push_back(x);
+    *v = seen;
+  }
+  const bool any_pp = std::any_of(a.n_prompts.begin(), a.n_prompts.end(), [](int p) { return p > 0; });
+  const bool any_tg = std::any_of(a.n_gens.begin(), a.n_gens.end(), [](int n) { return n > 0; });
+  if (!any_pp && !any_tg) throw Error("bench: -p and -n are all 0: no test to run");
   check_ratio(a.ratio, "--compression-ratio");
   if (a.ratio_given && std::all_of(a.presses.begin(), a.presses.end(), [](const std::string& p) { return p == "none"; }))
     throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
@@ -217,12 +248,13 @@ int run(BenchArgs a) {
   const bool ratio_used = !ratio_users.empty();  // by any press of the table (never by none)
   // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
   if (a.ratio_given) check_ratio_used(last_press, a.ratio, ratio_used, "--compression-ratio");
-  if (a.floor && (a.n_gen == 0 || a.depths.empty()))
+  if (a.floor && !any_tg)
     throw Error("--floor times the decode tests, and -n 0 runs none: set -n (--gen) above 0");
   check_json_output(a.json);  // an unwritable output fails before a long run, not after it
   a.threads = apply_threads(a.threads);
-  // The table is the result (stdout); with --json - stdout holds only the JSON and the table moves to stderr.
-  std::FILE* text_out = a.json == "-" ? stderr : stdout;
+  // The table is the result (stdout); with --json - or -o csv|json|jsonl stdout holds only that and the
+  // table's lines move to stderr.
+  std::FILE* text_out = a.json == "-" || a.output != "md" ? stderr : stdout;
   Progress progress(!a.no_progress);
   auto model = Model::load(a.model);
   const HParams& hp = model->hparams();
@@ -238,10 +270,12 @@ int run(BenchArgs a) {
   constexpr int kProbePasses = 4;
   const std::string model_name = fmt::format("{} {} {}", hp.arch, human_params(double(n_params)), model->weight_type());
 
-  int max_depth = 0;
+  int max_depth = 0, max_prompt = 0, max_gen = 0;
   for (int d : a.depths) max_depth = std::max(max_depth, d);
+  for (int p : a.n_prompts) max_prompt = std::max(max_prompt, p);
+  for (int n : a.n_gens) max_gen = std::max(max_gen, n);
   SessionOptions so;
-  so.n_ctx = std::max(a.n_prompt, max_depth + a.n_gen * a.reps + 1);
+  so.n_ctx = std::max(max_depth + max_prompt, max_depth + max_gen * a.reps + 1);
   warn_context_size(*model, so.n_ctx);
   so.batch = a.batch;
   so.key_codec = parse_codec(a.cache_type_k);
@@ -273,7 +307,10 @@ int run(BenchArgs a) {
 
   std::vector<Result> results;
   const bool per_test_peak = reset_peak_rss();
-  const size_t n_tests = a.presses.size() * ((a.n_prompt > 0 ? 1 : 0) + (a.n_gen > 0 ? a.depths.size() : 0));
+  size_t n_tests = 0;  // one per row but the fill rows
+  for (int p : a.n_prompts) n_tests += p > 0 ? a.depths.size() : 0;
+  for (int n : a.n_gens) n_tests += n > 0 ? a.depths.size() : 0;
+  n_tests *= a.presses.size();
   std::string current;  // the test running now
   auto report = [&](const std::string& pname, const std::string& test) {
     current = fmt::format("{} {}", pname, test);
@@ -286,27 +323,45 @@ int run(BenchArgs a) {
     };
   for (const std::unique_ptr<Press>& press : presses) {
     const std::string pname = press->describe();
-    if (a.n_prompt > 0) {
-      Result r(pname, fmt::format("pp{}", a.n_prompt), a.n_prompt, 0, 0);
-      report(pname, r.test);
-      reset_peak_rss();
-      for (int rep = 0; rep < a.reps; ++rep) {
-        Request req(*model, *press, ro);
-        req.set_prompt_tokens(random_tokens(a.n_prompt, hp.n_vocab, rng));
-        auto t0 = Clock::now();
-        const double c0 = process_cpu_seconds();
-        req.prefill();
-        r.tps.push_back(a.n_prompt / since(t0));
-        r.cpu_tps.push_back(a.n_prompt / std::max(1e-9, process_cpu_seconds() - c0));
-        r.press_seconds += req.stats().press_seconds / a.reps;
-        r.kv_bytes = req.cache().bytes();
-      }
-      r.peak_rss = rss_peak();
-      results.push_back(r);
-    }
-    if (a.n_gen > 0)
+    for (int n_prompt : a.n_prompts) {
+      if (n_prompt <= 0) continue;
       for (int depth : a.depths) {
-        Result r(pname, fmt::format("tg{} @ d{}", a.n_gen, depth), 0, a.n_gen, depth);
+        // As llama-bench: "pp512 @ d4096" prefills 512 tokens after 4096 already in the cache (here
+        // the press has compressed those, untimed); the 512 go in as one batch after them.
+        Result r(pname, depth > 0 ? fmt::format("pp{} @ d{}", n_prompt, depth) : fmt::format("pp{}", n_prompt),
+                 n_prompt, 0, depth);
+        report(pname, r.test);
+        reset_peak_rss();
+        for (int rep = 0; rep < a.reps; ++rep) {
+          Request req(*model, *press, ro);
+          std::vector<Token> prompt = random_tokens(n_prompt, hp.n_vocab, rng);
+          if (depth > 0) {
+            req.set_prompt_tokens(random_tokens(depth, hp.n_vocab, rng), std::move(prompt));
+            while (!req.context_prefilled()) req.prefill_step();
+          } else {
+            req.set_prompt_tokens(std::move(prompt));
+          }
+          const double press_before = req.stats().press_seconds;
+          auto t0 = Clock::now();
+          const double c0 = process_cpu_seconds();
+          req.prefill();
+          r.tps.push_back(n_prompt / since(t0));
+          r.cpu_tps.push_back(n_prompt / std::max(1e-9, process_cpu_seconds() - c0));
+          r.press_seconds += (req.stats().press_seconds - press_before) / a.reps;
+          r.kv_bytes = req.cache().bytes();
+        }
+        r.peak_rss = rss_peak();
+        results.push_back(r);
+      }
+    }
+    for (size_t gi = 0; gi < a.n_gens.size(); ++gi) {
+      const int n_gen = a.n_gens[gi];
+      if (n_gen <= 0) continue;
+      // The fill row once per depth (the first decode length), though every decode test fills anew.
+      const bool first_gen = std::find_if(a.n_gens.begin(), a.n_gens.begin() + static_cast<std::ptrdiff_t>(gi),
+                                          [](int n) { return n > 0; }) == a.n_gens.begin() + static_cast<std::ptrdiff_t>(gi);
+      for (int depth : a.depths) {
+        Result r(pname, fmt::format("tg{} @ d{}", n_gen, depth), 0, n_gen, depth);
         report(pname, r.test);
         reset_peak_rss();
         Request req(*model, *press, ro);
@@ -323,7 +378,7 @@ int run(BenchArgs a) {
           fill.press_seconds = req.stats().press_seconds;
           fill.kv_bytes = req.cache().bytes();
           fill.peak_rss = rss_peak();
-          results.push_back(fill);
+          if (first_gen) results.push_back(fill);
           r.press_seconds = fill.press_seconds;
         } else {
           press->reset();  // no prefill to reset it: decode starts from an empty cache
@@ -337,7 +392,7 @@ int run(BenchArgs a) {
         // Repetitions continue the same context: depth drifts by n_gen per repetition. The
         // tokens are fed (not sampled) so every press decodes the same sequence.
         for (int rep = 0; rep < a.reps; ++rep) {
-          std::vector<Token> toks = random_tokens(a.n_gen, hp.n_vocab, rng);
+          std::vector<Token> toks = random_tokens(n_gen, hp.n_vocab, rng);
           auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
           double token_s = 0, token_cpu = 0;
@@ -353,8 +408,8 @@ int run(BenchArgs a) {
               r.token_read_gbps.push_back(probe->pass());  // not timed as decode
             }
           }
-          r.tps.push_back(a.n_gen / (probe ? token_s : since(t0)));
-          r.cpu_tps.push_back(a.n_gen / std::max(1e-9, probe ? token_cpu : process_cpu_seconds() - c0));
+          r.tps.push_back(n_gen / (probe ? token_s : since(t0)));
+          r.cpu_tps.push_back(n_gen / std::max(1e-9, probe ? token_cpu : process_cpu_seconds() - c0));
         }
         r.peak_rss = rss_peak();
         if (a.floor) {
@@ -363,6 +418,7 @@ int run(BenchArgs a) {
         }
         results.push_back(r);
       }
+    }
   }
 
   progress.clear();
@@ -431,8 +487,8 @@ int run(BenchArgs a) {
              ratio_used ? fmt::format(", compression ratio {}", a.ratio) : std::string(),
              per_test_peak ? "" : " (RSS peaks are cumulative: /proc/self/clear_refs not writable)");
 
-  if (!a.json.empty()) {
-    nlohmann::json out = nlohmann::json::array();
+  if (!a.json.empty() || a.output != "md") {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const Result& r : results)
       out.push_back({{"model", a.model},
                      {"model_name", model_name},
@@ -446,7 +502,7 @@ int run(BenchArgs a) {
                      {"batch", a.batch},
                      {"press", r.press},
                      // null on rows whose press does not take the ratio (none among them)
-                     {"compression_ratio", ratio_users.count(r.press) ? nlohmann::json(a.ratio) : nlohmann::json()},
+                     {"compression_ratio", ratio_users.count(r.press) ? nlohmann::ordered_json(a.ratio) : nlohmann::ordered_json()},
                      {"cache", describe_cache_config(so.key_codec, so.value_codec, so.kv_quant)},
                      {"test", r.test},
                      {"n_prompt", r.n_prompt},
@@ -469,7 +525,23 @@ int run(BenchArgs a) {
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},
                      {"peak_rss_per_test", per_test_peak}});
-    write_json(a.json, out);
+    if (!a.json.empty()) write_json(a.json, out);
+    if (a.output == "json") {
+      write_json("-", out);
+    } else if (a.output == "jsonl") {
+      for (const auto& row : out)
+        fmt::print(stdout, "{}\n", row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    } else if (a.output == "csv" && !out.empty()) {
+      std::string header, line;
+      for (const auto& [key, value] : out.front().items()) header += (header.empty() ? "" : ",") + key;
+      fmt::print(stdout, "{}\n", header);
+      for (const auto& row : out) {
+        line.clear();
+        for (const auto& [key, value] : row.items()) line += (line.empty() ? "" : ",") + csv_value(value);
+        fmt::print(stdout, "{}\n", line);
+      }
+    }
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -480,18 +552,41 @@ void add_bench(CLI::App& app, Action& action) {
   auto a = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench", "measure prefill and decode speed, memory and KV bytes (llama-bench style)");
   add_model_option(sub, a->model);
-  sub->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens of the prefill test (0 = skip)")->capture_default_str();
-  sub->add_option("--depth", a->depths, "context depths of the decode tests (comma-separated)")
+  // Lists as llama-bench takes them: one test per value and depth (-p 64,128 -d 0,4096: four prefill tests).
+  sub->add_option("-p,--n-prompt", a->n_prompts,
+                  "prompt tokens of the prefill tests, comma-separated; each runs at every depth (0 = none)")
       ->delimiter(',')
-      ->capture_default_str();
-  sub->add_option("-n,--gen", a->n_gen, "decoded tokens per decode test (0 = skip)")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, 1 << 24));
+  sub->add_option("-d,--depth", a->depths,
+                  "context depths, comma-separated: tokens in the cache (compressed by the press) before each "
+                  "prefill and decode test")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(int_range(0, 1 << 24));
+  sub->add_option("-n,--n-gen,--gen", a->n_gens, "decoded tokens of the decode tests, comma-separated (0 = none)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(int_range(0, 1 << 24));
   add_threads_option(sub, a->threads);
-  sub->add_option("-r,--repetitions", a->reps, "repetitions of each test")->capture_default_str();
+  sub->add_option("-r,--repetitions", a->reps, "repetitions of each test (llama-bench's default)")
+      ->capture_default_str()
+      ->check(int_range(1, 1 << 20));
+  sub->add_option("-o,--output", a->output,
+                  "stdout format: md (the table), csv, json or jsonl (one JSON row a line); other than md, the "
+                  "table's lines go to stderr")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "md" || v == "csv" || v == "json" || v == "jsonl") return "";
+            return fmt::format("'{}' is not an output format (md, csv, json or jsonl)", printable(v, 40));
+          },
+          "md|csv|json|jsonl"));
   sub->add_option("-b,--batch", a->batch, "tokens per forward batch during prefill")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_range(1, 1 << 20));
   sub->add_option("--chunk-size", a->chunk_size, "compress after every chunk of this many tokens (0 = once)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_option("--press", a->presses, "press spec, repeatable (see `kvslim presses`)")->capture_default_str();
   auto* ratio_opt = sub->add_option("--compression-ratio", a->ratio,
                                     "fraction of context entries each press removes, in [0, 1) (needs --press)")

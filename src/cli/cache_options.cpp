@@ -29,7 +29,15 @@ void add_cache_options(CLI::App* sub, std::string& cache_type_k, std::string& ca
   // Checked once the subcommand's arguments are parsed, before any model is loaded.
   sub->parse_complete_callback([group, resid, &cache_type_k, &cache_type_v, &q] {
     try {
-      const KVCodec k = parse_codec(cache_type_k), v = parse_codec(cache_type_v);
+      // parse_codec's message lists the accepted types but not the flag: one may be right, the other not.
+      const auto codec = [](const std::string& flag, const std::string& name) {
+        try {
+          return parse_codec(name);
+        } catch (const Error& e) {
+          throw Error(fmt::format("{} {}: {}", flag, printable(name, 40), e.what()));
+        }
+      };
+      const KVCodec k = codec("--cache-type-k", cache_type_k), v = codec("--cache-type-v", cache_type_v);
       if (q.kivi_bits == 0 && (group->count() || resid->count()))
         throw Error(fmt::format("{} needs --kivi-bits 2 or 4", group->count() ? "--kivi-group" : "--kivi-residual"));
       validate_cache_config(k, v, q);

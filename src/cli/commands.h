@@ -23,5 +23,6 @@ void add_latent_calibrate(CLI::App& app, Action& action);
 void add_eval(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
 void add_serve(CLI::App& app, Action& action);
+void add_context(CLI::App& app, Action& action);
 
 }  // namespace kvslim::cli

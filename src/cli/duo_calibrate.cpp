@@ -82,12 +82,12 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
                                  "fit DuoAttention's retrieval/streaming gates on synthetic passkey prompts");
   add_model_option(sub, a->model);
   sub->add_option("-o,--out", a->out, "labels file to write (GGUF)")->required();
-  sub->add_option("--samples", a->cal.samples, "passkey prompts")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--length", a->cal.length, "prompt length, tokens")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--samples", a->cal.samples, "passkey prompts")->capture_default_str()->check(int_at_least(1));
+  sub->add_option("--length", a->cal.length, "prompt length, tokens")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--sink", a->cal.sink, "sink entries of a streaming head")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_option("--recent", a->cal.recent, "recent entries of a streaming head")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least(1));
   sub->add_option("--method", a->cal.method,
                   "gates: the paper's objective (mixed vs full final hidden states on the question and answer, L1 "
                   "on the gates), linearised and solved exactly; deviation: relative change of each head's output")
@@ -95,7 +95,7 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
   sub->add_option("--reg", a->cal.reg, "L1 weight on the mean gate (method gates; the paper's 0.05)")
       ->capture_default_str()->check(finite_range(0.0, 1e6));
   sub->add_option("--window", a->cal.window, "last queries of each prompt compared (method deviation)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(int_at_least(1));
   sub->add_option("--head-ratio", a->head_ratio, "fraction of heads shown as streaming in the summary")
       ->capture_default_str()->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->cal.seed, "random seed (pass keys)")->capture_default_str();

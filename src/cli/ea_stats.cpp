@@ -75,11 +75,11 @@ void add_ea_stats(CLI::App& app, Action& action) {
                                  "compute Expected Attention's query statistics (mean, covariance) from text files");
   add_trainer_io_options(sub, *a, "text files to compute the statistics from", "statistics file to write (GGUF)");
   sub->add_option("--chars", a->chars, "characters per sample (kvpress: sample_seq_len)")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least(1));
   sub->add_option("--samples", a->samples, "samples at most (kvpress: num_samples)")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least(1));
   sub->add_option("--n-sink", a->n_sink, "first tokens of each sample left out")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }

@@ -73,7 +73,7 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
   sub->add_option("--ratios", a.ratios, "compression ratios (fractions of context entries removed), in [0, 1)")
       ->delimiter(',')->capture_default_str();
   sub->add_flag("--no-baseline", a.no_baseline, "do not run the full cache (press none) as a baseline");
-  sub->add_option("--samples", a.samples, "samples per configuration")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--samples", a.samples, "samples per configuration")->capture_default_str()->check(int_at_least(1));
   sub->add_option("-s,--seed", a.seed, "seed of the sample generators")->capture_default_str();
   sub->add_option("-o,--out", a.out, "output directory (samples.jsonl, samples.csv, summary.csv, plots)")
       ->capture_default_str();
@@ -83,9 +83,9 @@ void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, in
   add_threads_option(sub, a.threads);
   add_json_option(sub, a.json);
   sub->add_option("-c,--ctx-size", a.ctx, "context size in tokens (0 = the model's)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_option("--chunk-size", a.chunk_size, "compress after every chunk of this many context tokens (0 = once)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   add_cache_options(sub, a.cache_type_k, a.cache_type_v, a.kv_quant);
   sub->add_option("--shard", a.shard,
                   "run part I of N of the sweep (0 <= I < N) and write its samples only; join the parts with "
@@ -416,12 +416,12 @@ void add_eval(CLI::App& app, Action& action) {
   add_common(fs, *f, "eval-out/fidelity", 4);
   fs->add_option("--text", f->text_file, "text file cut into samples (default: text sampled from the model, seeded)");
   fs->add_option("--context-tokens", f->context_tokens, "context (compressed) tokens per sample, BOS included")
-      ->capture_default_str()->check(CLI::Range(2, 1 << 24));
+      ->capture_default_str()->check(int_range(2, 1 << 24));
   fs->add_option("--continuation-tokens", f->continuation_tokens, "teacher-forced tokens after the context")
-      ->capture_default_str()->check(CLI::Range(2, 1 << 24));
+      ->capture_default_str()->check(int_range(2, 1 << 24));
   fs->add_option("--lmba-window", f->lmba_window,
                  "also measure LMBA per layer over the attention of this many last context queries (0 = off)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   fs->add_option("--lmba-tau", f->lmba_tau, "attention share LMBA must cover")->capture_default_str()
       ->check(finite_range(1e-9, 1.0));
   fs->callback([f, &action] { action = [f] { return run_fidelity_cmd(*f); }; });
@@ -432,12 +432,12 @@ void add_eval(CLI::App& app, Action& action) {
   auto* ns = ev->add_subcommand("niah", "needle in a haystack: length x depth grid, greedy answer, string match");
   add_common(ns, *n, "eval-out/niah", 2);
   ns->add_option("--lengths", n->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str()
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(int_range(1, 1 << 24));
   ns->add_option("--depths", n->depths, "needle depths in [0, 1]")->delimiter(',')->capture_default_str()
       ->check(finite_range(0.0, 1.0));
   ns->add_option("--text-config", n->text_config, "JSON file overriding the task text pieces (filler, needle, question, ...: docs/EVAL.md, Task text)");
   ns->add_option("-n,--n-predict", n->n_predict, "tokens to decode per answer (0 = 24)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   ns->callback([n, &action] { action = [n] { return run_task_cmd(*n, true); }; });
 
   auto r = std::make_shared<TaskArgs>();
@@ -445,25 +445,35 @@ void add_eval(CLI::App& app, Action& action) {
   r->lengths = {512, 1024};
   auto* rs = ev->add_subcommand("ruler", "RULER-style synthetic tasks scored by substring match");
   add_common(rs, *r, "eval-out/ruler", 4);
-  rs->add_option("--tasks", r->tasks, "tasks: niah_single niah_multikey niah_multivalue niah_multiquery vt cwe fwe")
-      ->delimiter(',')->capture_default_str();
+  std::string known_tasks;
+  for (const std::string& t : ruler_tasks()) known_tasks += (known_tasks.empty() ? "" : ", ") + t;
+  // Checked as the arguments are parsed, so the message names the flag (and comes before the model loads).
+  rs->add_option("--tasks", r->tasks, "tasks, comma-separated: " + known_tasks)
+      ->delimiter(',')->capture_default_str()
+      ->check(CLI::Validator(
+          [known_tasks](std::string& t) -> std::string {
+            for (const std::string& k : ruler_tasks())
+              if (t == k) return "";
+            return fmt::format("unknown task '{}' (known: {})", printable(t, 60), known_tasks);
+          },
+          "TASK"));
   rs->add_option("--lengths", r->lengths, "context lengths in tokens")->delimiter(',')->capture_default_str()
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(int_range(1, 1 << 24));
   rs->add_option("--depths", r->depths, "depths of the asked needle (default: random per sample)")->delimiter(',')
       ->check(finite_range(0.0, 1.0));
   rs->add_option("--text-config", r->text_config, "JSON file overriding the task text pieces (filler, needle, question, ...: docs/EVAL.md, Task text)");
   rs->add_option("-n,--n-predict", r->n_predict, "tokens to decode per answer (0 = the task's default)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   rs->add_option("--multi-keys", r->ruler.multi_keys, "niah_multikey: needles in all")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_range(1, 1 << 16));
   rs->add_option("--multi-values", r->ruler.multi_values, "niah_multivalue: values of the key")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_range(1, 1 << 16));
   rs->add_option("--multi-queries", r->ruler.multi_queries, "niah_multiquery: keys asked")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_range(1, 1 << 16));
   rs->add_option("--vt-hops", r->ruler.vt_hops, "vt: assignments after the first")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_range(1, 1 << 16));
   rs->add_option("--vt-chains", r->ruler.vt_chains, "vt: chains")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_range(1, 1 << 16));
   rs->callback([r, &action] { action = [r] { return run_task_cmd(*r, false); }; });
 
   struct MergeArgs {

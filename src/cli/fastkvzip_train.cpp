@@ -91,18 +91,18 @@ void add_fastkvzip_train(CLI::App& app, Action& action) {
                                  "train Fast KVzip's gates (predicted KVzip scores) from text files and save them");
   add_trainer_io_options(sub, *a, "text files to learn from", "gates file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per training document")->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
-  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--steps", a->opt.steps, "SGD steps")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--batch", a->opt.batch, "tokens per step")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(int_range(16, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(int_at_least(1));
+  sub->add_option("--steps", a->opt.steps, "SGD steps")->capture_default_str()->check(int_at_least(1));
+  sub->add_option("--batch", a->opt.batch, "tokens per step")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--lr", a->opt.lr, "peak learning rate")->capture_default_str()->check(finite_range(1e-12, 100.0));
-  sub->add_option("--dim", a->opt.dim, "gate width")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--dim", a->opt.dim, "gate width")->capture_default_str()->check(int_range(1, 4096));
   sub->add_option("--sinks", a->opt.n_sink, "learned sink keys per KV head (0: a sigmoid gate)")->capture_default_str()
-      ->check(CLI::Range(0, 4096));
+      ->check(int_range(0, 4096));
   sub->add_option("--groups", a->opt.n_group, "query vectors per KV head (0: the model's GQA group)")
-      ->capture_default_str()->check(CLI::Range(0, 4096));
+      ->capture_default_str()->check(int_range(0, 4096));
   sub->add_option("--kvzip-chunk", a->kvzip_chunk, "KVzip replay chunk, tokens")->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
+      ->check(int_range(16, 1 << 20));
   sub->add_flag("--plus", a->plus, "train on KVzip+ scores (default: plain KVzip, as the authors)");
   sub->add_option("-s,--seed", a->opt.seed, "random seed (initialisation, shuffling)")->capture_default_str();
   add_trainer_run_options(sub, *a);

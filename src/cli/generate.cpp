@@ -1,6 +1,7 @@
 // `kvslim generate`: prefill, compress with a press, append the question, decode, and report
 // what the press kept and the cache's memory.
 #include <cstdio>
+#include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -8,9 +9,12 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/flag_names.h"
 #include "cli/options.h"
+#include "util/clock.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
+#include "kvslim/context.h"
 #include "kvslim/generate.h"
 #include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
@@ -40,9 +44,12 @@ struct GenerateArgs {
   std::string json;
   bool no_progress = false;
   bool chat = false;            // the prompt is a user message, rendered with the chat template
+  std::string system_prompt;    // -sys: the conversation's system message (chat only)
   ChatTemplateArgs chat_template;
   AutoBudget auto_budget;
   std::string kv_budget;        // --kv-budget SIZE, parsed in run()
+  std::string context_file;     // --context FILE: a stored context instead of -p/-f
+  bool press_given = false, cache_given = false;
 };
 
 std::string human_bytes(double b) {
@@ -52,9 +59,101 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
+/// The chat template --chat uses: the flags' choice, or the model's, or ChatML with a warning on
+/// stderr when the model has none (llama-server's fallback).
+ChatTemplate chat_template_for(const Model& model, const ChatTemplateArgs& args) {
+  std::string warning;
+  ChatTemplate t = ChatTemplate::choose(model.file(), args.name, args.file, args.jinja, &warning);
+  if (!warning.empty()) fmt::print(stderr, "warning: {}\n", flags_in(warning));
+  return t;
+}
+
+/// `-cnv` without a prompt (llama-cli's conversation mode): reads user turns from stdin, one a line,
+/// and prints each answer on stdout after a "> " prompt; "/exit" or the end of input ends it. Every
+/// turn prefills the whole conversation again (rendered by the chat template) and the press
+/// compresses it, so each answer sees the conversation as the press left it.
+int run_chat(const GenerateArgs& a) {
+  if (!a.json.empty()) throw Error("--json: an interactive chat (-cnv without -p or -f) writes no summary; give -p TEXT");
+  if (!a.question.empty()) throw Error("--question: an interactive chat takes its turns from standard input");
+  if (a.chunk_given && a.press == "none")
+    throw Error(fmt::format("--chunk-size {} needs a press: add --press NAME", a.chunk_size));
+  if (a.auto_budget.active() || !a.kv_budget.empty())
+    throw Error("--target-kl / --kv-budget are for one request: give the prompt with -p TEXT");
+  check_ratio(a.ratio, "--compression-ratio");
+  if (a.press == "none" && a.ratio_given)
+    throw Error(fmt::format("--compression-ratio {} needs a press: add --press NAME (see `kvslim presses`)", a.ratio));
+  bool ratio_used = false;
+  std::unique_ptr<Press> press = make_press(a.press, a.ratio, ratio_used);
+  if (a.ratio_given) check_ratio_used(a.press, a.ratio, ratio_used, "--compression-ratio");
+  apply_threads(a.threads);
+  auto model = Model::load(a.model);
+  const ChatTemplate t = chat_template_for(*model, a.chat_template);
+  RequestOptions ro;
+  ro.session.n_ctx = a.ctx;
+  warn_context_size(*model, a.ctx);
+  ro.session.key_codec = parse_codec(a.cache_type_k);
+  ro.session.value_codec = parse_codec(a.cache_type_v);
+  ro.session.kv_quant = a.kv_quant;
+  ro.chunk_size = a.chunk_size;
+  ro.n_predict = a.n_predict;
+  ro.sampling = {a.temp, a.top_k, a.top_p, a.seed};
+  // Models whose vocabulary lacks the family's end-of-turn token (the ChatML fallback) write it as text.
+  if (!t.end_of_turn().empty()) ro.stop = {t.end_of_turn()};
+  std::vector<ChatMessage> conversation;
+  if (!a.system_prompt.empty()) conversation.push_back({"system", a.system_prompt});
+  fmt::print(stderr, "chat with {} ({} template); type /exit or end the input (Ctrl-D) to quit\n", a.model, t.name());
+  int turns = 0;
+  std::string line;
+  while (true) {
+    fmt::print(stdout, "\n> ");
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line)) {
+      fmt::print(stdout, "\n");
+      break;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line == "/exit") break;
+    if (line.empty()) continue;
+    conversation.push_back({"user", line});
+    Request req(*model, *press, ro);
+    req.set_prompt_tokens(t.tokenize(model->tokenizer(), conversation));
+    const std::string& answer = req.run([](const TokenEvent& e) {
+      fmt::print(stdout, "{}", e.piece);
+      std::fflush(stdout);
+      return true;
+    });
+    fmt::print(stdout, "\n");
+    std::fflush(stdout);
+    conversation.push_back({"assistant", answer});
+    ++turns;
+    if (req.finish_reason() == FinishReason::ContextFull) {
+      fmt::print(stderr, "the conversation fills the context (-c {}): the chat ends here\n", req.position());
+      break;
+    }
+  }
+  fmt::print(stderr, "chat ended after {} turn{}\n", turns, turns == 1 ? "" : "s");
+  return 0;
+}
+
 int run(const GenerateArgs& a) {
-  if (a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
-  if (!a.prompt_given && !a.file_given) throw Error("no prompt: give the context with -p TEXT or -f FILE");
+  const bool stored = !a.context_file.empty();
+  if (stored) {
+    // The stored context was compressed when it was built: everything that acts before the question
+    // is the file's.
+    if (a.prompt_given || a.file_given)
+      throw Error("--context FILE is the context: drop -p / -f (the question goes in --question)");
+    if (a.press_given || a.ratio_given || a.chunk_given)
+      throw Error("--context FILE was compressed when it was built: drop --press / --compression-ratio / --chunk-size "
+                  "(`kvslim context info FILE` shows its press)");
+    if (a.cache_given)
+      throw Error("--context FILE keeps the cache types it was built with: drop the cache type and KIVI flags");
+    if (a.chat || a.chat_template.given() || !a.system_prompt.empty() || a.auto_budget.active() || !a.kv_budget.empty())
+      throw Error("--context FILE does not take --chat, a chat template, a system prompt, --target-kl or --kv-budget");
+  }
+  if (!stored && a.prompt_given && a.file_given) throw Error("give the context with either -p TEXT or -f FILE, not both");
+  if (!stored && !a.prompt_given && !a.file_given && (a.chat || !a.system_prompt.empty())) return run_chat(a);
+  if (!stored && !a.prompt_given && !a.file_given)
+    throw Error("no prompt: give the context with -p TEXT or -f FILE (or -cnv alone for an interactive chat)");
   check_ratio(a.ratio, "--compression-ratio");
   if (a.press == "none" && (a.ratio_given || a.chunk_given))
     throw Error(fmt::format("{} needs a press: add --press NAME (see `kvslim presses`); without one nothing is removed",
@@ -79,11 +178,20 @@ int run(const GenerateArgs& a) {
   opt.question = a.question;
   apply_threads(a.threads);
   auto model = Model::load(a.model);
-  if (a.chat || a.chat_template.given()) {
+  std::unique_ptr<Context> stored_context;
+  double load_seconds = 0;
+  if (stored) {
+    const double t0 = steady_seconds();
+    stored_context = std::make_unique<Context>(Context::load(*model, a.context_file));
+    load_seconds = steady_seconds() - t0;
+  }
+  if (a.chat || a.chat_template.given() || !a.system_prompt.empty()) {
     // The same templates as `kvslim serve`: the prompt becomes the conversation's user message.
-    const ChatTemplate t =
-        ChatTemplate::choose(model->file(), a.chat_template.name, a.chat_template.file, a.chat_template.jinja);
-    opt.context_tokens = t.tokenize(model->tokenizer(), {{"user", opt.context}});
+    const ChatTemplate t = chat_template_for(*model, a.chat_template);
+    std::vector<ChatMessage> conversation;
+    if (!a.system_prompt.empty()) conversation.push_back({"system", a.system_prompt});
+    conversation.push_back({"user", opt.context});
+    opt.context_tokens = t.tokenize(model->tokenizer(), conversation);
   }
   opt.n_predict = a.n_predict;
   opt.sampling = {a.temp, a.top_k, a.top_p, a.seed};
@@ -93,10 +201,19 @@ int run(const GenerateArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
+  // With a stored context the press, its report and the cache types are the file's.
+  std::string press_desc = press->describe(), press_report;
+  std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
+  if (stored_context) {
+    const ContextInfo ci = stored_context->info();
+    press_desc = ci.press;
+    press_report = ci.press_report;
+    cache_type = ci.cache_type;
+  }
   // A progress line while the prompt is prefilled (only on a terminal, after the first second).
   Progress progress(!a.no_progress);
   bool prefilling = true;
-  if (progress.active()) {
+  if (progress.active() && !stored_context) {
     const Tokenizer& tok = model->tokenizer();
     const size_t total = tok.encode(opt.context, tok.add_bos_default(), false).size() +
                          (opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size());
@@ -112,9 +229,10 @@ int run(const GenerateArgs& a) {
   auto echo_prompt = [&] {
     if (echoed) return;
     echoed = true;
-    if (a.display_prompt) fmt::print(text_out, "{}{}", opt.context, opt.question);
+    if (a.display_prompt)
+      fmt::print(text_out, "{}{}", stored_context ? stored_context->text() : opt.context, opt.question);
   };
-  GenerateResult r = generate(*model, *press, opt, [&](const std::string& s) {
+  auto on_text = [&](const std::string& s) {
     if (prefilling) {
       prefilling = false;
       progress.clear();
@@ -122,7 +240,8 @@ int run(const GenerateArgs& a) {
     echo_prompt();
     fmt::print(text_out, "{}", s);
     std::fflush(text_out);
-  });
+  };
+  GenerateResult r = stored_context ? generate(*model, *stored_context, opt, on_text) : generate(*model, *press, opt, on_text);
   prefilling = false;
   progress.clear();
   echo_prompt();
@@ -136,12 +255,16 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "generation stopped at the context limit (-c {}): {} prompt tokens, {} generated{}\n",
                n_ctx, st.context_tokens + st.question_tokens, st.generated_tokens,
                a.n_predict < 0 ? "" : fmt::format(" (-n {} asked for more; raise -c)", a.n_predict));
-  const std::string cache_type = describe_cache_config(opt.session.key_codec, opt.session.value_codec, a.kv_quant);
   fmt::print(stderr, "\n--- kvslim ---\n");
   fmt::print(stderr, "model            {} ({}, {} layers, {} query heads, {} KV heads, head_dim {}, {})\n", a.model,
              hp.arch, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, model->weight_type());
-  fmt::print(stderr, "press            {}\n", press->describe());
+  fmt::print(stderr, "press            {}{}\n", press_desc,
+             stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
+  if (stored_context)
+    fmt::print(stderr, "stored context   {} B read and checked in {:.4f} s (model fingerprint included); only the "
+                       "question is prefilled\n",
+               stored_context->info().file_bytes, load_seconds);
   fmt::print(stderr, "entries kept     {} / {} ({:.1f}% kept, compression ratio {:.3f})\n", st.entries_kept,
              st.entries_total, 100.0 * st.entries_kept / std::max<size_t>(1, st.entries_total), st.compression_ratio());
   std::string per_layer;
@@ -154,6 +277,13 @@ int run(const GenerateArgs& a) {
     fmt::print(stderr, "shared bases     {} B held once per process for every request (not in the KV bytes)\n",
                st.shared_bytes);
   fmt::print(stderr, "KV cache type    {}; peak during prefill {} B\n", cache_type, st.peak_kv_bytes);
+  // What the press did over the whole request, decode-time eviction included (a press that acts
+  // only while decoding shows 0 above), measured from the cache at the end.
+  fmt::print(stderr, "request          {} of {} entries removed over prefill and decode (compression ratio {:.3f})",
+             st.entries_seen - std::min(st.entries_seen, st.entries_now), st.entries_seen,
+             st.request_compression_ratio());
+  if (st.key_channel_ratio() > 0) fmt::print(stderr, "; key channel ratio {:.3f}", st.key_channel_ratio());
+  fmt::print(stderr, "\n");
   // The lines above are the cache right after compression; decoding adds entries (and decode-time
   // presses evict), so the cache the request ended with is shown too.
   if (st.generated_tokens > 0 && st.context_tokens > 0) {
@@ -188,10 +318,16 @@ int run(const GenerateArgs& a) {
                           ab.target_met ? "met" : "NOT met");
     fmt::print(stderr, "auto-budget      {}\n", line);
   }
-  fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
-             st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
+  if (stored_context)
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} question tokens, {:.3f} s; the context was prefilled and "
+                       "compressed when it was stored)\n",
+               st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0, st.question_tokens,
+               st.prefill_seconds);
+  else
+    fmt::print(stderr, "prefill          {:.1f} tokens/s ({} tokens, {:.3f} s, press {:.3f} s)\n", st.prefill_tps(),
+               st.context_tokens + st.question_tokens, st.prefill_seconds, st.press_seconds);
   fmt::print(stderr, "decode           {:.1f} tokens/s ({} tokens)\n", st.decode_tps(), st.generated_tokens);
-  const std::string report = press->report();
+  const std::string report = stored_context ? press_report : press->report();
   if (!report.empty()) fmt::print(stderr, "press report     {}\n", report);
 
   if (!a.json.empty()) {
@@ -200,7 +336,7 @@ int run(const GenerateArgs& a) {
         {"model", a.model},
         {"arch", hp.arch},
         {"weight_type", model->weight_type()},
-        {"press", press->describe()},
+        {"press", press_desc},
         {"cache_type", cache_type},
         {"text", r.text},
         {"tokens", r.tokens},
@@ -214,6 +350,10 @@ int run(const GenerateArgs& a) {
         {"entries_total", st.entries_total},
         {"kept_per_layer", st.kept_per_layer},
         {"compression_ratio", st.compression_ratio()},
+        {"entries_seen", st.entries_seen},
+        {"entries_now", st.entries_now},
+        {"request_compression_ratio", st.request_compression_ratio()},
+        {"key_channel_ratio", st.key_channel_ratio()},
         {"kv_bytes", st.kv_bytes},
         {"shared_bytes", st.shared_bytes},
         {"full_f16_bytes", st.full_f16_bytes},
@@ -224,10 +364,15 @@ int run(const GenerateArgs& a) {
         {"prefill_seconds", st.prefill_seconds},
         {"press_seconds", st.press_seconds},
         {"decode_seconds", st.decode_seconds},
-        {"prefill_tokens_per_second", st.prefill_tps()},
+        {"prefill_tokens_per_second",
+         stored_context ? (st.prefill_seconds > 0 ? st.question_tokens / st.prefill_seconds : 0.0) : st.prefill_tps()},
         {"decode_tokens_per_second", st.decode_tps()},
         {"press_report", report},
     };
+    if (stored_context) {
+      j["context_file"] = a.context_file;
+      j["context_load_seconds"] = load_seconds;
+    }
     if (st.auto_budget.used) {
       const AutoBudgetReport& ab = st.auto_budget;
       j["auto_budget"] = {{"ratio", ab.ratio},
@@ -257,7 +402,7 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_option("-n,--n-predict", a->n_predict,
                   "tokens to generate (-1 = until end of generation or the context is full)")
       ->capture_default_str()
-      ->check(CLI::Range(-1, 1 << 30));
+      ->check(int_range(-1, 1 << 30));
   sub->add_option("--press", a->press, "press spec: NAME[:key=value,...] (see `kvslim presses`)")->capture_default_str();
   auto* ratio_opt = sub->add_option("--compression-ratio", a->ratio,
                                     "fraction of context entries the press removes, in [0, 1) (needs --press)")
@@ -265,25 +410,36 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_option("--temp", a->temp, "temperature; 0 = greedy")->capture_default_str()
       ->check(finite_range(0.0, 100.0));
   sub->add_option("--top-k", a->top_k, "top-k sampling (0 = off)")->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   sub->add_option("--top-p", a->top_p, "top-p sampling (1 = off)")->capture_default_str()
       ->check(finite_range(0.0, 1.0));
   sub->add_option("-s,--seed", a->seed, "random seed")->capture_default_str();
   add_threads_option(sub, a->threads);
   sub->add_option("-c,--ctx-size", a->ctx, "context size in tokens (0 = the model's)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   auto* chunk_opt = sub->add_option("--chunk-size", a->chunk_size,
                                     "compress after every chunk of this many prompt tokens (0 = once; needs --press)")
                         ->capture_default_str()
-                        ->check(CLI::NonNegativeNumber);
+                        ->check(int_at_least(0));
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->add_flag("!--no-display-prompt", a->display_prompt, "do not echo the prompt before the generated text");
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
-  sub->add_flag("--chat", a->chat, "the prompt is a user message: apply the model's chat template (-cnv)");
+  sub->add_flag("--chat", a->chat,
+                "the prompt is a user message: apply the model's chat template (ChatML when it has none); without "
+                "-p or -f, an interactive chat on standard input, '/exit' or end of input to quit (-cnv)");
+  sub->add_option("--system-prompt", a->system_prompt, "system message of the chat (-sys; implies --chat)");
   add_chat_template_options(sub, a->chat_template);  // each implies --chat
   add_auto_budget_options(sub, a->auto_budget, a->kv_budget);
-  sub->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+  sub->add_option("--context", a->context_file,
+                  "answer from a stored context (`kvslim context build`) instead of -p/-f: its compressed cache is "
+                  "loaded, not prefilled; the press and cache types are the file's");
+  sub->callback([a, sub, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
+    a->press_given = sub->get_option("--press")->count() > 0;
+    a->cache_given = false;
+    for (const char* f : {"--cache-type-k", "--cache-type-v", "--kivi-bits", "--kivi-group", "--kivi-residual",
+                          "--kv-hadamard"})
+      a->cache_given = a->cache_given || sub->get_option(f)->count() > 0;
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;
     a->ratio_given = ratio_opt->count() > 0;

@@ -152,28 +152,28 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   sub->add_option("--type", a->type, "surrogate to save: mlp or linear (both are fitted and reported)")
       ->capture_default_str();
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per training document")->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
+      ->check(int_range(16, 1 << 20));
   sub->add_option("--per-doc", a->per_doc, "tokens sampled per document")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+      ->check(int_at_least(1));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(int_range(2, 1 << 20));
   sub->add_option("--test-fraction", a->test_fraction, "documents held out for the correlation")->capture_default_str()
       ->check(finite_range(1e-6, 1.0 - 1e-6));
   sub->add_option("--alpha", a->alpha, "ridge regularisation")->capture_default_str()->check(finite_range(0.0, 1e12));
-  sub->add_option("--hidden", a->mlp.hidden, "MLP hidden units")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--epochs", a->mlp.epochs, "MLP epochs")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--hidden", a->mlp.hidden, "MLP hidden units")->capture_default_str()->check(int_at_least(1));
+  sub->add_option("--epochs", a->mlp.epochs, "MLP epochs")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--lr", a->mlp.lr, "MLP AdamW learning rate")->capture_default_str()->check(finite_range(1e-12, 1.0));
-  sub->add_option("--batch", a->mlp.batch, "MLP batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--batch", a->mlp.batch, "MLP batch size")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--kvzip-chunk", a->kvzip_chunk, "KVzip replay chunk, tokens")->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
+      ->check(int_range(16, 1 << 20));
   sub->add_option("--kvzap-threshold", a->threshold, "tau for the achieved-ratio check on held-out documents")
       ->capture_default_str()->check(finite_range(-1e6, 1e6));
   sub->add_option("--window", a->window, "sliding window for that check")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_flag("--bench,!--no-bench", a->bench, "time the surrogate against a forward pass")->capture_default_str();
   sub->add_flag("--bench-only", a->bench_only,
                 "only time random surrogates of the model's shape (linear and MLP) against a forward pass");
   sub->add_option("--bench-tokens", a->bench_tokens, "tokens of the --bench-only forward pass")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least(1));
   sub->add_option("-s,--seed", a->seed, "random seed (token sampling, MLP)")->capture_default_str();
   add_threads_option(sub, a->threads);
   add_json_option(sub, a->json);

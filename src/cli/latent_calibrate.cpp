@@ -138,12 +138,12 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
   sub->add_option("-f,--file,--text", a->text, "calibration text files (-f as the other trainers)")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "bases file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per calibration document (each run from position 0)")
-      ->capture_default_str()->check(CLI::Range(2, 1 << 20));
-  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()->check(int_range(2, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(int_range(1, 1 << 20));
   sub->add_option("--k-rank", a->opt.k_rank, "key rank for every segment (0 = chosen)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_option("--v-rank", a->opt.v_rank, "value rank for every segment (0 = chosen)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_at_least(0));
   sub->add_option("--energy", a->opt.energy, "without ranks: keep this fraction of each segment's variance")
       ->capture_default_str();
   sub->add_option("--memory-ratio", a->opt.memory_ratio,
@@ -157,7 +157,7 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
                   "member, at least its own kept fraction minus this tolerance of its variance (-1 = off)")
       ->capture_default_str();
   sub->add_option("--share-max", a->opt.share_max, "layers per shared group at most (0 = any)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   sub->add_option("--k-bits", a->opt.k_bits, "key code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   sub->add_option("--v-bits", a->opt.v_bits, "value code bits: 0 (f16), 2, 4, 8, 32 (f32)")->capture_default_str();
   sub->add_option("--target-kl", a->target_kl,

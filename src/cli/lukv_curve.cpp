@@ -70,8 +70,8 @@ void add_lukv_curve(CLI::App& app, Action& action) {
   add_trainer_io_options(sub, *a, "text files to profile on", "curve file to write (GGUF)");
   sub->add_option("--scorer", a->scorer, "scorer press whose ranking is profiled")->capture_default_str();
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per document")->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
-  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(int_range(16, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--context-fraction", a->context_fraction,
                   "share of each document used as the context; the rest's attention is the utility")
       ->capture_default_str()->check(finite_range(0.01, 0.99));

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -26,7 +29,7 @@ CLI::Option* add_model_option(CLI::App* sub, std::string& model) {
 CLI::Option* add_threads_option(CLI::App* sub, int& threads) {
   return sub->add_option("-t,--threads", threads, "threads (0 = all cores)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
+      ->check(int_range(0, 1024));
 }
 
 int apply_threads(int threads) {
@@ -56,6 +59,25 @@ CLI::Validator finite_range(double lo, double hi) {
       },
       "FINITE in " + range);
 }
+
+CLI::Validator int_range(long long lo, long long hi) {
+  const std::string range = hi == LLONG_MAX ? fmt::format("an integer >= {}", lo) : fmt::format("[{}, {}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || end == s.c_str() || std::isspace(static_cast<unsigned char>(s[0])))
+          return fmt::format("'{}' is not an integer", printable(s, 40));
+        if (errno == ERANGE || v < lo || v > hi)
+          return hi == LLONG_MAX ? fmt::format("{} is below {}", printable(s, 40), lo)
+                                 : fmt::format("{} is not in {}", printable(s, 40), range);
+        return "";
+      },
+      hi == LLONG_MAX ? fmt::format("INT>={}", lo) : fmt::format("INT in {}", range));
+}
+
+CLI::Validator int_at_least(long long lo) { return int_range(lo, LLONG_MAX); }
 
 size_t parse_byte_size(const std::string& text, const std::string& flag) {
   char* end = nullptr;
@@ -92,7 +114,7 @@ void add_auto_budget_options(CLI::App* sub, AutoBudget& opt, std::string& budget
   sub->add_option("--probe-tokens", opt.probe_tokens,
                   "auto-budget: context tokens held out to measure the KL when there is no --question")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_range(1, 1 << 20));
 }
 
 CLI::Option* add_json_option(CLI::App* sub, std::string& path) {
@@ -159,8 +181,150 @@ std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv) {
     else if (out[i] == "-ctv") out[i] = "--cache-type-v";
     else if (out[i] == "-cnv") out[i] = "--chat";
     else if (out[i] == "-np") out[i] = "--parallel";
+    else if (out[i] == "-sys") out[i] = "--system-prompt";
   }
   return out;
+}
+
+namespace {
+
+bool one_of(const std::string& v, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (v == n) return true;
+  return false;
+}
+
+// Every comma-separated item of `v` passes `ok` (llama-bench takes lists: -ngl 0,99, -fa 0,1).
+template <class F>
+bool each_item(const std::string& v, F ok) {
+  if (v.empty()) return false;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = v.find(',', at);
+    if (!ok(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at))) return false;
+    if (comma == std::string::npos) return true;
+    at = comma + 1;
+  }
+}
+
+bool is_int(const std::string& v) {
+  if (v.empty()) return false;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(v[i])) && !(i == 0 && v[i] == '-' && v.size() > 1)) return false;
+  return true;
+}
+
+enum class Takes { Nothing, Value, MaybeValue };
+
+struct IgnoredFlag {
+  std::vector<const char*> names;
+  Takes takes;
+  const char* values;               // what llama.cpp accepts, for the error message
+  bool (*ok)(const std::string&);   // nullptr: any value that is not a flag
+  const char* why;
+};
+
+const std::vector<IgnoredFlag>& ignored_flags() {
+  static const std::vector<IgnoredFlag> flags = {
+      {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, Takes::Value, "a number of layers, auto or all",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return is_int(x) || one_of(x, {"auto", "all"}); }); },
+       "kvslim runs on the CPU; no layers are offloaded"},
+      {{"-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"}, Takes::Value, "a number of layers, auto or all",
+       [](const std::string& v) { return is_int(v) || one_of(v, {"auto", "all"}); }, "kvslim runs on the CPU; no layers are offloaded"},
+      {{"-fa", "--flash-attn"}, Takes::MaybeValue, "on, off, auto, 1 or 0",
+       [](const std::string& v) {
+         return each_item(v, [](const std::string& x) { return one_of(x, {"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"}); });
+       },
+       "kvslim runs on the CPU; its attention kernel follows the CPU's instruction set"},
+      {{"--mlock"}, Takes::Nothing, "", nullptr, "kvslim does not lock the model's pages in memory"},
+      {{"--no-mmap"}, Takes::Nothing, "", nullptr, "kvslim always memory-maps the model file"},
+      {{"-mmp", "--mmap"}, Takes::MaybeValue, "1 or 0",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return one_of(x, {"0", "1"}); }); },
+       "kvslim always memory-maps the model file"},
+      {{"-sm", "--split-mode"}, Takes::Value, "none, layer or row",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return one_of(x, {"none", "layer", "row"}); }); },
+       "kvslim runs on the CPU; the model is not split across GPUs"},
+      {{"-mg", "--main-gpu"}, Takes::Value, "a GPU index",
+       [](const std::string& v) { return each_item(v, is_int); }, "kvslim runs on the CPU; there is no GPU to choose"},
+      {{"-ts", "--tensor-split"}, Takes::Value, "proportions such as 3,1",
+       [](const std::string& v) {
+         return !v.empty() && v.find_first_not_of("0123456789.,/;") == std::string::npos;
+       },
+       "kvslim runs on the CPU; the model is not split across GPUs"},
+      {{"--numa"}, Takes::Value, "distribute, isolate or numactl",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return one_of(x, {"distribute", "isolate", "numactl"}); }); },
+       "kvslim does not place threads or memory by NUMA node"},
+      {{"-dev", "--device"}, Takes::Value, "a device list", nullptr, "kvslim runs on the CPU, its only device"},
+      {{"-nkvo", "--no-kv-offload"}, Takes::MaybeValue, "1 or 0",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return one_of(x, {"0", "1"}); }); },
+       "kvslim runs on the CPU; the KV cache is in host memory"},
+      {{"-kvo", "--kv-offload"}, Takes::Nothing, "", nullptr, "kvslim runs on the CPU; the KV cache is in host memory"},
+      {{"--no-op-offload"}, Takes::MaybeValue, "1 or 0",
+       [](const std::string& v) { return each_item(v, [](const std::string& x) { return one_of(x, {"0", "1"}); }); },
+       "kvslim runs on the CPU; no operation is offloaded"},
+      {{"-ot", "--override-tensor"}, Takes::Value, "PATTERN=BUFFER_TYPE,...", nullptr,
+       "kvslim runs on the CPU; every tensor is in host memory"},
+      {{"-cmoe", "--cpu-moe"}, Takes::Nothing, "", nullptr, "kvslim runs every expert on the CPU"},
+      {{"-ncmoe", "--n-cpu-moe"}, Takes::Value, "a number of layers", [](const std::string& v) { return is_int(v); },
+       "kvslim runs every expert on the CPU"},
+      {{"--rpc"}, Takes::Value, "a server list", nullptr, "kvslim runs on the local CPU only"},
+  };
+  return flags;
+}
+
+}  // namespace
+
+void drop_ignored_llama_flags(std::vector<std::string>& args, std::FILE* notes) {
+  std::vector<std::string> out(args.begin(), args.begin() + std::min<size_t>(2, args.size()));
+  for (size_t i = out.size(); i < args.size(); ++i) {
+    if (args[i] == "--") {
+      out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    // --name=value, as llama.cpp's long flags are also written
+    std::string name = args[i], value;
+    bool inline_value = false;
+    if (name.rfind("--", 0) == 0 && name.find('=') != std::string::npos) {
+      value = name.substr(name.find('=') + 1);
+      name = name.substr(0, name.find('='));
+      inline_value = true;
+    }
+    const IgnoredFlag* flag = nullptr;
+    for (const IgnoredFlag& f : ignored_flags())
+      for (const char* n : f.names)
+        if (name == n) flag = &f;
+    if (!flag) {
+      out.push_back(args[i]);
+      continue;
+    }
+    const bool next = i + 1 < args.size();
+    const auto valid = [flag](const std::string& v) {
+      return flag->ok ? flag->ok(v) : !v.empty() && v[0] != '-';
+    };
+    if (flag->takes == Takes::Nothing && inline_value)
+      throw CLI::ValidationError(name, fmt::format("takes no value ('{}' given)", printable(value, 40)));
+    if (!inline_value && flag->takes == Takes::Value) {
+      if (!next) throw CLI::ValidationError(name, fmt::format("needs a value ({})", flag->values));
+      value = args[++i];
+      inline_value = true;
+    } else if (!inline_value && flag->takes == Takes::MaybeValue && next && valid(args[i + 1])) {
+      value = args[++i];
+      inline_value = true;
+    }
+    if (inline_value && !valid(value))
+      throw CLI::ValidationError(name, fmt::format("'{}' is not {}", printable(value, 40), flag->values));
+    if (notes)
+      fmt::print(notes, "note: {}{} ignored: {}\n", name,
+                 inline_value ? " " + printable(value, 40) : std::string(), flag->why);
+  }
+  args = std::move(out);
+}
+
+std::string ignored_llama_flags_help() {
+  std::string names;
+  for (const IgnoredFlag& f : ignored_flags()) names += (names.empty() ? "" : ", ") + std::string(f.names[0]);
+  return "llama.cpp's GPU and memory-placement flags (" + names +
+         ", and their long names) are accepted and ignored, with a note on stderr.\n";
 }
 
 }  // namespace kvslim::cli

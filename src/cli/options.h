@@ -36,6 +36,14 @@ void add_chat_template_options(CLI::App* sub, ChatTemplateArgs& args);
 /// reads "--flag: value nan is not a finite number in [lo, hi]".
 CLI::Validator finite_range(double lo, double hi);
 
+/// A CLI11 check for integer flags: the value is a whole number in [lo, hi]. CLI::Range and
+/// NonNegativeNumber say "Value abc not in range [0 - 1.79769e+308]" (every digit of the double
+/// bound); this says "--flag: 'abc' is not an integer" or "--flag: -5 is not in [0, 1024]"
+/// (or "... is below 1" when `hi` is the type's largest value).
+CLI::Validator int_range(long long lo, long long hi);
+/// int_range(lo, LLONG_MAX): "an integer >= lo".
+CLI::Validator int_at_least(long long lo);
+
 /// A byte size: a number with an optional unit, B (default), KiB/MiB/GiB (also K, M, G) or
 /// KB/MB/GB (powers of 1000). Throws kvslim::Error naming `flag` and the value otherwise.
 size_t parse_byte_size(const std::string& text, const std::string& flag);
@@ -71,8 +79,18 @@ class StdoutToStderr {
 /// "--no-progress": no progress line on stderr (there is none anyway when stderr is not a terminal).
 CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress);
 
-/// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv, -cnv, -np), which CLI11 would read
-/// as clusters of one-letter flags (-c tk), rewritten to their long names.
+/// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv, -cnv, -np, -sys), which CLI11 would
+/// read as clusters of one-letter flags (-c tk), rewritten to their long names.
 std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv);
+
+/// llama.cpp's flags that mean nothing on a CPU engine (-ngl, -fa, --mlock, --no-mmap, -sm, -mg, -ts,
+/// --numa, -dev, -nkvo, -ot, ...; llama-bench's forms included): removed from `args` (from index 2,
+/// the subcommand's arguments, up to a "--"), each with one "note:" line on `notes`, so that a command
+/// line written for llama-cli or llama-bench runs. CLI11 would otherwise read "-fa" as "-f a" and
+/// "-ngl 99" as "-n gl". A flag whose value is missing or not one llama.cpp accepts throws
+/// CLI::ValidationError naming the flag and the value.
+void drop_ignored_llama_flags(std::vector<std::string>& args, std::FILE* notes);
+/// One line for --help listing the flags drop_ignored_llama_flags accepts.
+std::string ignored_llama_flags_help();
 
 }  // namespace kvslim::cli

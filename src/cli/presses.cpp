@@ -31,7 +31,32 @@ constexpr const char* kSyntax = R"(Spec syntax (kvslim generate --press SPEC --c
   R fills every `ratio` the spec leaves unset (each part of a composition gets R unless it sets
   its own); `ratio=` after a policy or wrapper sets the ratio of what it wraps.
   With --chunk-size C the press acts after every chunk, its ratio applying to all context so far.
+  budget=N (every scorer press and policy, e.g. snapkv:budget=4096, adakv(snapkv):budget=4096):
+  instead of a ratio, each KV head keeps at most N context entries after every chunk (an adaptive
+  policy keeps N x heads per layer; threshold and per_layer are capped at N per head), so the
+  cache stops growing with the context. A budget and a ratio together are an error.
 )";
+
+// Whether a press with its default parameters can be stored as a context (kvslim context build):
+// "" when it can, else why not; `known` is false when the press cannot be built without parameters
+// or files of its own (then the check happens when a context is built).
+std::string storage_refusal_of(const PressInfo& p, bool& known) {
+  known = true;
+  try {
+    return make_press(p.name, 0.5)->storage_refusal();
+  } catch (const Error&) {
+    known = false;
+    return {};
+  }
+}
+
+std::string storage_line(const PressInfo& p) {
+  bool known = false;
+  const std::string why = storage_refusal_of(p, known);
+  if (!known) return "checked by `kvslim context build` (the press needs parameters or files to be built)";
+  if (why.empty()) return "yes, with its default parameters (kvslim context build)";
+  return "no: " + why;
+}
 
 void print_group(PressKind kind, const char* title) {
   fmt::print("{}\n", title);
@@ -43,6 +68,7 @@ void print_group(PressKind kind, const char* title) {
     fmt::print("  {:<20} parameters: {}\n", "", params.empty() ? "none" : params);
     if (!p->default_inner.empty()) fmt::print("  {:<20} default inner press: {}\n", "", p->default_inner);
     fmt::print("  {:<20} source: {}\n", "", p->source);
+    fmt::print("  {:<20} stored context: {}\n", "", storage_line(*p));
     const std::string cls = kvslim::kvpress_class_of(p->name);
     if (!cls.empty()) {
       std::string names;
@@ -53,6 +79,14 @@ void print_group(PressKind kind, const char* title) {
       fmt::print("  {:<20} kvpress name: {}{}\n", "", cls, names.empty() ? "" : " (" + names + ")");
     }
   }
+}
+
+// true / false, or null when the press cannot be built with its defaults alone.
+nlohmann::ordered_json storable_json(const PressInfo& p) {
+  bool known = false;
+  const std::string why = storage_refusal_of(p, known);
+  if (!known) return nullptr;
+  return why.empty();
 }
 
 const char* kind_name(PressKind k) {
@@ -82,7 +116,8 @@ void add_presses(CLI::App& app, Action& action) {
                           {"summary", p->summary},
                           {"parameters", params},
                           {"default_inner", p->default_inner},
-                          {"source", p->source}});
+                          {"source", p->source},
+                          {"storable", storable_json(*p)}});
         }
         write_json(*json, nlohmann::ordered_json{{"command", "presses"}, {"presses", list}});
         if (*json == "-") return 0;

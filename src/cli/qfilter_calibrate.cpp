@@ -81,8 +81,8 @@ void add_qfilter_calibrate(CLI::App& app, Action& action) {
                                  "compute Q-Filters (the queries' principal direction per KV head) from text files");
   add_trainer_io_options(sub, *a, "text files to compute the filters from", "filters file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per document")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(int_range(1, 1 << 20));
+  sub->add_option("--max-docs", a->max_docs, "documents at most")->capture_default_str()->check(int_at_least(1));
   add_trainer_run_options(sub, *a);
   sub->callback([a, &action] { action = [a] { return run(*a); }; });
 }

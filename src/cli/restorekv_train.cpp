@@ -69,17 +69,17 @@ void add_restorekv_train(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("restorekv-train",
                                  "fit RestoreKV's restore embeddings and LoRA adapter by self-distillation and save them");
   add_trainer_io_options(sub, *a, "text file to learn from", "RestoreKV file to write (GGUF)")->expected(1);
-  sub->add_option("--tokens", a->opt.n_tokens, "restore tokens R")->capture_default_str()->check(CLI::Range(1, 1024));
-  sub->add_option("--rank", a->opt.rank, "LoRA rank")->capture_default_str()->check(CLI::Range(1, 1024));
+  sub->add_option("--tokens", a->opt.n_tokens, "restore tokens R")->capture_default_str()->check(int_range(1, 1024));
+  sub->add_option("--rank", a->opt.rank, "LoRA rank")->capture_default_str()->check(int_range(1, 1024));
   sub->add_option("--alpha", a->opt.alpha, "LoRA alpha")->capture_default_str()->check(finite_range(1e-6, 1e6));
   sub->add_option("--ratio", a->opt.ratio, "compression ratio of the student")->capture_default_str()
       ->check(finite_range(1e-6, 0.999999));
   sub->add_option("--context", a->opt.context, "context tokens per sample")->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
+      ->check(int_range(2, 1 << 20));
   sub->add_option("--continuation", a->opt.continuation, "continuation tokens per sample (matched distributions)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()->check(int_range(1, 1 << 20));
   sub->add_option("--steps", a->opt.steps, "Adam steps (one sample each)")->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   sub->add_option("--lr", a->opt.lr, "Adam learning rate")->capture_default_str()->check(finite_range(1e-12, 100.0));
   sub->add_option("--holdout", a->opt.holdout, "share of samples held out")->capture_default_str()
       ->check(finite_range(1e-6, 0.999999));

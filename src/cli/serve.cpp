@@ -143,11 +143,11 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("--alias", a->alias, "model name in /v1/models and responses (default: the file name)");
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "port (0 = any free port, printed at start)")->capture_default_str()
-      ->check(CLI::Range(0, 65535));
+      ->check(int_range(0, 65535));
   sub->add_option("--parallel", o.engine.parallel, "slots: requests processed at once (also -np, as llama-server)")->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(int_range(1, 1024));
   sub->add_option("--queue", o.engine.max_queue, "requests that may wait for a slot; more get 503")
-      ->capture_default_str()->check(CLI::Range(0, 100000));
+      ->capture_default_str()->check(int_range(0, 100000));
   sub->add_option("--kv-budget", a->kv_budget,
                   "KV cache bytes over all running requests, a SIZE as generate's --kv-budget (e.g. 512MiB, 2GiB; "
                   "a bare number is bytes; 0 = no limit); admission by measured bytes after compression")
@@ -163,16 +163,16 @@ void add_serve(CLI::App& app, Action& action) {
                         ->capture_default_str();
   sub->add_option("--chunk-size", o.engine.chunk_size,
                   "prefill chunk in tokens: the press acts after each, and running requests decode between chunks")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()->check(int_range(1, 1 << 20));
   sub->add_option("-c,--ctx-size", a->ctx, "context size per request in tokens (0 = the model's)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   sub->add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1 = until end of generation or context)")
-      ->capture_default_str()->check(CLI::Range(-1, 1 << 30));
+      ->capture_default_str()->check(int_range(-1, 1 << 30));
   add_threads_option(sub, a->threads);
   sub->add_option("--temp", a->temp, "default temperature; 0 = greedy")->capture_default_str()
       ->check(finite_range(0.0, 100.0));
   sub->add_option("--top-k", a->top_k, "default top-k (0 = off)")->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   sub->add_option("--top-p", a->top_p, "default top-p (1 = off)")->capture_default_str()
       ->check(finite_range(0.0, 1.0));
   sub->add_option("--api-key", o.api_key, "require \"Authorization: Bearer KEY\" on /v1/*");
@@ -181,7 +181,7 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str()->check(finite_range(1e-3, 1e9));
   sub->add_option("--max-body", o.max_body,
                   "request body limit in bytes; a larger Content-Length gets 413 at once, before the body is read")
-      ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 30));
+      ->capture_default_str()->check(int_range(1, 1 << 30));
   sub->add_option("--header-timeout", o.header_timeout_s,
                   "seconds a request's header may take to arrive, from the connection's opening or the end of its "
                   "previous response (408 after it; an idle connection is closed); connections still sending hold "
@@ -192,13 +192,13 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("--max-connections", o.max_connections,
                   "client connections held at once; one more closes the oldest still sending its header. The soft "
                   "open-file limit is raised to the hard one (at most 65536) and this is lowered to fit it")
-      ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
+      ->capture_default_str()->check(int_range(1, 1 << 20));
   sub->add_option("--drain-timeout", o.drain_timeout_s,
                   "on SIGTERM or SIGINT: stop accepting, answer /health with 503, and give running requests this "
                   "many seconds to finish (those left end with 503), then exit 0")
       ->capture_default_str()->check(finite_range(0, 1e6));
   sub->add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt limit in tokens (0 = the context size)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->callback([a, &action, ratio_opt] {

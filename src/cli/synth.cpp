@@ -55,7 +55,7 @@ void add_synth(CLI::App& app, Action& action) {
   sub->add_option("-o,--out,--output", a->opt.output, "GGUF file to write")->required();
   sub->add_option("-s,--seed", a->opt.seed, "random seed")->capture_default_str();
   sub->add_option("--layers", a->opt.layers, "blocks to write (0 = the shape's; fewer for small test files)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(int_at_least(0));
   add_threads_option(sub, a->threads);
   sub->add_flag("-q,--quiet,--no-progress", a->quiet, "no progress line (none is drawn when stderr is not a terminal)");
   add_json_option(sub, a->json);

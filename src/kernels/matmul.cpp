@@ -160,7 +160,7 @@ void matmul_f32(const WeightView& W, const float* X, int64_t n_tokens, float* Y)
 // into buffers no other thread touches: handed over from the calling thread instead, every
 // product's buffers were written by one thread after the other had read them, which on cores
 // without a shared last-level cache (a VM's vCPUs on two AMD chiplets) took 537 us a token
-// against 145 on shared ones (Q4_K_M decode; bench/results/zen4_s25/notes.txt). Every thread
+// against 145 on shared ones (Q4_K_M decode, AMD Zen 4). Every thread
 // quantizes the same rows the same way, so a row's result does not depend on which thread takes it.
 std::vector<qdot::Acts>& thread_acts() {
   static thread_local std::vector<qdot::Acts> own;

@@ -13,8 +13,7 @@
 // step's thread then streams one run of memory per token instead of starting a new run at each
 // matrix (and at each dynamic chunk of rows): Zen 5, 2 threads, the products came from 0.87 to 0.92
 // of the read rate in gemv_stream_bench, decode at 70-76 GB/s from 80-86% to 84-88% of the read
-// floor; the prefill of 512 tokens came out up to 3% slower, for a reason not found
-// (bench/results/zen5_s19/notes.txt).
+// floor; the prefill of 512 tokens came out up to 3% slower, for a reason not found.
 //
 // q4_K, one n-row super-block of 256 columns, 148 n bytes (148 per row; the file has 144); n = 16
 // when packed at the AVX-512 level, else 8:
@@ -29,8 +28,7 @@
 //   with 8-row blocks it folded two packed vectors per register and ran its float part per 8 rows;
 //   16 rows a register does the same steps on twice the rows (Zen 5: 102-106 -> 127-152 GMAC/s in
 //   cache; Q4_K_M decode 4% and 12% faster, means of two alternating runs). The AVX2 kernels were
-//   slower from 16-row blocks when streamed from memory (decode -9%), so they keep 8
-//   (bench/results/zen5_s16/notes.txt).
+//   slower from 16-row blocks when streamed from memory (decode -9%), so they keep 8.
 //
 // q6_K, one n-row super-block, 212 n bytes (212 per row; the file has 210); n = 16 when packed at
 // the AVX-512 level, else 8:
@@ -117,7 +115,7 @@ std::pair<int64_t, int64_t> thread_rows(int64_t rows, int i, int n);
 /// kvslim::Error) thread-major for n threads (n >= 1): arena i holds thread i's share of every
 /// matrix (thread_rows) in that order, each from a 4 KiB boundary, so that each thread of a decode step reads
 /// one run of memory from the first layer to the output matrix instead of a short run per matrix
-/// (gemv_stream_bench's "tm-gemv" column: bench/results/zen5_s19/notes.txt). Sets each matrix's
+/// (gemv_stream_bench's "tm-gemv" column). Sets each matrix's
 /// `packed` to a PackedRows with n parts. Arenas of 2 MiB and more are offered as huge pages.
 void pack_thread_major(const std::vector<WeightView*>& ws, int n);
 

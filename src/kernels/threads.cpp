@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <malloc.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -193,15 +194,40 @@ namespace {
 // nullptr when the address space is unlimited.
 std::counting_semaphore<>* blas_slots() {
   static std::counting_semaphore<>* slots = []() -> std::counting_semaphore<>* {
-    rlimit lim{};
-    if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return nullptr;
-    const auto k = static_cast<std::ptrdiff_t>(std::max<rlim_t>(1, lim.rlim_cur >> 30));
+    const size_t lim = address_space_limit();
+    if (lim == 0) return nullptr;
+    const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, lim >> 30));
     return new std::counting_semaphore<>(std::min<std::ptrdiff_t>(k, 1 << 20));
   }();
   return slots;
 }
 
+// What OpenBLAS 0.3.x maps for one thread's work buffer on x86-64 (BUFFER_SIZE, 32 << 22), plus
+// a page of slack. It retries a failed mmap of it in an endless loop.
+constexpr size_t kOpenBlasBuffer = (size_t{32} << 22) + (size_t{1} << 20);
+
+// Threads inside OpenBLAS now, and the most there have been: OpenBLAS maps a buffer for each
+// concurrent caller the first time that many call at once and keeps it, so only a caller that
+// raises the maximum may need new address space.
+std::mutex blas_mu;
+int blas_inside = 0, blas_most = 0;
+
 }  // namespace
+
+size_t address_space_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<size_t>(lim.rlim_cur);
+}
+
+bool blas_single_threaded() { return openblas_get_parallel() == 0 || openblas_get_num_threads() == 1; }
+
+std::string blas_description() {
+  std::string s = openblas_get_config();
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  if (blas_single_threaded()) return s + " (one thread: none of its own)";
+  return fmt::format("{} ({} threads of its own)", s, openblas_get_num_threads());
+}
 
 // Slots held by this thread: a thread that holds one already (a second guard in the same scope)
 // does not wait for another, which with one slot would never come.
@@ -210,12 +236,37 @@ thread_local int blas_slots_held = 0;
 BlasSlot::BlasSlot() {
   auto* s = blas_slots();
   if (!s) return;
-  if (blas_slots_held++ == 0) s->acquire();
+  if (blas_slots_held++ > 0) {  // already inside with a buffer of its own
+    held_ = true;
+    return;
+  }
+  s->acquire();
+  std::lock_guard<std::mutex> g(blas_mu);
+  if (blas_inside + 1 > blas_most) {
+    // Checked, not reserved: the space is handed back for OpenBLAS to map. Other threads may take
+    // some meanwhile, but only the first calls at a new level of concurrency come here.
+    void* p = mmap(nullptr, kOpenBlasBuffer, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      --blas_slots_held;
+      s->release();
+      throw Error(fmt::format("out of memory: OpenBLAS needs {} MiB of address space for its work buffer, which "
+                              "the address-space limit of {} MiB (ulimit -v) does not leave free",
+                              kOpenBlasBuffer >> 20, address_space_limit() >> 20));
+    }
+    munmap(p, kOpenBlasBuffer);
+    blas_most = blas_inside + 1;
+  }
+  ++blas_inside;
   held_ = true;
 }
 
 BlasSlot::~BlasSlot() {
-  if (held_ && --blas_slots_held == 0) blas_slots()->release();
+  if (!held_ || --blas_slots_held > 0) return;
+  {
+    std::lock_guard<std::mutex> g(blas_mu);
+    --blas_inside;
+  }
+  blas_slots()->release();
 }
 
 void set_num_threads(int n) {

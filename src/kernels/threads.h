@@ -14,9 +14,13 @@ namespace kvslim {
 /// about 128 MiB of address space, and OpenBLAS retries a failed allocation forever, so under an
 /// address-space limit (ulimit -v) many threads calling at once hung the process. With such a
 /// limit at most max(1, limit / 1 GiB) threads are inside OpenBLAS at a time (the others wait);
-/// without one the guard costs nothing.
+/// without one the guard costs nothing. OpenBLAS keeps a buffer once mapped, so under a limit the
+/// first thread to need a new one checks that the buffer's address space is free before calling
+/// in; where it is not, the constructor throws kvslim::Error naming the limit (rather than
+/// OpenBLAS spinning forever on its failed mmap).
 class BlasSlot {
  public:
+  /// Throws kvslim::Error when an address-space limit leaves no room for OpenBLAS's buffer.
   BlasSlot();
   ~BlasSlot();
   BlasSlot(const BlasSlot&) = delete;

@@ -2,9 +2,9 @@
 // Whether the decode kernels request weight lines ahead of their reads (software prefetch).
 //
 // The packed decode kernels read each thread's weights as one stream. Whether software requests
-// ahead of that stream help depends on the core: on AMD Zen 5 (session 14) requesting every block
+// ahead of that stream help depends on the core: on AMD Zen 5 requesting every block
 // 4 blocks ahead read 0.87-0.91 of the plain read rate against 0.66-0.72 without; on AMD Zen 4
-// (sessions 10 and 25) the same requests halved the stream instead (one thread, q4_K: 34 GMAC/s
+// the same requests halved the stream instead (one thread, q4_K: 34 GMAC/s
 // against 59 without; Q4_K_M decode at 512 at 65-70 GB/s: 50% of the paired read floor against
 // 72-77%), and the hardware prefetchers alone read at the plain rate. Results are the same bits
 // either way: requests only move lines earlier.

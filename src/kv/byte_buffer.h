@@ -14,7 +14,7 @@ namespace kvslim::kv {
 /// 256 KiB or more in its own mapping (M_MMAP_THRESHOLD), and glibc's realloc grows such a block
 /// with mremap, moving its pages instead of copying them. With std::vector a 16,384-entry f16
 /// segment (2 MiB of keys) was copied into freshly faulted pages when the first decode step
-/// outgrew it: 88 segments at once, 1.5 s for that token on a Zen 5 VM (session 11).
+/// outgrew it: 88 segments at once, 1.5 s for that token on a Zen 5 VM.
 /// Throws std::bad_alloc when memory runs out.
 class ByteBuffer {
  public:

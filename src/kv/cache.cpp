@@ -3,6 +3,8 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -61,6 +63,60 @@ void Segment::append(const float* k, const float* v, int32_t position) {
     low_rank_.push_back(static_cast<uint32_t>(stores_[1].size()));
   }
   pos_.push_back(position);
+}
+
+namespace {
+
+// The largest |x| codec c (optionally under KIVI codes) keeps without an f16 or bf16 field of its
+// own overflowing.
+float codec_limit(KVCodec c, int kivi_bits) {
+  constexpr float f16_max = 65504.0f;
+  float lim = FLT_MAX;
+  switch (c) {
+    case KVCodec::F32: lim = FLT_MAX; break;
+    case KVCodec::BF16: lim = 3.38953139e38f; break;  // 0x7f7f: larger values round to inf
+    case KVCodec::F16: lim = f16_max; break;
+    case KVCodec::Q8_0: lim = f16_max * 127.0f; break;
+    case KVCodec::Q4_0: lim = f16_max * 8.0f; break;
+    case KVCodec::Q2_1: lim = f16_max; break;
+  }
+  // KIVI's f16 zero point is a group's minimum.
+  return kivi_bits > 0 ? std::min(lim, f16_max) : lim;
+}
+
+// Largest |x| of x[0, n), or +inf when one is not finite (NaN fails every comparison).
+float row_max_abs(const float* x, int n) {
+  float m = 0;
+  for (int i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+    if (!(a <= FLT_MAX)) return INFINITY;
+  }
+  return m;
+}
+
+}  // namespace
+
+const char* Segment::check_fit(const float* k, const float* v, float* largest) const {
+  if (latent_) return nullptr;
+  float mk;
+  if (q_.hadamard) {
+    std::vector<float> r(k, k + head_dim_);
+    kv::hadamard_rotate(r.data(), head_dim_);
+    mk = row_max_abs(r.data(), head_dim_);
+  } else {
+    mk = row_max_abs(k, head_dim_);
+  }
+  if (!(mk <= codec_limit(key_codec(), q_.kivi_bits))) {
+    if (largest) *largest = mk;
+    return "key";
+  }
+  const float mv = row_max_abs(v, head_dim_);
+  if (!(mv <= codec_limit(value_codec(), q_.kivi_bits))) {
+    if (largest) *largest = mv;
+    return "value";
+  }
+  return nullptr;
 }
 
 void Segment::check_indices(const std::vector<int32_t>& idx, const char* what) const {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/clones.h"
+#include "kernels/threads.h"
 #include "kvslim/error.h"
 #include "kvslim/quant.h"
 #include "kv/latent_widen.h"
@@ -142,6 +143,7 @@ Pca pca(const float* rows, size_t n, int hd) {
   int info = 0, lwork = -1, liwork = -1, iwq = 0;
   double wq = 0;
   const char jobz = 'V', uplo = 'L';
+  BlasSlot slot;  // see kernels/threads.h
   dsyevd_(&jobz, &uplo, &hd, cov.data(), &hd, w.data(), &wq, &lwork, &iwq, &liwork, &info);
   lwork = static_cast<int>(wq);
   liwork = iwq;

@@ -154,6 +154,7 @@ class KVStore {
   uint64_t appended_ = 0;
 
   friend class Segment;
+  friend struct kv::CacheIO;
 };
 
 }  // namespace kvslim

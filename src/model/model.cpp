@@ -11,10 +11,48 @@
 #include "kernels/matmul.h"
 #include "kernels/packed_weights.h"
 #include "kernels/threads.h"
+#include "util/hash64.h"
 
 namespace kvslim {
 
 Model::~Model() = default;
+
+uint64_t Model::tensor_digest() const {
+  std::call_once(digest_once_, [this] {
+    const std::vector<TensorInfo>& ts = file_->tensors();
+    std::vector<uint64_t> per(ts.size());
+    parallel_for(static_cast<int64_t>(ts.size()), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const TensorInfo& t = ts[static_cast<size_t>(i)];
+        Hash64 h;
+        h.update(t.name.data(), t.name.size());
+        const uint32_t type = static_cast<uint32_t>(t.type);
+        h.update(&type, sizeof(type));
+        h.update(t.ne.data(), t.ne.size() * sizeof(int64_t));
+        h.update(t.data, t.nbytes);
+        per[static_cast<size_t>(i)] = h.digest();
+      }
+    });
+    tensor_digest_ = hash64(per.data(), per.size() * sizeof(uint64_t));
+  });
+  return tensor_digest_;
+}
+
+uint64_t Model::vocab_digest() const {
+  const Tokenizer& tok = *tok_;
+  Hash64 h;
+  const int32_t n = tok.n_vocab(), bos = tok.bos(), eos = tok.eos();
+  h.update(&n, sizeof(n));
+  h.update(&bos, sizeof(bos));
+  h.update(&eos, sizeof(eos));
+  for (int32_t i = 0; i < n; ++i) {
+    const std::string s = tok.token_text(i);
+    const uint64_t len = s.size();
+    h.update(&len, sizeof(len));
+    h.update(s.data(), s.size());
+  }
+  return h.digest();
+}
 
 namespace {
 

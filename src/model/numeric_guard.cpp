@@ -51,12 +51,29 @@ void check_layer_finite(const float* x, size_t n, int layer, const float* k, con
         const KVCodec c = key_bad ? s.key_codec() : s.value_codec();
         const float big = max_abs(key_bad ? k : v, nkvals);
         throw Error(fmt::format("numeric overflow in layer {}: a {} (largest |{}| in the batch {:g}) does not fit "
-                                "the {} cache; use a wider cache type: {} f32 or bf16",
-                                layer, what, what, big, codec_name(c), key_bad ? "cache_type_k" : "cache_type_v"));
+                                "the {} cache; use a wider cache type: {} f32 (or bf16)",
+                                layer, what, what, big, codec_name(c),
+                                key_bad ? "cache_type_k" : "cache_type_v"));
       }
     }
   }
   throw Error(fmt::format("numeric overflow in layer {}: the hidden states hold NaN or inf", layer));
+}
+
+void check_entry_fits(const Segment& s, const float* k, const float* v, int layer) {
+  float big = 0;
+  const char* what = s.check_fit(k, v, &big);
+  if (!what) return;
+  const bool key = what[0] == 'k';
+  if (!(big <= FLT_MAX))
+    throw Error(fmt::format("numeric overflow in layer {}: a {} of this batch is not finite (the model's weights or "
+                            "its input overflow float32)",
+                            layer, what));
+  const KVCodec c = key ? s.key_codec() : s.value_codec();
+  throw Error(fmt::format("numeric overflow in layer {}: a {} (largest |{}| {:g}) does not fit the {}{} cache; use a "
+                          "wider cache type: {} f32 (or bf16)",
+                          layer, what, what, big, codec_name(c), s.quant().kivi_bits ? " KIVI" : "",
+                          key ? "cache_type_k" : "cache_type_v"));
 }
 
 void check_logits_finite(const float* logits, size_t n) {

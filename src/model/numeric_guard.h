@@ -21,6 +21,13 @@ bool all_finite(const float* x, size_t n);
 void check_layer_finite(const float* x, size_t n, int layer, const float* k, const float* v, int n_tokens,
                         const KVCache& cache, const std::vector<size_t>& n_old);
 
+/// Throws kvslim::Error naming layer `layer`, the key or value and the codec when the entry k, v
+/// (head_dim floats each, about to be appended to segment s) does not fit s's codecs
+/// (Segment::check_fit): an f16 cache overflows where it is written, not layers later; the hint is
+/// --cache-type-k/-v f32 or bf16. Non-finite keys or values (the weights or input overflow float32)
+/// are named as such.
+void check_entry_fits(const Segment& s, const float* k, const float* v, int layer);
+
 /// Throws kvslim::Error when logits[0, n) hold NaN or inf (naming the output layer).
 void check_logits_finite(const float* logits, size_t n);
 

@@ -20,6 +20,24 @@
 
 namespace kvslim {
 
+/// One session's share of a forward batch: n consecutive rows of the batch, at the session's next
+/// positions.
+struct Session::Rows {
+  Session* session = nullptr;
+  const Token* tokens = nullptr;  ///< [n]
+  int n = 0;
+  LayerHook* hook = nullptr;      ///< called for these rows only; nullptr in a decode batch
+  bool all_logits = false;        ///< logits of every row, else of the last
+  float* logits = nullptr;        ///< [n or 1][n_vocab], or nullptr for none
+  // Filled by forward_rows:
+  int first = 0;                  ///< the run's first row in the batch
+  std::vector<size_t> n_old;      ///< [n_head_kv] entries each segment of the current layer had before
+  std::vector<std::vector<int32_t>> subset;  ///< the hook's attention subset, when it chose one
+  bool use_subset = false;
+  std::vector<std::vector<float>> mass;      ///< [kv head][entry], when the hook wants it
+  std::exception_ptr error;       ///< set when these rows failed: the session is then left as it was
+};
+
 Session::Session(const Model& model, SessionOptions opt)
     : model_(model), opt_(opt),
       n_ctx_(opt.n_ctx > 0 ? opt.n_ctx : model.hparams().n_ctx_train),
@@ -32,6 +50,19 @@ Session::Session(const Model& model, SessionOptions opt)
 void Session::reset() {
   cache_.clear();
   next_pos_ = 0;
+}
+
+void Session::restore(KVCache cache, int32_t next_position) {
+  const HParams& hp = model_.hparams();
+  if (cache.n_layer() != hp.n_layer || cache.n_head_kv() != hp.n_head_kv || cache.head_dim() != hp.head_dim)
+    throw Error(fmt::format("restore: a cache of {} layers x {} KV heads x head_dim {} does not fit the model's {} x {} x {}",
+                            cache.n_layer(), cache.n_head_kv(), cache.head_dim(), hp.n_layer, hp.n_head_kv,
+                            hp.head_dim));
+  if (next_position < cache.next_position() || next_position > n_ctx_)
+    throw Error(fmt::format("restore: next position {} is outside [{}, n_ctx {}]", next_position,
+                            cache.next_position(), n_ctx_));
+  cache_ = std::move(cache);
+  next_pos_ = next_position;
 }
 
 void Session::rewind(int32_t position) {
@@ -82,8 +113,16 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
   for (size_t b = 0; b < tokens.size(); b += opt_.batch) {
     int n = static_cast<int>(std::min<size_t>(opt_.batch, tokens.size() - b));
     bool last = b + n == tokens.size();
-    float* out = all_logits ? logits.data() + b * nv : (last ? logits.data() : nullptr);
-    forward_batch(tokens.data() + b, n, all_logits, out, hook);
+    std::vector<Rows> runs(1);
+    Rows& r = runs[0];
+    r.session = this;
+    r.tokens = tokens.data() + b;
+    r.n = n;
+    r.hook = hook;
+    r.all_logits = all_logits;
+    r.logits = all_logits ? logits.data() + b * nv : (last ? logits.data() : nullptr);
+    forward_rows(runs);
+    if (r.error) std::rethrow_exception(r.error);
     if (opt_.on_batch_done) opt_.on_batch_done(next_pos_);
   }
   return logits;
@@ -148,19 +187,6 @@ void swiglu_rows(float* g, const float* u, int n, int n_ff, bool ex) {
   });
 }
 
-/// q, k, v = xn W_q, xn W_k, xn W_v (+ the biases qwen2 has), one pass over the three matrices.
-void project_qkv(const LayerWeights& L, const float* xn, int n, int dq, int dkv, float* q, float* k, float* v, bool ex) {
-  matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn, n, {q, k, v}, ex);
-  if (L.bq.empty()) return;
-  for (int t = 0; t < n; ++t) {
-    for (int i = 0; i < dq; ++i) q[t * dq + i] += L.bq[i];
-    for (int i = 0; i < dkv; ++i) {
-      k[t * dkv + i] += L.bk[i];
-      v[t * dkv + i] += L.bv[i];
-    }
-  }
-}
-
 /// Rotates the n rows of q ([n][n_head][hd]) and k ([n][n_head_kv][hd]) by their positions' angles.
 void rope_rows(const HParams& hp, const std::vector<float>& cs, const std::vector<float>& sn, int n, float* q, float* k) {
   const int hd = hp.head_dim, half = hd / 2, dq = hp.n_head * hd, dkv = hp.n_head_kv * hd;
@@ -171,313 +197,403 @@ void rope_rows(const HParams& hp, const std::vector<float>& cs, const std::vecto
   }
 }
 
-/// Causal attention of the batch's n query rows over layer l's segments (the batch's own entries
-/// follow n_old[h] older ones). subset (when non-null): the older entries each KV head (or query
-/// head) reads, as LayerHook::before_attention chose them. mass (when non-null): [kv head][entry],
-/// the probability every entry received summed over the batch's queries and the GQA group, added
-/// in a fixed order so it does not depend on the thread count. out: [n][n_head][hd].
-void attend(const KVCache& cache, int l, const HParams& hp, const float* q, int n, const std::vector<size_t>& n_old,
-            const std::vector<std::vector<int32_t>>* subset, std::vector<std::vector<float>>* mass, float* out) {
+}  // namespace
+
+
+namespace {
+
+bool float_weights(const WeightView& W) {
+  return W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
+}
+
+// How rows are multiplied. A batch of one session's rows takes the fastest kernels for its row
+// count. A batch of several sessions' rows must give each row what a batch of that row alone gives
+// (a decode batch is bit-identical to stepping its sessions one by one): float weights take the per-
+// row dot path below four rows and sgemm tiles above, which round differently, so they go three
+// rows at a time (each weight row is still read once for the three: it stays in cache); quantized
+// products round per row at any count. The exact path (tests) runs row by row.
+struct Products {
+  bool independent;
+  bool ex;
+  /// Y = X W for n rows.
+  void one(const WeightView& W, const float* X, int n, float* Y) const {
+    const int step = !independent ? n : ex ? 1 : float_weights(W) ? 3 : n;
+    for (int b = 0; b < n; b += step) {
+      const int m = std::min(step, n - b);
+      matmul(W, X + static_cast<size_t>(b) * W.cols, m, Y + static_cast<size_t>(b) * W.rows, ex);
+    }
+  }
+  /// Y_i = X W_i for n rows, one pass over the group's matrices where the rows allow it.
+  void group(std::initializer_list<const WeightView*> Ws, const float* X, int n, std::initializer_list<float*> Ys) const {
+    if (independent && (ex || float_weights(**Ws.begin()))) {
+      auto y = Ys.begin();
+      for (const WeightView* W : Ws) one(*W, X, n, *y++);
+    } else {
+      matmul_group(Ws, X, n, Ys, ex);
+    }
+  }
+};
+
+/// One unit of attention work: KV head h of run `run`, the run's rows [t0, t1).
+struct AttendUnit {
+  int run, h, t0, t1;
+};
+
+}  // namespace
+
+// Causal attention of every run's rows over its own session's segments of layer l (a run's entries
+// follow n_old[h] older ones): to every entry, or to the subset its hook chose. Units are (run, KV
+// head, tile of rows), one parallel region for the whole batch; a run's attention mass is added over
+// its tiles in a fixed order, so nothing depends on the thread count. q, out: [rows][n_head][hd].
+void Session::attend_runs(std::vector<Rows>& runs, int l, const HParams& hp, const float* q, float* out,
+                          const std::vector<bool>& want_mass) {
   const int hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, G = hp.n_group(), dq = nh * hd;
-  // One unit of work = one KV head x a tile of tokens; rows are (token, group head).
+  // Rows are (token, group head).
   const int tile = std::max(1, 64 / G);
-  const int n_tiles = (n + tile - 1) / tile;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<std::vector<float>> mass_part;
-  if (mass) mass_part.assign(static_cast<size_t>(nkv) * n_tiles, {});
+  std::vector<AttendUnit> units;
+  std::vector<size_t> first_unit(runs.size());
+  int64_t macs = 0;
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    first_unit[ri] = units.size();
+    if (r.error) continue;
+    const KVCache& cache = r.session->cache();
+    for (int h = 0; h < nkv; ++h)
+      for (int t0 = 0; t0 < r.n; t0 += tile) units.push_back({static_cast<int>(ri), h, t0, std::min(r.n, t0 + tile)});
+    macs += static_cast<int64_t>(r.n) * nh * hd * 2 * static_cast<int64_t>(cache.seg(cache.source(l), 0).size());
+  }
+  std::vector<std::vector<float>> mass_part(units.size());
   auto attend_units = [&](int64_t b, int64_t e) {
     std::vector<float> qr, orow;
     std::vector<int32_t> vis;
     for (int64_t w = b; w < e; ++w) {
-      int h = static_cast<int>(w / n_tiles), t0 = static_cast<int>(w % n_tiles) * tile;
-      int t1 = std::min(n, t0 + tile), rows = (t1 - t0) * G;
-      const Segment& s = cache.seg(l, h);
+      const AttendUnit& u = units[w];
+      const Rows& r = runs[u.run];
+      const KVCache& cache = r.session->cache();
+      const Segment& s = cache.seg(cache.source(l), u.h);
+      const float* rq = q + static_cast<size_t>(r.first) * dq;
+      const int rows = (u.t1 - u.t0) * G;
       qr.resize(static_cast<size_t>(rows) * hd);
       orow.resize(qr.size());
       vis.resize(rows);
-      for (int t = t0; t < t1; ++t)
+      for (int t = u.t0; t < u.t1; ++t)
         for (int gi = 0; gi < G; ++gi) {
-          int r = (t - t0) * G + gi;
-          std::memcpy(&qr[static_cast<size_t>(r) * hd], &q[static_cast<size_t>(t) * dq + (h * G + gi) * hd], hd * sizeof(float));
-          vis[r] = static_cast<int32_t>(n_old[h] + t + 1);
+          const int row = (t - u.t0) * G + gi;
+          std::memcpy(&qr[static_cast<size_t>(row) * hd], &rq[static_cast<size_t>(t) * dq + (u.h * G + gi) * hd],
+                      hd * sizeof(float));
+          vis[row] = static_cast<int32_t>(r.n_old[u.h] + t + 1);
         }
       float* m = nullptr;
-      if (mass) {
+      if (want_mass[u.run]) {
         auto& mp = mass_part[w];
         mp.assign(s.size(), 0.0f);
         m = mp.data();
       }
-      if (subset && subset->size() == static_cast<size_t>(nh)) {
+      if (r.use_subset && r.subset.size() == static_cast<size_t>(nh)) {
         // One subset per query head (ClusterKV's default): each row attends to its own.
-        for (int r = 0; r < rows; ++r) {
-          std::vector<int32_t> idx = (*subset)[h * G + r % G];
-          for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
-          attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data() + static_cast<size_t>(r) * hd,
-                                1, vis.data() + r, scale, orow.data() + static_cast<size_t>(r) * hd, hd);
+        for (int row = 0; row < rows; ++row) {
+          std::vector<int32_t> idx = r.subset[u.h * G + row % G];
+          for (int t = 0; t < r.n; ++t) idx.push_back(static_cast<int32_t>(r.n_old[u.h] + t));
+          attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data() + static_cast<size_t>(row) * hd,
+                                1, vis.data() + row, scale, orow.data() + static_cast<size_t>(row) * hd, hd);
         }
-      } else if (subset) {
-        // The selected old entries, then the batch's own entries (always attended, causally).
-        std::vector<int32_t> idx = (*subset)[h];
-        for (int t = 0; t < n; ++t) idx.push_back(static_cast<int32_t>(n_old[h] + t));
+      } else if (r.use_subset) {
+        // The selected old entries, then the run's own entries (always attended, causally).
+        std::vector<int32_t> idx = r.subset[u.h];
+        for (int t = 0; t < r.n; ++t) idx.push_back(static_cast<int32_t>(r.n_old[u.h] + t));
         attend_segment_subset(s, idx.data(), static_cast<int>(idx.size()), qr.data(), rows, vis.data(), scale,
                               orow.data(), hd);
       } else {
         attend_segment(s, qr.data(), rows, vis.data(), scale, orow.data(), hd, m);
       }
-      for (int t = t0; t < t1; ++t)
+      float* ro = out + static_cast<size_t>(r.first) * dq;
+      for (int t = u.t0; t < u.t1; ++t)
         for (int gi = 0; gi < G; ++gi)
-          std::memcpy(&out[static_cast<size_t>(t) * dq + (h * G + gi) * hd], &orow[static_cast<size_t>((t - t0) * G + gi) * hd],
-                      hd * sizeof(float));
+          std::memcpy(&ro[static_cast<size_t>(t) * dq + (u.h * G + gi) * hd],
+                      &orow[static_cast<size_t>((t - u.t0) * G + gi) * hd], hd * sizeof(float));
     }
   };
-  // Multiply-adds of this layer's attention (scores and values over the cache): tiny models and
-  // short contexts stay on the calling thread.
-  const int64_t attn_macs = static_cast<int64_t>(n) * nh * hd * 2 * static_cast<int64_t>(cache.seg(l, 0).size());
-  parallel_for(static_cast<int64_t>(nkv) * n_tiles, attn_macs, attend_units);
-  if (!mass) return;
-  mass->assign(nkv, {});
-  for (int h = 0; h < nkv; ++h) {
-    auto& dst = (*mass)[h];
-    dst.assign(cache.seg(l, h).size(), 0.0f);
-    for (int ti = 0; ti < n_tiles; ++ti) {
-      const auto& src = mass_part[static_cast<size_t>(h) * n_tiles + ti];
-      for (size_t j = 0; j < src.size(); ++j) dst[j] += src[j];
+  // Tiny models and short contexts stay on the calling thread.
+  parallel_for(static_cast<int64_t>(units.size()), macs, attend_units);
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    if (r.error || !want_mass[ri]) continue;
+    const KVCache& cache = r.session->cache();
+    r.mass.assign(nkv, {});
+    const size_t tiles = (static_cast<size_t>(r.n) + tile - 1) / tile;
+    for (int h = 0; h < nkv; ++h) {
+      auto& dst = r.mass[h];
+      dst.assign(cache.seg(cache.source(l), h).size(), 0.0f);
+      for (size_t ti = 0; ti < tiles; ++ti) {
+        const auto& src = mass_part[first_unit[ri] + static_cast<size_t>(h) * tiles + ti];
+        for (size_t j = 0; j < src.size(); ++j) dst[j] += src[j];
+      }
     }
   }
 }
 
-/// x += W x_in for the n rows (a residual branch's output projection), plus the adapter's update
-/// of projection `t` of layer l when `lora` is given (RestoreKV's restore pass only).
-void add_projection(const WeightView& W, const float* in, int n, float* tmp, std::vector<float>& x, bool ex,
-                    const LoraAdapter* lora, int l, LoraTarget t) {
-  matmul(W, in, n, tmp, ex);
-  if (lora) lora->add(l, t, in, n, tmp);
-  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-}
-
-}  // namespace
-
-// One batch of n tokens through every layer, llama-style: each layer is norm, Q/K/V, RoPE, store,
-// attend, output projection, then the SwiGLU feed-forward, each a residual branch. The hook (if
-// any) sees the layer after Q/K/V, before attention and after attention.
-void Session::forward_batch(const Token* tokens, int n, bool all_logits, float* logits, LayerHook* hook) {
-  const HParams& hp = model_.hparams();
+// The transformer layers over a batch of rows, llama-style: each layer is norm, Q/K/V, RoPE, store,
+// attend, output projection, then the SwiGLU feed-forward, each a residual branch. A run's hook (if
+// any) sees its rows after Q/K/V, before attention and after attention. Runs fail alone: an error in
+// one (a numeric overflow, a hook's refusal) marks it, its rows are zeroed and skipped from then on,
+// and its session is rewound to where it was, while the other runs' rows, which never mix with its
+// rows, finish unchanged.
+void Session::forward_rows(std::vector<Rows>& runs) {
+  const Model& model = runs[0].session->model_;
+  const HParams& hp = model.hparams();
   const int d = hp.n_embd, hd = hp.head_dim, nkv = hp.n_head_kv;
   const int dq = hp.n_head * hd, dkv = nkv * hd;
-  const bool ex = opt_.exact;
+  const bool ex = runs[0].session->opt_.exact;
+  const Products mm{runs.size() > 1, ex};
 
-  // Positions and their rotation angles.
+  // Rows, their positions and rotation angles.
+  int n = 0;
+  std::vector<int32_t> start(runs.size());
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    if (&r.session->model_ != &model || r.session->opt_.exact != ex)
+      throw Error("forward: the batch's sessions differ in model or options");
+    r.first = n;
+    n += r.n;
+    start[ri] = r.session->next_pos_;
+  }
   std::vector<int32_t> pos(n);
-  for (int t = 0; t < n; ++t) pos[t] = next_pos_ + t;
+  for (const Rows& r : runs)
+    for (int t = 0; t < r.n; ++t) pos[r.first + t] = r.session->next_pos_ + t;
   std::vector<float> cs, sn;
-  rope::tables(hp, model_.rope_freqs(), pos.data(), n, cs, sn);
+  rope::tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
 
-  // Token embeddings: the residual stream x, [n][d]. An InputOverride hook (model/input_override.h:
-  // RestoreKV's restore pass) gives the rows itself and may switch a LoRA adapter on.
   ScratchLease lease;
   ForwardScratch& S = *lease;
   S.size_for(hp, n);
   std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
-  const InputOverride* over = hook ? dynamic_cast<const InputOverride*>(hook) : nullptr;
-  const LoraAdapter* lora = over ? over->lora() : nullptr;
-  const WeightView& emb = model_.token_embd();
-  for (int t = 0; t < n; ++t) {
-    if (over)
-      std::memcpy(x.data() + static_cast<size_t>(t) * d, over->row(pos[t], d), static_cast<size_t>(d) * sizeof(float));
-    else
-      dequantize_row(emb.type, emb.row(tokens[t]), x.data() + t * d, d);
+
+  // Token embeddings: the residual stream x, [n][d]. An InputOverride hook (model/input_override.h:
+  // RestoreKV's restore pass) gives its run's rows itself and may switch a LoRA adapter on.
+  std::vector<const InputOverride*> over(runs.size(), nullptr);
+  std::vector<const LoraAdapter*> lora(runs.size(), nullptr);
+  const WeightView& emb = model.token_embd();
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    over[ri] = r.hook ? dynamic_cast<const InputOverride*>(r.hook) : nullptr;
+    lora[ri] = over[ri] ? over[ri]->lora() : nullptr;
+    r.n_old.assign(nkv, 0);
+    for (int t = 0; t < r.n; ++t) {
+      float* row = x.data() + static_cast<size_t>(r.first + t) * d;
+      if (over[ri])
+        std::memcpy(row, over[ri]->row(pos[r.first + t], d), static_cast<size_t>(d) * sizeof(float));
+      else
+        dequantize_row(emb.type, emb.row(r.tokens[t]), row, d);
+    }
   }
 
-  std::vector<size_t> n_old(nkv);
-  std::vector<std::vector<int32_t>> subset;
-  std::vector<std::vector<float>> mass;
-  const bool want_mass = hook && hook->wants_attention_mass();
+  // Runs one run's part of a step; an error fails that run only.
+  auto guarded = [](Rows& r, auto&& f) {
+    if (r.error) return;
+    try {
+      f();
+    } catch (...) {
+      r.error = std::current_exception();
+    }
+  };
+  // The run's slice of a [n][width] activation.
+  auto at = [](std::vector<float>& a, const Rows& r, int width) { return a.data() + static_cast<size_t>(r.first) * width; };
+  // A LoRA adapter's update of projection t on each run that has one.
+  auto add_lora = [&](int l, LoraTarget t, std::vector<float>& in, int w_in, std::vector<float>& out, int w_out) {
+    for (size_t ri = 0; ri < runs.size(); ++ri)
+      if (lora[ri]) guarded(runs[ri], [&] { lora[ri]->add(l, t, at(in, runs[ri], w_in), runs[ri].n, at(out, runs[ri], w_out)); });
+  };
+  std::vector<bool> want_mass(runs.size());
+  for (size_t ri = 0; ri < runs.size(); ++ri) want_mass[ri] = runs[ri].hook && runs[ri].hook->wants_attention_mass();
 
   for (int l = 0; l < hp.n_layer; ++l) {
-    const LayerWeights& L = model_.layer(l);
-    LayerStep step{l, n, tokens, pos.data(), &hp, x.data(), xn.data(), q.data(), &cache_, n_old.data()};
+    const LayerWeights& L = model.layer(l);
+    auto step_of = [&](Rows& r) {
+      return LayerStep{l,          r.n,          r.tokens,         pos.data() + r.first, &hp, at(x, r, d), at(xn, r, d),
+                       at(q, r, dq), &r.session->cache_, r.n_old.data()};
+    };
 
     // 1. Norm: the attention input.
     norm_rows(x.data(), L.attn_norm, xn.data(), n, d, hp.rms_eps);
     // 2. Q/K/V projections (queries before RoPE: what Expected Attention and KVzap read).
-    project_qkv(L, xn.data(), n, dq, dkv, q.data(), k.data(), v.data(), ex);
-    if (lora) {
-      lora->add(l, LoraTarget::Q, xn.data(), n, q.data());
-      lora->add(l, LoraTarget::K, xn.data(), n, k.data());
-      lora->add(l, LoraTarget::V, xn.data(), n, v.data());
-    }
-    if (hook) hook->after_qkv(step);
+    mm.group({L.wq.get(), L.wk.get(), L.wv.get()}, xn.data(), n, {q.data(), k.data(), v.data()});
+    if (!L.bq.empty())
+      for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < dq; ++i) q[static_cast<size_t>(t) * dq + i] += L.bq[i];
+        for (int i = 0; i < dkv; ++i) {
+          k[static_cast<size_t>(t) * dkv + i] += L.bk[i];
+          v[static_cast<size_t>(t) * dkv + i] += L.bv[i];
+        }
+      }
+    add_lora(l, LoraTarget::Q, xn, d, q, dq);
+    add_lora(l, LoraTarget::K, xn, d, k, dkv);
+    add_lora(l, LoraTarget::V, xn, d, v, dkv);
+    for (Rows& r : runs)
+      if (r.hook) guarded(r, [&] { r.hook->after_qkv(step_of(r)); });
     // 3. RoPE on queries and keys: entries are cached rotated.
     rope_rows(hp, cs, sn, n, q.data(), k.data());
-    // 4. Store the batch's entries, then attend: entry order is causal order. A layer that shares
-    // an earlier layer's entries (KVCache::share_layer, CLA) stores nothing: the source layer
-    // stored this batch's entries already, and its keys and values are what this layer reads.
-    const int src = cache_.source(l);
-    if (hook && src != l)
-      throw Error(fmt::format("layer {} reads layer {}'s entries (press cla): a press that observes the forward pass "
-                              "(replay, decode-time selection or scoring) cannot run on it: a press that replays the context must come "
-                              "before cla in the composition, and one that observes decoding (h2o, ...) cannot be "
-                              "composed with cla",
-                              l, src));
-    for (int h = 0; h < nkv; ++h) {
-      Segment& s = cache_.seg(src, h);
-      if (src != l) {
-        n_old[h] = s.size() - static_cast<size_t>(n);
-        continue;
+    // 4. Store each run's entries in its own cache, each checked against the codec it goes into.
+    // Entry order is causal order. A layer that shares an earlier layer's entries
+    // (KVCache::share_layer, CLA) stores nothing: the source layer stored them already, and its
+    // keys and values are what this layer reads.
+    for (Rows& r : runs)
+      guarded(r, [&] {
+        KVCache& cache = r.session->cache_;
+        const int src = cache.source(l);
+        if (r.hook && src != l)
+          throw Error(fmt::format("layer {} reads layer {}'s entries (press cla): a press that observes the forward pass "
+                                  "(replay, decode-time selection or scoring) cannot run on it: a press that replays the context must come "
+                                  "before cla in the composition, and one that observes decoding (h2o, ...) cannot be "
+                                  "composed with cla",
+                                  l, src));
+        for (int h = 0; h < nkv; ++h) {
+          Segment& s = cache.seg(src, h);
+          if (src != l) {
+            r.n_old[h] = s.size() - static_cast<size_t>(r.n);
+            continue;
+          }
+          r.n_old[h] = s.size();
+          for (int t = 0; t < r.n; ++t) {
+            const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
+            check_entry_fits(s, k.data() + row, v.data() + row, l);
+          }
+          for (int t = 0; t < r.n; ++t) {
+            const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
+            s.append(k.data() + row, v.data() + row, pos[r.first + t]);
+          }
+        }
+      });
+    // 5. Attend: to every entry, or to the subset the run's hook chose (decode-time selection).
+    for (Rows& r : runs) {
+      r.use_subset = false;
+      if (r.hook)
+        guarded(r, [&] {
+          r.subset.assign(nkv, {});
+          r.use_subset = r.hook->before_attention(step_of(r), r.subset);
+        });
+    }
+    attend_runs(runs, l, hp, q.data(), att.data(), want_mass);
+    for (size_t ri = 0; ri < runs.size(); ++ri) {
+      Rows& r = runs[ri];
+      if (r.hook) guarded(r, [&] { r.hook->after_attention(step_of(r), want_mass[ri] ? &r.mass : nullptr); });
+    }
+    // A failed run's rows are zeroed so they carry nothing non-finite into the products below.
+    for (Rows& r : runs)
+      if (r.error) {
+        std::fill_n(at(x, r, d), static_cast<size_t>(r.n) * d, 0.0f);
+        std::fill_n(at(att, r, dq), static_cast<size_t>(r.n) * dq, 0.0f);
       }
-      n_old[h] = s.size();
-      for (int t = 0; t < n; ++t) s.append(k.data() + t * dkv + h * hd, v.data() + t * dkv + h * hd, pos[t]);
-    }
-    // 5. Attend: to every entry, or to the subset the hook chose (decode-time selection).
-    bool use_subset = false;
-    if (hook) {
-      subset.assign(nkv, {});
-      use_subset = hook->before_attention(step, subset);
-    }
-    attend(cache_, src, hp, q.data(), n, n_old, use_subset ? &subset : nullptr, want_mass ? &mass : nullptr, att.data());
-    if (hook) hook->after_attention(step, want_mass ? &mass : nullptr);
     // 6. Output projection back into the residual stream.
-    add_projection(*L.wo, att.data(), n, tmp.data(), x, ex, lora, l, LoraTarget::O);
+    mm.one(*L.wo, att.data(), n, tmp.data());
+    add_lora(l, LoraTarget::O, att, dq, tmp, d);
+    for (size_t i = 0, e = static_cast<size_t>(n) * d; i < e; ++i) x[i] += tmp[i];
     // 7. Feed-forward: SwiGLU, silu(xn W_gate) * (xn W_up), then W_down into the residual stream.
     norm_rows(x.data(), L.ffn_norm, xn.data(), n, d, hp.rms_eps);
-    matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
-    if (lora) {
-      lora->add(l, LoraTarget::Gate, xn.data(), n, g.data());
-      lora->add(l, LoraTarget::Up, xn.data(), n, u.data());
-    }
+    mm.group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()});
+    add_lora(l, LoraTarget::Gate, xn, d, g, hp.n_ff);
+    add_lora(l, LoraTarget::Up, xn, d, u, hp.n_ff);
     swiglu_rows(g.data(), u.data(), n, hp.n_ff, ex);
-    add_projection(*L.w_down, g.data(), n, tmp.data(), x, ex, lora, l, LoraTarget::Down);
-    check_layer_finite(x.data(), x.size(), src, k.data(), v.data(), n, cache_, n_old);
+    mm.one(*L.w_down, g.data(), n, tmp.data());
+    add_lora(l, LoraTarget::Down, g, hp.n_ff, tmp, d);
+    for (size_t i = 0, e = static_cast<size_t>(n) * d; i < e; ++i) x[i] += tmp[i];
+    // 8. The numeric guard: NaN or inf in a run's hidden states fails that run.
+    for (Rows& r : runs)
+      guarded(r, [&] {
+        const KVCache& cache = r.session->cache_;
+        check_layer_finite(at(x, r, d), static_cast<size_t>(r.n) * d, cache.source(l), at(k, r, dkv), at(v, r, dkv), r.n,
+                           cache, r.n_old);
+      });
+    if (std::all_of(runs.begin(), runs.end(), [](const Rows& r) { return bool(r.error); })) break;
   }
-  next_pos_ += n;
 
-  // Logits of the last token (or every token): final norm and the output matrix.
-  if (!logits) return;
-  int first = all_logits ? 0 : n - 1;
-  int rows = n - first;
-  norm_rows(x.data() + static_cast<size_t>(first) * d, model_.output_norm(), xn.data(), rows, d, hp.rms_eps);
-  matmul(model_.output(), xn.data(), rows, logits, ex);
-  check_logits_finite(logits, static_cast<size_t>(rows) * hp.n_vocab);
+  // Logits of each run's last row (or every row): final norm and the output matrix. One run writes
+  // straight into its buffer; several share one product and are copied out.
+  const size_t nv = hp.n_vocab;
+  std::vector<int> first_out(runs.size(), -1);
+  int n_out = 0;
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    if (r.error || !r.logits) continue;
+    const int from = r.all_logits ? 0 : r.n - 1, rows = r.n - from;
+    first_out[ri] = n_out;
+    norm_rows(at(x, r, d) + static_cast<size_t>(from) * d, model.output_norm(), xn.data() + static_cast<size_t>(n_out) * d,
+              rows, d, hp.rms_eps);
+    n_out += rows;
+  }
+  std::vector<float> shared;
+  float* out = nullptr;
+  if (n_out > 0) {
+    if (runs.size() == 1) {
+      out = runs[0].logits;
+    } else {
+      shared.resize(static_cast<size_t>(n_out) * nv);
+      out = shared.data();
+    }
+    mm.one(model.output(), xn.data(), n_out, out);
+  }
+  for (size_t ri = 0; ri < runs.size(); ++ri) {
+    Rows& r = runs[ri];
+    if (first_out[ri] >= 0) {
+      const size_t count = static_cast<size_t>(r.all_logits ? r.n : 1) * nv;
+      const float* src = out + static_cast<size_t>(first_out[ri]) * nv;
+      if (src != r.logits) std::copy(src, src + count, r.logits);
+      guarded(r, [&] { check_logits_finite(r.logits, count); });
+    }
+    if (r.error)
+      r.session->rewind(start[ri]);  // drops the entries its failed pass stored
+    else
+      r.session->next_pos_ += r.n;
+  }
 }
 
-}  // namespace kvslim
-
-namespace kvslim {
-
-namespace {
-
-// Float weights take the per-row dot path below four tokens and sgemm tiles above, which round
-// differently; three rows at a time keep a batched step bit-identical to a single decode step
-// while each weight row is still read once for the three (it stays in cache between them). The
-// exact path (tests) runs row by row.
-void matmul_rows(const WeightView& W, const float* X, int n, float* Y, bool ex) {
-  const bool fp = W.type == GGMLType::F32 || W.type == GGMLType::F16 || W.type == GGMLType::BF16;
-  const int step = ex ? 1 : fp ? 3 : n;
-  for (int b = 0; b < n; b += step) {
-    const int m = std::min(step, n - b);
-    matmul(W, X + static_cast<size_t>(b) * W.cols, m, Y + static_cast<size_t>(b) * W.rows, ex);
-  }
-}
-
-}  // namespace
-
-std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens) {
+std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, const std::vector<Token>& tokens,
+                                         std::vector<std::exception_ptr>* errors) {
   if (sessions.empty() || sessions.size() != tokens.size())
     throw Error(fmt::format("decode_batch: {} sessions for {} tokens", sessions.size(), tokens.size()));
   const Model& model = sessions[0]->model_;
   const HParams& hp = model.hparams();
-  const bool ex = sessions[0]->opt_.exact;
+  const size_t nv = hp.n_vocab;
   const int n = static_cast<int>(sessions.size());
+  for (int i = 0; i < n; ++i)
+    if (&sessions[i]->model_ != &model || sessions[i]->opt_.exact != sessions[0]->opt_.exact)
+      throw Error("decode_batch: sessions differ in model or options");
+  std::vector<float> logits(static_cast<size_t>(n) * nv, 0.0f);
+  // Row i is session i's token at its own position; a row refused up front joins no run.
+  std::vector<Rows> runs;
+  std::vector<int> run_of(n, -1);
+  std::vector<std::exception_ptr> failed(n);
   for (int i = 0; i < n; ++i) {
     Session& s = *sessions[i];
-    if (&s.model_ != &model || s.opt_.exact != ex) throw Error("decode_batch: sessions differ in model or options");
-    if (s.next_pos_ + 1 > s.n_ctx_)
-      throw Error(fmt::format("token at position {} exceeds the context size n_ctx {}", s.next_pos_, s.n_ctx_));
-    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
-      throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", tokens[i], hp.n_vocab - 1));
+    try {
+      if (s.next_pos_ + 1 > s.n_ctx_)
+        throw Error(fmt::format("token at position {} exceeds the context size n_ctx {}", s.next_pos_, s.n_ctx_));
+      if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
+        throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", tokens[i], hp.n_vocab - 1));
+    } catch (...) {
+      failed[i] = std::current_exception();
+      continue;
+    }
+    Rows r;
+    r.session = &s;
+    r.tokens = &tokens[i];
+    r.n = 1;
+    r.logits = logits.data() + static_cast<size_t>(i) * nv;
+    run_of[i] = static_cast<int>(runs.size());
+    runs.push_back(std::move(r));
   }
-  const int d = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, G = hp.n_group();
-  const int dq = nh * hd, dkv = nkv * hd, half = hd / 2;
-
-  // Row i is session i's token at its own position.
-  std::vector<int32_t> pos(n);
-  for (int i = 0; i < n; ++i) pos[i] = sessions[i]->next_pos_;
-  std::vector<float> cs, sn;
-  rope::tables(hp, model.rope_freqs(), pos.data(), n, cs, sn);
-  ScratchLease lease;
-  ForwardScratch& S = *lease;
-  S.size_for(hp, n);
-  std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
-  const WeightView& emb = model.token_embd();
-  for (int i = 0; i < n; ++i) dequantize_row(emb.type, emb.row(tokens[i]), x.data() + static_cast<size_t>(i) * d, d);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  for (int l = 0; l < hp.n_layer; ++l) {
-    const LayerWeights& L = model.layer(l);
-    // Norm and Q/K/V for every row: one pass over wq, wk, wv.
-    norm_rows(x.data(), L.attn_norm, xn.data(), n, d, hp.rms_eps);
-    const bool fp = L.wq->type == GGMLType::F32 || L.wq->type == GGMLType::F16 || L.wq->type == GGMLType::BF16;
-    if (fp || ex) {
-      matmul_rows(*L.wq, xn.data(), n, q.data(), ex);
-      matmul_rows(*L.wk, xn.data(), n, k.data(), ex);
-      matmul_rows(*L.wv, xn.data(), n, v.data(), ex);
-    } else {
-      matmul_group({L.wq.get(), L.wk.get(), L.wv.get()}, xn.data(), n, {q.data(), k.data(), v.data()}, ex);
+  if (!runs.empty()) forward_rows(runs);
+  for (int i = 0; i < n; ++i)
+    if (run_of[i] >= 0 && runs[run_of[i]].error) {
+      failed[i] = runs[run_of[i]].error;
+      std::fill_n(logits.data() + static_cast<size_t>(i) * nv, nv, 0.0f);
     }
-    if (!L.bq.empty())
-      for (int i = 0; i < n; ++i) {
-        for (int j = 0; j < dq; ++j) q[i * dq + j] += L.bq[j];
-        for (int j = 0; j < dkv; ++j) {
-          k[i * dkv + j] += L.bk[j];
-          v[i * dkv + j] += L.bv[j];
-        }
-      }
-    for (int i = 0; i < n; ++i) {
-      rope::apply(q.data() + i * dq, nh, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
-      rope::apply(k.data() + i * dkv, nkv, hd, cs.data() + i * half, sn.data() + i * half, hp.rope_neox);
-    }
-    // Store each row's entry in its own cache, then attend over that cache only; a layer sharing
-    // an earlier layer's entries (KVCache::share_layer) stores nothing and reads its source's.
-    int64_t macs = 0;
-    for (int i = 0; i < n; ++i)
-      for (int h = 0; h < nkv; ++h) {
-        const int src = sessions[i]->cache_.source(l);
-        Segment& s = sessions[i]->cache_.seg(src, h);
-        if (src == l) s.append(k.data() + i * dkv + h * hd, v.data() + i * dkv + h * hd, pos[i]);
-        macs += static_cast<int64_t>(G) * hd * 2 * static_cast<int64_t>(s.size());
-      }
-    parallel_for(static_cast<int64_t>(n) * nkv, macs, [&](int64_t b, int64_t e) {
-      std::vector<float> orow(static_cast<size_t>(G) * hd);
-      std::vector<int32_t> vis(G);
-      for (int64_t w = b; w < e; ++w) {
-        const int i = static_cast<int>(w / nkv), h = static_cast<int>(w % nkv);
-        const Segment& s = sessions[i]->cache_.seg(sessions[i]->cache_.source(l), h);
-        for (int gi = 0; gi < G; ++gi) vis[gi] = static_cast<int32_t>(s.size());
-        // The group's query rows are contiguous in q: heads h*G .. h*G+G-1 of row i.
-        attend_segment(s, q.data() + static_cast<size_t>(i) * dq + static_cast<size_t>(h) * G * hd, G, vis.data(), scale,
-                       orow.data(), hd, nullptr);
-        std::memcpy(att.data() + static_cast<size_t>(i) * dq + static_cast<size_t>(h) * G * hd, orow.data(),
-                    orow.size() * sizeof(float));
-      }
-    });
-    matmul_rows(*L.wo, att.data(), n, tmp.data(), ex);
-    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
-    // Feed-forward for every row: one pass over the gate, up and down matrices.
-    norm_rows(x.data(), L.ffn_norm, xn.data(), n, d, hp.rms_eps);
-    if (fp || ex) {
-      matmul_rows(*L.w_gate, xn.data(), n, g.data(), ex);
-      matmul_rows(*L.w_up, xn.data(), n, u.data(), ex);
-    } else {
-      matmul_group({L.w_gate.get(), L.w_up.get()}, xn.data(), n, {g.data(), u.data()}, ex);
-    }
-    swiglu_rows(g.data(), u.data(), n, hp.n_ff, ex);
-    matmul_rows(*L.w_down, g.data(), n, tmp.data(), ex);
-    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
+  if (errors) {
+    *errors = std::move(failed);
+  } else {
+    for (auto& e : failed)
+      if (e) std::rethrow_exception(e);
   }
-  for (int i = 0; i < n; ++i) ++sessions[i]->next_pos_;
-  norm_rows(x.data(), model.output_norm(), xn.data(), n, d, hp.rms_eps);
-  std::vector<float> logits(static_cast<size_t>(n) * hp.n_vocab);
-  matmul_rows(model.output(), xn.data(), n, logits.data(), ex);
   return logits;
 }
 

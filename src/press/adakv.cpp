@@ -20,7 +20,7 @@ class AdaBudget : public BudgetPolicy {
   KeepCounts keep_counts(const BudgetInput& in) const override {
     const KVCache& cache = in.cache;
     const int L = cache.n_layer(), H = cache.n_head_kv();
-    const int64_t k = uniform_keep(in.target.n_context, in.target.ratio);
+    const int64_t k = in.target.keep(in.target.n_context);
     const int64_t floor_k = static_cast<int64_t>(std::floor(alpha_ * static_cast<double>(k) + 1e-9));
     KeepCounts keep(L, std::vector<int>(H));
     for (int l = 0; l < L; ++l) {

@@ -77,12 +77,20 @@ using KeepCounts = std::vector<std::vector<int>>;
 /// n_context is the number of context tokens seen so far (with chunked prefill, every chunk so
 /// far). Inside a composition, every stage after the first is sized from the entries the previous
 /// stages actually left (`per_segment`): each segment's own count, and n_context their mean.
+///
+/// Under a per-head entry budget (`budget` > 0, the policy's budget=N) the target is a count, not a
+/// share: a segment sized from n entries keeps min(n, budget) whatever the ratio, so with chunked
+/// prefill every chunk ends with at most N context entries per KV head (an adaptive policy moves
+/// them between heads: N x heads per layer) and the cache stops growing with the context.
 struct Target {
   double ratio = 0.0;
   size_t n_context = 0;
   bool per_segment = false;
+  size_t budget = 0;  ///< entries per KV head; 0 = keep by ratio
   /// Entries segment `s` is sized from: its present count when per_segment, else n_context.
   size_t n_for(const Segment& s) const { return per_segment ? s.size() : n_context; }
+  /// Entries a segment sized from n keeps: min(n, budget) under a budget, else uniform_keep(n, ratio).
+  int keep(size_t n) const;
 };
 
 /// What a press sees of one layer when it compresses.
@@ -167,6 +175,15 @@ class BudgetPolicy {
   /// Told what the scorer it is set on records (ScorerPress::set_policy): PyramidKV sizes its
   /// layer budgets with the scorer's observation window, as kvpress's PyramidKVPress.
   virtual void set_scorer_needs(const ObservationNeeds& scorer) {}
+  /// The per-head entry budget (`budget=N`, declared here once for every scorer press and policy;
+  /// 0 = off): a ratio-driven policy keeps toward Target::keep (N entries per KV head, or N x
+  /// heads per layer for an adaptive one) instead of a share; a policy that keeps by its own
+  /// parameters (threshold, per_layer) keeps at most N per head.
+  size_t budget() const { return budget_; }
+  void set_budget(size_t n) { budget_ = n; }
+
+ private:
+  size_t budget_ = 0;
 };
 
 /// Uniform policy: every segment keeps min(size, uniform_keep(target.n_for(segment), ratio)).
@@ -214,9 +231,15 @@ class ScorerPress : public Press {
   Scores score_all(const KVCache& cache, const Model& model, const Observation& obs, const Target& target,
                    std::vector<double>* layer_stat = nullptr) const;
   const BudgetPolicy& policy() const { return *policy_; }
+  /// Replaces the policy; the per-head budget of the one it replaces carries over.
   void set_policy(std::unique_ptr<BudgetPolicy> p);
+  /// The policy's per-head entry budget (BudgetPolicy::set_budget).
+  void set_budget(size_t n) { policy_->set_budget(n); }
 
  protected:
+  /// `t` with the policy's per-head budget (the target apply() and kept_after() work toward); under
+  /// a budget its ratio is the share that leaves N of n_context.
+  Target budgeted(Target t) const;
   double ratio_;
   std::unique_ptr<BudgetPolicy> policy_;
   int decode_steps_ = 0;

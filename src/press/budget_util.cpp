@@ -73,7 +73,7 @@ int64_t uniform_total(const KVCache& cache, const Target& t, const std::vector<s
   for (auto [l, h] : segs) {
     const Segment& s = cache.seg(l, h);
     entries += static_cast<int64_t>(s.size());
-    k += uniform_keep(t.n_for(s), t.ratio);
+    k += t.keep(t.n_for(s));
   }
   return std::min<int64_t>(entries, k);
 }

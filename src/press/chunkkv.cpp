@@ -45,7 +45,7 @@ class ChunkKVBudget : public BudgetPolicy {
         if (chunked_.size() > static_cast<size_t>(l) && chunked_[l][h])
           keep[l][h] = static_cast<int>(std::count_if(sc.begin(), sc.end(), [](float s) { return s >= 1.0f; }));
         else  // fewer entries than one chunk: the scorer's own top-k
-          keep[l][h] = std::min<int>(uniform_keep(in.target.n_context, in.target.ratio), static_cast<int>(sc.size()));
+          keep[l][h] = std::min<int>(in.target.keep(in.target.n_context), static_cast<int>(sc.size()));
       }
     return keep;
   }

@@ -77,6 +77,12 @@ double ComposedPress::ratio() const {
   return 1.0 - kept;
 }
 
+double ComposedPress::key_channel_ratio() const {
+  for (const auto& p : p_)
+    if (p->key_channel_ratio() > 0) return p->key_channel_ratio();
+  return 0.0;
+}
+
 void ComposedPress::set_ratio(double r) {
   check_ratio(r, describe());
   for (auto& p : p_) {

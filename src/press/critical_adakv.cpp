@@ -51,7 +51,7 @@ class CriticalAdaKVPress : public ScorerPress {
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     inner_->score(view, out);
     const int H = view.hp().n_head_kv;
-    const int64_t k = uniform_keep(view.target().n_context, view.target().ratio);
+    const int64_t k = view.target().keep(view.target().n_context);
     const int64_t n_safe = static_cast<int64_t>(std::floor(alpha_ * static_cast<double>(k) + 1e-9));
     // 1. head budgets: AdaKV's allocation over this layer's inner scores.
     Scores layer{out};

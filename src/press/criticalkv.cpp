@@ -41,7 +41,7 @@ class CriticalKVPress : public ScorerPress {
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     inner_->score(view, out);
     const int H = view.hp().n_head_kv;
-    const int stage1_keep = uniform_keep(view.target().n_context, view.target().ratio);
+    const int stage1_keep = view.target().keep(view.target().n_context);
     for (int h = 0; h < H; ++h) {
       std::vector<float>& sc = out[h];
       const size_t n = sc.size();

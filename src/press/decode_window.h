@@ -36,6 +36,7 @@ class DecodeTimeWrapper : public Press {
     window_.clear();
   }
   double ratio() const override { return inner_->ratio(); }
+  double key_channel_ratio() const override { return inner_->key_channel_ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return t.n_context; }
   bool evicts_in_decode() const override { return true; }

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "kernels/attention.h"
+#include "kernels/threads.h"
 #include "press/authoring.h"
 #include "press/param_file.h"
 #include "press/ea_stats.h"
@@ -231,6 +232,7 @@ class ExpectedAttentionPress : public ScorerPress, private LayerHook {
       st.count += m;
       if (!cov_) continue;
       // One batch's Gram matrix in f32 (BLAS), summed over batches in float64.
+      BlasSlot slot;  // see kernels/threads.h
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hd, hd, m, 1.0f, qh.data(), hd, qh.data(), hd, 0.0f,
                   gram.data(), hd);
       for (size_t i = 0; i < gram.size(); ++i) st.outer[i] += gram[i];

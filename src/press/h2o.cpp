@@ -37,7 +37,7 @@ class H2OPress : public ScorerPress {
   }
   void score(const LayerView& view, std::vector<std::vector<float>>& out) const override {
     score_layer(view.cache(), view.layer(), view.hp().n_group(), out,
-                static_cast<size_t>(uniform_keep(view.target().n_context, view.target().ratio)));
+                static_cast<size_t>(view.target().keep(view.target().n_context)));
   }
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override {
     if (policy_->decode_interval() > 0) return ScorerPress::after_decode(cache, model, obs);

@@ -36,6 +36,7 @@ class KeyRerotationPress : public Press {
   bool evicts_in_decode() const override { return inner_->evicts_in_decode(); }
   bool selects_in_decode() const override { return inner_->selects_in_decode(); }
   double ratio() const override { return inner_->ratio(); }
+  double key_channel_ratio() const override { return inner_->key_channel_ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return inner_->kept_after(t); }
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {

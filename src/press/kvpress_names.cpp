@@ -1,4 +1,4 @@
-// kvpress's names for kvslim's presses and parameters (issue 13): a kvpress user can write
+// kvpress's names for kvslim's presses and parameters: a kvpress user can write
 // `SnapKVPress:compression_ratio=0.5,window_size=32` or `AdaKVPress(SnapKVPress,alpha_safeguard=0.3)`.
 // Class names follow kvpress/presses/*.py at its public snapshot; parameter names are the
 // dataclass fields of those classes.

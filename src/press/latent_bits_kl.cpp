@@ -1,7 +1,7 @@
 // Code bits of calibrated latent bases chosen by measured KL (kvslim latent-calibrate --target-kl):
 // the variance proxy of --auto-bits (Max's Gaussian quantization error) cannot see that a model's
 // keys are far more sensitive than its values (the story model: 4-bit keys cost 0.2 nats, 4-bit
-// values 0.002; docs/LATENT.md, round 3), so every candidate is run and measured instead, as the
+// values 0.002; docs/LATENT.md, "the composition space"), so every candidate is run and measured instead, as the
 // fidelity harness (`kvslim eval fidelity`) measures a press.
 #include <algorithm>
 #include <cmath>

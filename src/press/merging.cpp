@@ -34,7 +34,7 @@ class MergingPress : public SubsetScoringPress {
     parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         Segment& s = cache.seg(static_cast<int>(i / H), static_cast<int>(i % H));
-        const int keep = std::min<int>(uniform_keep(target.n_for(s), target.ratio), static_cast<int>(s.size()));
+        const int keep = std::min<int>(target.keep(target.n_for(s)), static_cast<int>(s.size()));
         merge_segment(s, select_top(sc[i / H][i % H], keep));
       }
     });

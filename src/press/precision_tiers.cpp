@@ -74,6 +74,7 @@ class PrecisionTiersPress : public Press {
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void reset() override { inner_->reset(); }
   double ratio() const override { return inner_->ratio(); }
+  double key_channel_ratio() const override { return inner_->key_channel_ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   size_t kept_after(const Target& t) const override { return inner_->kept_after(t); }
 

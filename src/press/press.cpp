@@ -85,6 +85,11 @@ int uniform_keep(size_t n, double ratio) {
   return static_cast<int>(std::clamp<double>(k, 1.0, static_cast<double>(n)));
 }
 
+int Target::keep(size_t n) const {
+  if (budget == 0) return uniform_keep(n, ratio);
+  return n == 0 ? 0 : static_cast<int>(std::min(n, budget));
+}
+
 int32_t cache_next_position(const KVCache& cache) { return cache.next_position(); }
 
 void Press::compress(KVCache& cache, const Model& model, const Observation& obs) {
@@ -95,6 +100,19 @@ void Press::compress(KVCache& cache, const Model& model, const Observation& obs)
 
 ObservationNeeds Press::needs() const { return {}; }
 ObservationNeeds Press::decode_needs() const { return {}; }
+
+std::string Press::storage_refusal() const {
+  if (evicts_in_decode())
+    return "it evicts entries during decode with state kept from the prefill (accumulated scores or a decode "
+           "window), which a stored context does not carry";
+  if (selects_in_decode())
+    return "it chooses the entries attention reads at every decode step from state built during the prefill, which "
+           "a stored context does not carry";
+  if (decode_needs().any())
+    return "it observes every decode step (its scores or hooks run during decode), with state a stored context does "
+           "not carry";
+  return {};
+}
 
 void Press::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
 
@@ -120,7 +138,7 @@ KeepCounts UniformBudget::keep_counts(const BudgetInput& in) const {
   for (int l = 0; l < cache.n_layer(); ++l)
     for (int h = 0; h < cache.n_head_kv(); ++h) {
       const Segment& s = cache.seg(l, h);
-      keep[l][h] = std::min<int>(uniform_keep(in.target.n_for(s), in.target.ratio), static_cast<int>(s.size()));
+      keep[l][h] = std::min<int>(in.target.keep(in.target.n_for(s)), static_cast<int>(s.size()));
     }
   return keep;
 }
@@ -167,7 +185,9 @@ ScorerPress::ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy)
     : ratio_(ratio), policy_(policy ? std::move(policy) : std::make_unique<UniformBudget>()) {}
 
 void ScorerPress::set_policy(std::unique_ptr<BudgetPolicy> p) {
+  const size_t budget = policy_ ? policy_->budget() : 0;
   policy_ = p ? std::move(p) : std::make_unique<UniformBudget>();
+  if (budget > 0 && policy_->budget() == 0) policy_->set_budget(budget);
   policy_->set_scorer_needs(scorer_needs());
 }
 
@@ -178,10 +198,15 @@ void ScorerPress::set_ratio(double r) {
 
 std::string ScorerPress::describe() const {
   std::string pol = policy_->describe();
-  if (pol == "uniform") return describe_scorer();
+  const std::string budget = policy_->budget() ? fmt::format("budget={}", policy_->budget()) : "";
+  if (pol == "uniform") {
+    const std::string s = describe_scorer();
+    return budget.empty() ? s : s + (s.find(':') == std::string::npos ? ":" : ",") + budget;
+  }
   // "adakv:alpha=0.2" -> "adakv(<scorer>):alpha=0.2"
   auto c = pol.find(':');
   std::string name = pol.substr(0, c), rest = c == std::string::npos ? "" : pol.substr(c);
+  if (!budget.empty()) rest += (rest.empty() ? ":" : ",") + budget;
   return name + "(" + describe_scorer() + ")" + rest;
 }
 
@@ -192,7 +217,17 @@ ObservationNeeds ScorerPress::decode_needs() const {
 }
 
 size_t ScorerPress::kept_after(const Target& t) const {
-  return policy_->uses_ratio() ? static_cast<size_t>(uniform_keep(t.n_context, t.ratio)) : t.n_context;
+  const size_t n = policy_->uses_ratio() ? static_cast<size_t>(budgeted(t).keep(t.n_context)) : t.n_context;
+  return policy_->budget() ? std::min(n, policy_->budget()) : n;
+}
+
+Target ScorerPress::budgeted(Target t) const {
+  t.budget = policy_->budget();
+  // Code that sizes by the ratio (PyramidKV's schedule, chunk selection, global top-k) sees the
+  // ratio that keeps N of the context: the same count, as a share.
+  if (t.budget > 0 && t.n_context > 0)
+    t.ratio = 1.0 - static_cast<double>(std::min(t.n_context, t.budget)) / static_cast<double>(t.n_context);
+  return t;
 }
 
 Scores ScorerPress::score_all(const KVCache& cache, const Model& model, const Observation& obs, const Target& target,
@@ -217,13 +252,27 @@ Scores ScorerPress::score_all(const KVCache& cache, const Model& model, const Ob
   return scores;
 }
 
-void ScorerPress::apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) {
-  if (policy_->uses_ratio() && target.ratio <= 0.0) return;  // ratio 0 leaves the cache bit-identical
+void ScorerPress::apply(KVCache& cache, const Model& model, const Observation& obs, const Target& asked) {
+  const Target target = budgeted(asked);
+  // Ratio 0 leaves the cache bit-identical; so does a budget no segment exceeds (a policy that
+  // keeps by its own parameters still runs: the budget only caps it).
+  if (policy_->uses_ratio() && target.budget == 0 && target.ratio <= 0.0) return;
   const int L = cache.n_layer(), H = cache.n_head_kv();
+  if (target.budget > 0 && policy_->uses_ratio()) {
+    bool over = false;
+    for (int l = 0; l < L && !over; ++l)
+      for (int h = 0; h < H && !over; ++h) over = cache.seg(l, h).size() > target.budget;
+    if (!over) return;
+  }
   std::vector<double> stat;
   Scores scores = score_all(cache, model, obs, target, &stat);
   policy_->prepare(scores, cache, target);
   KeepCounts keep = policy_->keep_counts(BudgetInput{scores, cache, target, std::move(stat)});
+  // A policy that keeps by its own parameters is capped by the budget (protected entries stay).
+  if (target.budget > 0 && !policy_->uses_ratio())
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        keep[l][h] = std::min(keep[l][h], std::max(static_cast<int>(target.budget), count_protected(scores[l][h])));
   parallel_for(static_cast<int64_t>(L) * H, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int l = static_cast<int>(i / H), h = static_cast<int>(i % H);

@@ -226,17 +226,44 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   for (auto& [k, v] : info->params) params[k] = v;
   std::set<std::string> given;
 
+  // budget=N, the per-head entry budget, belongs to the budget policy (BudgetPolicy::budget): every
+  // scorer press and policy takes it without declaring it, unless it has a budget of its own.
+  const bool generic_budget = info->kind != PressKind::Wrapper && !has_param(*info, "budget");
+  const std::set<std::string> budget_key = generic_budget ? std::set<std::string>{"budget"} : std::set<std::string>{};
+  size_t budget = 0;
+  auto take_budget = [&] {
+    if (!generic_budget || !given.count("budget")) return;
+    const int b = param_int(params, name, "budget");
+    if (b < 1) throw Error(fmt::format("press {}: budget={} must be at least 1 entry per KV head", name, b));
+    budget = static_cast<size_t>(b);
+    params.erase("budget");
+  };
+  auto refuse_ratio_with_budget = [&](double r) {
+    if (budget > 0 && r > 0.0)
+      throw Error(fmt::format("press {}: budget={} and ratio={} given together: a budget fixes the entries each KV "
+                              "head keeps, a compression ratio the share it removes; give one of them",
+                              name, budget, r));
+  };
+
   if (info->kind == PressKind::Scorer) {
     if (has_inner) throw Error(fmt::format("press {} takes no inner press: '{}'", name, printable(spec)));
-    read_params(name, split_top(outer_text, ',', whole), *info, params, given);
+    read_params(name, split_top(outer_text, ',', whole), *info, params, given, budget_key);
+    take_budget();
     if (has_param(*info, "ratio")) {
-      if (!given.count("ratio")) {
+      if (!given.count("ratio") && budget == 0) {
         params["ratio"] = fmt::format("{}", ratio);
         ratio_used = true;
       }
       check_ratio(param_double(params, name, "ratio"), name);
+      refuse_ratio_with_budget(param_double(params, name, "ratio"));
     }
-    return info->make(params);
+    std::unique_ptr<Press> press = info->make(params);
+    if (budget > 0) {
+      auto* sp = dynamic_cast<ScorerPress*>(press.get());
+      if (!sp) throw Error(fmt::format("press {} does not keep entries by score, so it takes no budget", name));
+      sp->set_budget(budget);
+    }
+    return press;
   }
 
   // Policy or wrapper: split the inner spec from the outer parameters.
@@ -262,13 +289,18 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     }
   }
   for (auto& item : split_top(outer_text, ',', whole)) outer_items.push_back(item);
-  read_params(name, outer_items, *info, params, given, {"ratio"});
+  std::set<std::string> outer_extra = budget_key;
+  outer_extra.insert("ratio");
+  read_params(name, outer_items, *info, params, given, outer_extra);
+  take_budget();
   bool inner_used = false;
-  std::unique_ptr<Press> inner = build(inner_spec, ratio, whole, inner_used);
+  // Under the policy's budget the caller's ratio does not fill the inner press's.
+  std::unique_ptr<Press> inner = build(inner_spec, budget > 0 ? 0.0 : ratio, whole, inner_used);
   if (given.count("ratio")) {
     inner_used = false;  // the spec's own ratio replaces the caller's
     double r = param_double(params, name, "ratio");
     check_ratio(r, name);
+    refuse_ratio_with_budget(r);
     inner->set_ratio(r);
   }
   params.erase("ratio");
@@ -280,11 +312,22 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     if (sp->policy().describe() != "uniform")
       throw Error(fmt::format("press {}: '{}' already has a budget policy", name, inner->describe()));
     sp->set_policy(info->make_policy(params));
+    if (budget > 0) {
+      refuse_ratio_with_budget(sp->ratio());
+      sp->set_budget(budget);
+    }
     // threshold and per_layer keep by their own parameters whatever the scorer's ratio
     if (inner_used && sp->policy().uses_ratio()) ratio_used = true;
     return inner;
   }
   if (inner_used) ratio_used = true;
+  // Wrappers that score through the inner press and choose entries themselves would ignore its
+  // budget; the ones that run its apply() honour it.
+  if (auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+      sp && sp->policy().budget() > 0 && name != "key_rerotation" && name != "decoding")
+    throw Error(fmt::format("press {}: the inner press's budget={} would be ignored ({} chooses the entries itself); "
+                            "give the budget to a press or policy outside it",
+                            name, sp->policy().budget(), name));
   return info->make_wrapper(params, std::move(inner));
 }
 

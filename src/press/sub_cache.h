@@ -24,6 +24,7 @@ class SubsetScoringPress : public Press {
   void observe(const KVCache& c, const Model& m, const Observation& o) override { inner_->observe(c, m, o); }
   void reset() override { inner_->reset(); }
   double ratio() const override { return inner_->ratio(); }
+  double key_channel_ratio() const override { return inner_->key_channel_ratio(); }
   void set_ratio(double r) override { inner_->set_ratio(r); }
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override {
     inner_->remap_positions(l, h, o, n);

@@ -38,8 +38,10 @@ class ThinKPress : public Press {
     r.window = window_;
     return r;
   }
-  // Channels, not entries: the entry count is unchanged.
+  // Channels, not entries: the entry count is unchanged, the key channels go.
   double ratio() const override { return 0.0; }
+  // What apply() prunes: floor(head_dim * key_ratio) channels, at least one kept.
+  double key_channel_ratio() const override { return key_ratio_; }
   size_t kept_after(const Target& t) const override { return t.n_context; }
 
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target&) override {

@@ -21,6 +21,9 @@ class ComposedPress : public Press {
   void after_decode(KVCache& cache, const Model& model, const Observation& obs) override;
   void reset() override;
   double ratio() const override;
+  /// The first stage's that prunes key channels: a later stage finds the keys pruned already
+  /// (latent) and leaves them.
+  double key_channel_ratio() const override;
   /// Sets the ratio of the first stage that has one (the others keep theirs); kvslim::Error when
   /// no stage has a ratio.
   void set_ratio(double r) override;

@@ -45,7 +45,7 @@ class ZigZagBudget : public BudgetPolicy {
   KeepCounts keep_counts(const BudgetInput& in) const override {
     const KVCache& cache = in.cache;
     const int L = cache.n_layer();
-    const double b_avg = uniform_keep(in.target.n_context, in.target.ratio);
+    const double b_avg = in.target.keep(in.target.n_context);
     const double b_bound = reserve_ * b_avg;
     double sum = 0;
     for (double v : in.layer_stat) sum += v;

@@ -90,6 +90,27 @@ void Request::set_prompt_tokens(std::vector<Token> context, std::vector<Token> q
   stats_.question_tokens = static_cast<int>(question_.size());
 }
 
+void Request::set_prompt_cached(std::vector<Token> context, KVCache cache, int32_t next_position,
+                                std::vector<float> logits, const RequestStats& context_stats,
+                                std::vector<Token> question) {
+  if (logits.size() != static_cast<size_t>(model_.hparams().n_vocab))
+    throw Error(fmt::format("request: {} context logits for a vocabulary of {}", logits.size(),
+                            model_.hparams().n_vocab));
+  set_prompt_tokens(std::move(context), std::move(question));
+  session_->restore(std::move(cache), next_position);
+  press_->reset();
+  context_done_ = context_.size();
+  logits_ = std::move(logits);
+  const int n_question = stats_.question_tokens;
+  stats_ = context_stats;
+  stats_.context_tokens = static_cast<int>(context_.size());
+  stats_.question_tokens = n_question;
+  stats_.prefill_seconds = 0;
+  stats_.generated_tokens = 0;
+  stats_.decode_seconds = 0;
+  if (question_.empty()) prefilled_ = true;
+}
+
 bool Request::prefill_step() {
   if (!prompt_set_) throw Error("request: no prompt set");
   if (prefilled_) return true;
@@ -244,37 +265,65 @@ void Request::rewind(int32_t position) {
 }
 
 const RequestStats& Request::stats() const {
-  stats_.final_kv_bytes = session_->cache().bytes();
+  const KVCache& cache = session_->cache();
+  stats_.final_kv_bytes = cache.bytes();
+  // Every token run (next_position() counts them; a rewind takes its tokens back) gave each
+  // (layer, KV head) one entry; what is missing now was removed.
+  stats_.entries_seen = static_cast<size_t>(std::max(0, position())) * cache.n_layer() * cache.n_head_kv();
+  stats_.entries_now = cache.entries();
+  stats_.head_dim = cache.head_dim();
+  stats_.key_channels_now = 0;
+  for (int l = 0; l < cache.n_layer(); ++l)
+    for (int h = 0; h < cache.n_head_kv(); ++h) {
+      const Segment& seg = cache.seg(l, h);
+      stats_.key_channels_now += seg.size() * static_cast<size_t>(seg.latent() ? seg.latent_keys().rank() : seg.head_dim());
+    }
   if (decode_started_ && finish_ == FinishReason::None) stats_.decode_seconds = steady_seconds() - decode_t0_;
   return stats_;
 }
 
-void step_batch(const std::vector<Request*>& requests) {
+std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests) {
+  std::vector<std::exception_ptr> errors(requests.size());
   std::vector<Session*> sessions;
   std::vector<Token> tokens;
-  std::vector<Request*> batched;
-  for (Request* r : requests) {
-    Token t = -1;
-    if (!r || !r->sample_step(&t)) continue;
-    if (r->press_->decode_needs().any()) {
-      r->advance(t);
-    } else {
-      sessions.push_back(r->session_.get());
-      tokens.push_back(t);
-      batched.push_back(r);
+  std::vector<size_t> batched;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request* r = requests[i];
+    try {
+      Token t = -1;
+      if (!r || !r->sample_step(&t)) continue;
+      if (r->press_->decode_needs().any()) {
+        r->advance(t);
+      } else {
+        sessions.push_back(r->session_.get());
+        tokens.push_back(t);
+        batched.push_back(i);
+      }
+    } catch (...) {
+      errors[i] = std::current_exception();
     }
   }
-  if (batched.empty()) return;
-  const std::vector<float> logits = Session::decode_batch(sessions, tokens);
-  const size_t nv = static_cast<size_t>(batched[0]->model_.hparams().n_vocab);
-  for (size_t i = 0; i < batched.size(); ++i) {
-    Request& r = *batched[i];
-    r.logits_.assign(logits.begin() + i * nv, logits.begin() + (i + 1) * nv);
-    // As run::decode_step with nothing recorded: a decoding press may still evict here.
-    Observation obs;
-    obs.runner = r.session_.get();
-    r.press_->after_decode(r.session_->cache(), r.model_, obs);
+  if (batched.empty()) return errors;
+  std::vector<std::exception_ptr> failed;
+  const std::vector<float> logits = Session::decode_batch(sessions, tokens, &failed);
+  const size_t nv = static_cast<size_t>(requests[batched[0]]->model_.hparams().n_vocab);
+  for (size_t j = 0; j < batched.size(); ++j) {
+    Request& r = *requests[batched[j]];
+    if (failed[j]) {
+      errors[batched[j]] = failed[j];
+      continue;
+    }
+    try {
+      r.logits_.assign(logits.begin() + j * nv, logits.begin() + (j + 1) * nv);
+      // As run::decode_step with nothing recorded: a decoding press may still evict here.
+      Observation obs;
+      obs.runner = r.session_.get();
+      r.press_->after_decode(r.session_->cache(), r.model_, obs);
+    } catch (...) {
+      errors[batched[j]] = std::current_exception();
+    }
   }
+  return errors;
 }
 
 }  // namespace kvslim

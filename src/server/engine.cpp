@@ -244,14 +244,30 @@ void Engine::decode_step(std::vector<Active*>& rows) {
   const auto t0 = Clock::now();
   std::vector<Request*> reqs;
   for (Active* a : rows) reqs.push_back(a->req.get());
+  std::vector<std::exception_ptr> errors(reqs.size());
   if (opt_.batch_decode) {
-    step_batch(reqs);  // one pass over the weights for every request that allows it
+    errors = step_batch(reqs);  // one pass over the weights for every request that allows it
   } else {
-    for (Request* r : reqs) r->step();
+    for (size_t i = 0; i < reqs.size(); ++i) try {
+        reqs[i]->step();
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+  }
+  // A request whose step failed ends with its error; the others of the batch go on.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const Error& e) {
+      finish(*rows[i], "", ApiError(400, fmt::format("decode failed: {}", e.what())));
+    } catch (const std::exception& e) {
+      finish(*rows[i], "", ApiError(500, fmt::format("decode failed: {}", e.what()), "", "server_error"));
+    }
   }
   size_t generated = 0;
   for (Active* a : rows)
-    if (!a->req->finished() || a->req->finish_reason() != FinishReason::Cancelled) ++generated;
+    if (a->req && (!a->req->finished() || a->req->finish_reason() != FinishReason::Cancelled)) ++generated;
   std::lock_guard<std::mutex> lk(mu_);
   m_.decode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   m_.decode_steps += opt_.batch_decode ? 1 : rows.size();

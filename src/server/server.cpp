@@ -202,7 +202,10 @@ void Server::set_model(const Model& model) {
     impl_->chat = ChatTemplate::choose(model.file(), opt_.chat_template, opt_.chat_template_file, opt_.jinja);
   } else {
     try {
-      impl_->chat = ChatTemplate::from_gguf(model.file(), opt_.jinja);
+      // A model without a template gets ChatML, as llama-server gives it, with a warning.
+      std::string warning;
+      impl_->chat = ChatTemplate::from_gguf_or_chatml(model.file(), opt_.jinja, warning);
+      if (!warning.empty()) fmt::print(stderr, "warning: {}\n", warning);
     } catch (const Error& e) {
       // /v1/chat/completions answers with it (400): the template is chosen when the server starts.
       const std::string how =

@@ -96,11 +96,32 @@ ChatTemplate ChatTemplate::from_gguf(const GGUFFile& file, bool jinja) {
                      fmt::format("{}: tokenizer.chat_template", file.path()), jinja);
 }
 
+ChatTemplate ChatTemplate::from_gguf_or_chatml(const GGUFFile& file, bool jinja, std::string& warning) {
+  warning.clear();
+  if (file.has("tokenizer.chat_template")) return from_gguf(file, jinja);
+  warning = fmt::format("{}: the model has no tokenizer.chat_template; using ChatML (as llama-server does); "
+                        "choose another with chat_template (a family name) or chat_template_file",
+                        file.path());
+  return ChatTemplate(ChatFamily::ChatML);
+}
+
 ChatTemplate ChatTemplate::choose(const GGUFFile& model, const std::string& name, const std::string& template_file,
-                                  bool jinja) {
+                                  bool jinja, std::string* warning) {
+  if (warning) warning->clear();
   if (!name.empty()) return from_name(name);
-  if (template_file.empty()) return from_gguf(model, jinja);
+  if (template_file.empty()) return warning ? from_gguf_or_chatml(model, jinja, *warning) : from_gguf(model, jinja);
   return from_source(read_text_file(template_file, "chat_template_file"), template_file, jinja);
+}
+
+std::string ChatTemplate::end_of_turn() const {
+  switch (family_) {
+    case ChatFamily::ChatML: return "<|im_end|>";
+    case ChatFamily::Llama3: return "<|eot_id|>";
+    case ChatFamily::Llama2:
+    case ChatFamily::Mistral: return "</s>";
+    case ChatFamily::Jinja: return "";
+  }
+  return "";
 }
 
 std::string ChatTemplate::name() const {

@@ -47,11 +47,23 @@ class ChatTemplate {
   /// The template of a model file: `tokenizer.chat_template`, through from_source. Throws
   /// kvslim::Error naming the file when the key is missing.
   static ChatTemplate from_gguf(const GGUFFile& file, bool jinja = false);
+  /// The model's template as llama-server picks it: from_gguf, or ChatML when the file has no
+  /// `tokenizer.chat_template` (llama-server's fallback), with a one-line explanation (naming the
+  /// file and the parameters that choose another template) in `warning`, which is cleared otherwise.
+  /// Throws kvslim::Error as from_gguf for a template that is present but cannot be rendered.
+  static ChatTemplate from_gguf_or_chatml(const GGUFFile& file, bool jinja, std::string& warning);
   /// What the CLI's flags choose: a family `name` if given, else the template in `template_file`
   /// if given, else the model's; `jinja` renders a source template with the Jinja engine even when
-  /// its family is recognised. Throws kvslim::Error naming the flag's value or the file.
+  /// its family is recognised. Throws kvslim::Error naming the flag's value or the file. With
+  /// `warning`, a model without a template gets ChatML as in from_gguf_or_chatml; without it, that
+  /// is an error.
   static ChatTemplate choose(const GGUFFile& model, const std::string& name, const std::string& template_file,
-                             bool jinja);
+                             bool jinja, std::string* warning = nullptr);
+
+  /// Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>"; empty for
+  /// Jinja): a stop string for models whose vocabulary does not hold it as an end-of-generation token
+  /// (a model given the ChatML fallback).
+  std::string end_of_turn() const;
 
   ChatFamily family() const { return family_; }
   /// The family's name as accepted by from_name.

@@ -383,7 +383,8 @@ class Limits(unittest.TestCase):
     def test_request_errors_are_4xx_and_the_server_stays_up(self):
         """Regressions: a Q-filters file of another model killed the server (std::terminate from a pool
         worker at -t 2); chat on a model without a chat template answered 500 with a hint that did not
-        work; compression_ratio without a press answered 200 and removed nothing."""
+        work (it now gets ChatML, as from llama-server); compression_ratio without a press answered 200
+        and removed nothing."""
         tmp = tempfile.mkdtemp(prefix=f"kvslim_qf_{os.getpid()}_")
         qf = os.path.join(tmp, "other.gguf")
         subprocess.run([KVSLIM, "qfilter-calibrate", "-m", os.path.join(os.path.dirname(MODEL), "retrieval.gguf"),
@@ -409,11 +410,18 @@ class Limits(unittest.TestCase):
                              {"prompt": STORY, "max_tokens": 2, "press": "qfilter:filters=link.gguf"})
             self.assertEqual(status, 400, j)
             self.assertIn("not under the press files directory", j["error"]["message"])
+            # A model without a chat template gets ChatML (llama-server's fallback), with a warning at start.
             status, j = post(srv.port, "/v1/chat/completions",
                              {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-            self.assertEqual(status, 400, j)
-            self.assertEqual(j["error"]["type"], "invalid_request_error")
-            self.assertIn("--chat-template", j["error"]["message"])
+            self.assertEqual(status, 200, j)
+            self.assertEqual(j["usage"]["completion_tokens"], 2)
+            self.assertEqual(generate_cli("Hi", 2, "--chat-template", "chatml"), j["choices"][0]["message"]["content"])
+            warning = [line for line in srv.log if line.startswith("warning:")]
+            self.assertEqual(len(warning), 1, srv.log)
+            self.assertIn("no tokenizer.chat_template", warning[0])
+            self.assertIn("ChatML", warning[0])
+            status, j = request(srv.port, "GET", "/v1/models")
+            self.assertEqual(j["data"][0]["meta"]["chat_template"], "chatml")
             status, j = post(srv.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2, "compression_ratio": 0.9})
             self.assertEqual(status, 400, j)
             self.assertEqual(j["error"]["param"], "compression_ratio")
