@@ -21,8 +21,9 @@ greedy request (prompt, press, length) always gets the same text. Anything else 
 At the end: request counts by outcome, VmRSS and RssAnon at the first sample (after a warm-up of
 every kind of request), at half time, their maximum and the last sample, and /metrics' requests still holding a slot (0 once
 idle). Exit status 0 when there was no error, nothing holds a slot at the end, and the final RSS
-is within --rss-tolerance-kib of the sample at half time (the first minutes page in code and fill
-allocator arenas, so growth that matters is growth in the second half); 1 otherwise."""
+is within --rss-tolerance-kib of the sample at half time (the first minutes touch pages that stay
+resident: code, thread stacks, allocator pages; growth that matters is growth in the second half);
+1 otherwise."""
 import argparse
 import http.client
 import json
