@@ -16,9 +16,10 @@ MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 class ServerProc:
     """`kvslim serve --port 0 ARGS...`; the port is read from the line it prints on stderr."""
 
-    def __init__(self, *args, model=MODEL, env=None, ready=True):
-        """ready=False: returns once the listener is up ("listening at" line), before the model is loaded."""
-        cmd = [KVSLIM, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", *map(str, args)]
+    def __init__(self, *args, model=MODEL, env=None, ready=True, port=0):
+        """ready=False: returns once the listener is up ("listening at" line), before the model is loaded.
+        port: a fixed port instead of a free one (a replica restarted where its load balancer expects it)."""
+        cmd = [KVSLIM, "serve", "-m", model, "--host", "127.0.0.1", "--port", str(port), *map(str, args)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
         pattern = r" on http://127\.0\.0\.1:(\d+)" if ready else r"listening at http://127\.0\.0\.1:(\d+)"
@@ -49,8 +50,8 @@ class ServerProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-            self._drain.join(timeout=5)
-            self.proc.stderr.close()
+        self._drain.join(timeout=5)
+        self.proc.stderr.close()
         return self.proc.returncode
 
     def rss_kib(self):
