@@ -12,6 +12,7 @@
 #include "context/file.h"
 #include "kv/serialize.h"
 #include "kvslim/press.h"
+#include "run/steps.h"
 #include "util/hash64.h"
 
 namespace kvslim {
@@ -357,27 +358,10 @@ GenerateResult generate(const Model& model, const Context& context, const Genera
                         const std::function<void(const std::string&)>& on_text) {
   if (!opt.context.empty() || !opt.context_tokens.empty())
     throw Error("generate from a stored context: the context is the stored one; give only the question");
-  RequestOptions ro;
-  ro.session = opt.session;
-  ro.chunk_size = opt.chunk_size;
-  ro.n_predict = opt.n_predict;
-  ro.sampling = opt.sampling;
-  ro.auto_budget = opt.auto_budget;
   std::vector<Token> q;
   if (!opt.question.empty()) q = model.tokenizer().encode(opt.question, false, false);
-  std::unique_ptr<Request> req = context.request(model, std::move(q), ro);
-  TokenCallback cb;
-  if (on_text) cb = [&](const TokenEvent& e) {
-      on_text(e.piece);
-      return true;
-    };
-  req->run(cb);
-  GenerateResult res;
-  res.text = req->text();
-  res.tokens = req->generated();
-  res.stats = req->stats();
-  res.finish = req->finish_reason();
-  return res;
+  std::unique_ptr<Request> req = context.request(model, std::move(q), run::request_options(opt));
+  return run::run_to_end(*req, on_text);
 }
 
 }  // namespace kvslim

@@ -19,20 +19,19 @@ std::vector<float> prefill_and_compress(Session& session, Press& press, const st
   return logits;
 }
 
-GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
-                        const std::function<void(const std::string&)>& on_text) {
+namespace run {
+
+RequestOptions request_options(const GenerateOptions& opt) {
   RequestOptions ro;
   ro.session = opt.session;
   ro.chunk_size = opt.chunk_size;
   ro.n_predict = opt.n_predict;
   ro.sampling = opt.sampling;
   ro.auto_budget = opt.auto_budget;
-  Request req(model, press, ro);
-  if (opt.context_tokens.empty())
-    req.set_prompt(opt.context, opt.question);
-  else
-    req.set_prompt_tokens(opt.context_tokens,
-                          opt.question.empty() ? std::vector<Token>{} : model.tokenizer().encode(opt.question, false, false));
+  return ro;
+}
+
+GenerateResult run_to_end(Request& req, const std::function<void(const std::string&)>& on_text) {
   TokenCallback cb;
   if (on_text) cb = [&](const TokenEvent& e) {
       on_text(e.piece);
@@ -45,6 +44,19 @@ GenerateResult generate(const Model& model, Press& press, const GenerateOptions&
   res.stats = req.stats();
   res.finish = req.finish_reason();
   return res;
+}
+
+}  // namespace run
+
+GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
+                        const std::function<void(const std::string&)>& on_text) {
+  Request req(model, press, run::request_options(opt));
+  if (opt.context_tokens.empty())
+    req.set_prompt(opt.context, opt.question);
+  else
+    req.set_prompt_tokens(opt.context_tokens,
+                          opt.question.empty() ? std::vector<Token>{} : model.tokenizer().encode(opt.question, false, false));
+  return run::run_to_end(req, on_text);
 }
 
 }  // namespace kvslim

@@ -1,9 +1,13 @@
 #pragma once
 // The two steps every job shares, used by Request (and, until they move onto it, by the few
 // callers that hold a bare Session): one prefill chunk followed by compression, and one decode step.
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "press/authoring.h"
+#include "kvslim/generate.h"
+#include "kvslim/request.h"
 #include "kvslim/session.h"
 
 namespace kvslim::run {
@@ -17,5 +21,12 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
 /// The decode step: runs `token` with what press.decode_needs() asks (recorders and the press's own
 /// hooks: decode-time scoring, attention selection), then press.after_decode(). Returns the logits.
 std::vector<float> decode_step(Session& session, Press& press, Token token);
+
+/// The RequestOptions `opt` asks for (session, chunking, generation length, sampling, auto-budget).
+RequestOptions request_options(const GenerateOptions& opt);
+
+/// Runs `req` to its end, passing each released piece of text to `on_text` (may be empty); returns
+/// its text, tokens, statistics and finish reason (generate(), and generate() from a stored context).
+GenerateResult run_to_end(Request& req, const std::function<void(const std::string&)>& on_text);
 
 }  // namespace kvslim::run
