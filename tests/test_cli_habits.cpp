@@ -487,6 +487,22 @@ TEST(CliHabits, LlamaCppGpuFlagsAreAcceptedWithANote) {
   EXPECT_EQ(run_cli("presses -ngl 99").rc, 1);
 }
 
+// serve starts listening before it loads the model. A model that fails to load at once used to stop
+// the listener before its accept loop had started, and httplib's stop() does nothing then: the
+// process hung listening (seen as this file's flag test timing out under load). Each run must end
+// with the load error, promptly.
+TEST(CliHabits, ServeWhoseModelFailsToLoadExits) {
+  for (int i = 0; i < 20; ++i) {
+    const std::string err = temp_path("serve_err");
+    const std::string cmd = "timeout -s KILL 30 " + quote(KVSLIM_CLI) + " serve -m /nonexistent/m.gguf --port 0 2>" +
+                            quote(err) + " </dev/null >/dev/null";
+    const int st = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(st)) << "run " << i;
+    ASSERT_EQ(WEXITSTATUS(st), 1) << "run " << i << " (137: killed after hanging)\n" << slurp(err);
+    EXPECT_TRUE(contains(slurp(err), "/nonexistent/m.gguf")) << slurp(err);
+  }
+}
+
 // `-cnv` without -p/-f is llama-cli's conversation mode: user turns from stdin, answers on stdout,
 // ended by /exit or the end of input. On a terminal through a pseudo-terminal, bounded in time.
 TEST(CliHabits, InteractiveChatOnATerminal) {

@@ -716,3 +716,22 @@ TEST(KVStore, GrowingALongSegmentMovesPagesInsteadOfCopying) {
     for (int d = 0; d < hd; ++d) ASSERT_EQ(out[d], v[d]) << i << " " << d;
   }
 }
+
+// A block whose largest value is a denormal float has a step whose inverse overflows: the codes
+// were computed as 0 x inf = NaN and converted to integers (undefined; UBSan stopped the stored-
+// context tests on the retrieval model's near-zero keys). The step is stored as an f16 0, so the
+// block decodes to zeros.
+TEST(KVCodecs, ABlockOfDenormalValuesEncodesToZeros) {
+  for (KVCodec c : {KVCodec::Q8_0, KVCodec::Q4_0, KVCodec::Q2_1}) {
+    SCOPED_TRACE(codec_name(c));
+    Segment s(32, c, c);
+    std::vector<float> k(32, 0.0f), v(32, 0.0f), out(32);
+    k[3] = 1e-39f;
+    v[5] = -2e-40f;
+    s.append(k.data(), v.data(), 0);
+    s.key(0, out.data());
+    for (float x : out) EXPECT_EQ(x, 0.0f);
+    s.value(0, out.data());
+    for (float x : out) EXPECT_EQ(x, 0.0f);
+  }
+}

@@ -11,6 +11,8 @@
 // f16 value needs at most 13 significant bits), so a fused multiply-add and a product then a sum
 // give the same float: every level decodes bit for bit what the scalar per-entry decoder does.
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 
 #include "kv/codec.h"
@@ -27,7 +29,9 @@ void q2_1_block(const float* x, int qb, uint16_t& d16, uint16_t& m16, uint8_t* c
     mx = std::max(mx, x[j]);
   }
   const float d = (mx - mn) / 3.0f;
-  const float id = d ? 1.0f / d : 0.0f;
+  // A step so small that its inverse overflows (keys of a near-zero block) is stored as an f16 0, so
+  // its codes are never read: give them 0 instead of converting 0 x inf = NaN to an integer.
+  const float id = d != 0 && std::fabs(d) >= FLT_MIN ? 1.0f / d : 0.0f;
   for (int j = 0; j < qb; ++j)
     codes[j] = static_cast<uint8_t>(std::min(3, static_cast<int>((x[j] - mn) * id + 0.5f)));
   d16 = fp32_to_fp16(d);

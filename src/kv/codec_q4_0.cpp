@@ -4,6 +4,7 @@
 // [head_dim][kKVTile / 2] bytes, lane 2m in the low nibble and lane 2m+1 in the high one. Value
 // row: ggml's block_q4_0 layout (value j and j + qb/2 share a byte).
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -22,7 +23,9 @@ uint16_t q4_0_block(const float* x, int qb, uint8_t* codes) {
       max = x[j];
     }
   const float d = max / -8;
-  const float id = d ? 1.0f / d : 0.0f;
+  // A step so small that its inverse overflows (keys of a near-zero block) is stored as an f16 0, so
+  // its codes are never read: give them 0 instead of converting 0 x inf = NaN to an integer.
+  const float id = d != 0 && std::fabs(d) >= FLT_MIN ? 1.0f / d : 0.0f;
   for (int j = 0; j < qb; ++j)
     codes[j] = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
   return fp32_to_fp16(d);

@@ -2,6 +2,7 @@
 // in blocks of codec_block(Q8_0, head_dim) values. Key tile: scales [n_blocks][kKVTile] (f16),
 // then codes [head_dim][kKVTile] (int8). Value row: ggml's block_q8_0 layout.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -16,7 +17,9 @@ uint16_t q8_0_block(const float* x, int qb, int8_t* codes) {
   float amax = 0;
   for (int j = 0; j < qb; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float d = amax / 127;
-  const float id = d ? 1.0f / d : 0.0f;
+  // A step so small that its inverse overflows (keys of a near-zero block) is stored as an f16 0, so
+  // its codes are never read: give them 0 instead of converting 0 x inf = NaN to an integer.
+  const float id = d != 0 && std::fabs(d) >= FLT_MIN ? 1.0f / d : 0.0f;
   for (int j = 0; j < qb; ++j) codes[j] = static_cast<int8_t>(std::round(x[j] * id));
   return fp32_to_fp16(d);
 }

@@ -70,6 +70,7 @@ struct Server::Impl {
   std::unique_ptr<httplib::ThreadPool> workers;
   std::unique_ptr<ConnectionGate> gate;
   std::atomic<int> in_workers{0};           // requests handed to a worker and not yet answered
+  std::atomic<bool> run_done{false};        // run() has returned
   std::mutex fds_mu;
   std::set<int> worker_fds;                 // sockets a worker is answering on (cut at shutdown)
   std::mutex refused_mu;
@@ -243,10 +244,20 @@ int Server::bind() {
   return port;
 }
 
-void Server::run() { http_->listen_after_bind(); }
+void Server::run() {
+  http_->listen_after_bind();
+  impl_->run_done = true;
+}
 
 void Server::stop() {
-  if (http_) http_->stop();
+  if (!http_) return;
+  // httplib's stop() does nothing until its accept loop has started, and the loop then runs for
+  // ever: a model that fails to load at once was stopped before run() had begun, and the process
+  // hung. Wait (boundedly) for the loop to start or for run() to have returned.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (!http_->is_running() && !impl_->run_done && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
 }
 
 int Server::shutdown() {
