@@ -735,3 +735,13 @@ TEST(KVCodecs, ABlockOfDenormalValuesEncodesToZeros) {
     for (float x : out) EXPECT_EQ(x, 0.0f);
   }
 }
+
+// A value outside every KIVI level (inf, or NaN from a corrupted stored context's residual window)
+// was converted to an integer before clamping (undefined; found by fuzz_context under UBSan).
+TEST(KVCodecs, KiviCodeOfAValueOutsideEveryLevelIsClamped) {
+  EXPECT_EQ(kv::kivi_code(std::nanf(""), 0.0f, 1.0f, 4), 0);
+  EXPECT_EQ(kv::kivi_code(INFINITY, 0.0f, 1.0f, 4), 15);
+  EXPECT_EQ(kv::kivi_code(-INFINITY, 0.0f, 1.0f, 2), 0);
+  EXPECT_EQ(kv::kivi_code(2.4f, 0.0f, 1.0f, 2), 2);   // round to nearest level
+  EXPECT_EQ(kv::kivi_code(7.0f, 0.0f, 1.0f, 2), 3);   // above the top level
+}

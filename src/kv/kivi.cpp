@@ -71,8 +71,11 @@ void kivi_params(const float* x, int n, int stride, int bits, uint16_t& zero, ui
 
 int kivi_code(float x, float zero, float step, int bits) {
   if (!(step > 0)) return 0;
-  const int q = static_cast<int>(std::floor((x - zero) / step + 0.5f));
-  return std::clamp(q, 0, (1 << bits) - 1);
+  // Clamped as a float: a value outside every level (inf, NaN: a corrupted stored context's residual
+  // window) must not reach the integer conversion, which is undefined for it.
+  const float q = std::floor((x - zero) / step + 0.5f), top = static_cast<float>((1 << bits) - 1);
+  if (!(q > 0)) return 0;
+  return q >= top ? static_cast<int>(top) : static_cast<int>(q);
 }
 
 }  // namespace kvslim::kv
