@@ -144,3 +144,61 @@ def stream_text(events, chat):
         for c in e.get("choices", []):
             parts.append(c["delta"].get("content", "") if chat else c["text"])
     return "".join(parts)
+
+
+NGINX = __import__("shutil").which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NginxProc:
+    """Debian's nginx with deploy/nginx.conf in front of two replicas (upstream ports a, b), on a free
+    loopback port (`port`), one foreground process in a temporary prefix; ready when /health answers
+    200 through it. Raises AssertionError when nginx exits or does not become ready in 20 s."""
+
+    def __init__(self, a, b, prefix_name="kvslim-nginx-"):
+        import tempfile
+        self.prefix = tempfile.mkdtemp(prefix=prefix_name)
+        self.proc = None
+        for d in ("logs", "tmp"):
+            os.makedirs(os.path.join(self.prefix, d))
+        with open(os.path.join(SRC, "deploy", "nginx.conf")) as f:
+            conf = f.read()
+        self.port = free_port()
+        conf = conf.replace("127.0.0.1:8081", f"127.0.0.1:{a}").replace("127.0.0.1:8082", f"127.0.0.1:{b}")
+        conf = conf.replace("listen 127.0.0.1:8080", f"listen 127.0.0.1:{self.port}")
+        if ":808" in re.sub(r"#.*", "", conf):
+            raise AssertionError("deploy/nginx.conf has an address this helper does not replace")
+        path = os.path.join(self.prefix, "nginx.conf")
+        with open(path, "w") as f:
+            f.write(conf)
+        # One process in the foreground: no user switch, nothing left behind.
+        self.proc = subprocess.Popen([NGINX, "-p", self.prefix, "-c", path, "-g", "daemon off; master_process off;"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 20
+        while True:
+            try:
+                if request(self.port, "GET", "/health", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.05)
+            if self.proc.poll() is not None:
+                raise AssertionError("nginx exited: " + self.proc.stderr.read())
+            if time.time() > deadline:
+                raise AssertionError("nginx did not answer /health within 20 s")
+
+    def close(self):
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.proc.stderr.close()
+        __import__("shutil").rmtree(self.prefix, ignore_errors=True)
+

@@ -14,21 +14,17 @@ Exits 77 (ctest: skipped) with a message when nginx is not installed; CI install
 import http.client
 import json
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SRC, ServerProc, post, request  # noqa: E402
+from serve_util import NGINX, NginxProc, ServerProc, post, request  # noqa: E402
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 ARGS = ("--parallel", 2, "--temp", 0, "-c", 512, "--chat-template", "chatml", "-t", 1)
 # (path, body): completions with and without a press, and a chat completion; greedy.
@@ -56,10 +52,6 @@ class Cut(Exception):
     """A stream that ended without a finish_reason and [DONE]: the client sees an error."""
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answer_text(path, j):
@@ -176,7 +168,6 @@ class Faults(unittest.TestCase):
         a = ServerProc(*ARGS, "--alias", "replica-a")
         b = ServerProc(*ARGS, "--alias", "replica-b")
         a_port = a.port
-        prefix = tempfile.mkdtemp(prefix="kvslim-faults-")
         nginx = None
         load = None
         try:
@@ -185,28 +176,8 @@ class Faults(unittest.TestCase):
             for t in reference:
                 self.assertGreater(len(t), 40)  # long enough that a kill lands mid-stream
 
-            for d in ("logs", "tmp"):
-                os.makedirs(os.path.join(prefix, d))
-            with open(os.path.join(SRC, "deploy", "nginx.conf")) as f:
-                conf = f.read()
-            port = free_port()
-            conf = conf.replace("127.0.0.1:8081", f"127.0.0.1:{a.port}").replace("127.0.0.1:8082", f"127.0.0.1:{b.port}")
-            conf = conf.replace("listen 127.0.0.1:8080", f"listen 127.0.0.1:{port}")
-            self.assertNotIn(":808", re.sub(r"#.*", "", conf))
-            path = os.path.join(prefix, "nginx.conf")
-            with open(path, "w") as f:
-                f.write(conf)
-            nginx = subprocess.Popen([NGINX, "-p", prefix, "-c", path, "-g", "daemon off; master_process off;"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            deadline = time.time() + 20
-            while time.time() < deadline:
-                try:
-                    if request(port, "GET", "/health", timeout=2)[0] == 200:
-                        break
-                except OSError:
-                    time.sleep(0.05)
-                if nginx.poll() is not None:
-                    self.fail("nginx exited: " + nginx.stderr.read())
+            nginx = NginxProc(a.port, b.port, "kvslim-faults-")
+            port = nginx.port
 
             # Warm-up of the load's shape, then the survivor's idle RSS.
             warm = Load(port)
@@ -281,15 +252,9 @@ class Faults(unittest.TestCase):
             if load:
                 load.join()
             if nginx:
-                nginx.terminate()
-                try:
-                    nginx.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    nginx.kill()
-                nginx.stderr.close()
+                nginx.close()
             a.close()
             b.close()
-            shutil.rmtree(prefix, ignore_errors=True)
 
 
 if __name__ == "__main__":
