@@ -85,6 +85,15 @@ class Context {
   /// is wrong: not a context file, another format version, a truncated or corrupted file (checksum),
   /// a file of another model (naming the part of the fingerprint that differs), an invalid payload.
   static Context load(const Model& model, const std::string& path);
+  /// The bytes save() writes, for stores other than files (a server's Redis or memory tier).
+  std::string image() const;
+  /// Context::load from bytes made by image() (or read from a file); `label` names the source in
+  /// errors. Throws kvslim::Error as load().
+  static Context from_image(const Model& model, const void* data, size_t size, const std::string& label);
+  /// The digest of the model identity a context is valid for (architecture, hyper-parameters,
+  /// vocabulary and tensor digests): ContextInfo::fingerprint of every context built with `model`.
+  static uint64_t fingerprint(const Model& model);
+
   /// Reads and checks a file (magic, version, checksum, payload) without a model; for
   /// `kvslim context info`. Throws kvslim::Error as load().
   static ContextInfo inspect(const std::string& path);

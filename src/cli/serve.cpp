@@ -36,6 +36,7 @@ struct ServeArgs {
   std::string alias;
   server::ServerOptions opt;
   std::string kv_budget = "0";  // --kv-budget SIZE (as generate's), "0" = no limit
+  std::string context_cache = "512MiB";  // --context-cache SIZE, "0" = none in memory
   int threads = 0;
   int ctx = 0;
   std::string cache_type_k = "f16", cache_type_v = "f16";
@@ -55,6 +56,7 @@ int run(ServeArgs& a) {
   apply_threads(a.threads);
   server::ServerOptions& o = a.opt;
   o.engine.kv_budget = kv_budget;
+  o.context_cache_bytes = a.context_cache == "0" ? 0 : parse_byte_size(a.context_cache, "--context-cache");
   o.engine.batch_decode = !a.no_batch;
   o.engine.session.n_ctx = a.ctx;
   o.engine.session.key_codec = parse_codec(a.cache_type_k);
@@ -200,6 +202,23 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("--max-prompt-tokens", o.max_prompt_tokens, "prompt limit in tokens (0 = the context size)")
       ->capture_default_str()->check(int_at_least(0));
   sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");
+  sub->add_option("--context-cache", a->context_cache,
+                  "memory for stored contexts (compressed prompts kept for reuse: prefix reuse, multi-turn chat, "
+                  "/v1/contexts), a SIZE as --kv-budget; least recently used first out, and emptied before a request "
+                  "would wait for KV budget (0 = none kept in memory)")
+      ->capture_default_str();
+  sub->add_option("--context-dir", o.context_dir,
+                  "directory of stored contexts shared by every replica on this machine (created when missing); "
+                  "also where POST /v1/contexts/{id}/save and /v1/contexts/restore read and write files by name");
+  sub->add_option("--context-store", o.context_store.url,
+                  "Redis shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB]; a store down or slow is "
+                  "logged and requests are answered as if uncached");
+  sub->add_option("--context-prefix", o.context_store.prefix, "prefix of every Redis key the server uses")
+      ->capture_default_str();
+  sub->add_option("--context-ttl", o.context_store.ttl_s, "seconds a context stays in Redis after it is stored (0 = no expiry)")
+      ->capture_default_str()->check(finite_range(0, 1e9));
+  sub->add_option("--context-timeout", o.context_store.timeout_s, "Redis connect and command timeout, seconds")
+      ->capture_default_str()->check(finite_range(0.001, 3600));
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->callback([a, &action, ratio_opt] {
     a->ratio_given = ratio_opt->count() > 0;

@@ -269,16 +269,44 @@ Context Context::build(const Model& model, std::vector<Token> tokens, const Cont
   req.set_prompt_tokens(std::move(tokens));
   req.prefill();
   if (req.finished()) throw Error(fmt::format("context build stopped: {}", finish_reason_name(req.finish_reason())));
-  auto d = std::make_shared<Data>();
+  return context::from_request(model, req, press->describe(), press->report(), opt.chunk_size, true);
+}
+
+Context context::from_request(const Model& model, Request& req, const std::string& press,
+                              const std::string& press_report, int chunk_size, bool take_cache) {
+  if (!req.prefilled()) throw Error("a context is made from a request whose prompt is in");
+  if (req.logits().size() != static_cast<size_t>(model.hparams().n_vocab))
+    throw Error("a context is made from a request with next-token logits (none after a rewind)");
+  auto d = std::make_shared<Context::Data>();
   d->fp = Fingerprint::of(model);
-  d->press = press->describe();
-  d->chunk_size = opt.chunk_size;
-  d->stats = req.stats();
-  d->press_report = press->report();
+  d->press = press;
+  d->chunk_size = chunk_size;
+  d->press_report = press_report;
   d->next_position = req.position();
-  d->tokens = req.context_tokens();
+  // The tokens the cache covers: prompt, then the generated tokens run so far (the last sampled
+  // one is not run until the next step).
+  const size_t n = static_cast<size_t>(req.position());
+  for (const std::vector<Token>* part : {&req.context_tokens(), &req.question_tokens(), &req.generated()})
+    for (Token t : *part)
+      if (d->tokens.size() < n) d->tokens.push_back(t);
+  if (d->tokens.size() != n)
+    throw Error(fmt::format("the request ran {} tokens but holds {}", n, d->tokens.size()));
   d->logits = req.logits();
-  d->cache = std::move(req.session().cache());
+  const RequestStats rs = req.stats();  // before the cache moves out: stats() reads it
+  d->cache = take_cache ? std::move(req.session().cache()) : req.cache();
+  // Figures that follow from the cache are computed from it, as the reader does.
+  RequestStats& st = d->stats;
+  st.prefill_seconds = rs.prefill_seconds;
+  st.press_seconds = rs.press_seconds;
+  st.peak_kv_bytes = rs.peak_kv_bytes;
+  const KVCache& c = d->cache;
+  st.context_tokens = static_cast<int>(n);
+  st.entries_total = n * static_cast<size_t>(c.n_layer()) * c.n_head_kv();
+  st.full_f16_bytes = c.full_f16_bytes(n);
+  st.entries_kept = c.entries();
+  for (int l = 0; l < c.n_layer(); ++l) st.kept_per_layer.push_back(c.entries(l));
+  st.kv_bytes = c.bytes();
+  st.shared_bytes = c.shared_bytes();
   return Context(std::move(d));
 }
 
@@ -292,8 +320,16 @@ Context Context::build(const Model& model, const std::string& text, const Contex
   return c;
 }
 
+std::string Context::image() const { return context::file_image(d_->payload()); }
+
+Context Context::from_image(const Model& model, const void* data, size_t size, const std::string& label) {
+  return context::load_image(model, static_cast<const uint8_t*>(data), size, label);
+}
+
+uint64_t Context::fingerprint(const Model& model) { return Fingerprint::of(model).digest(); }
+
 void Context::save(const std::string& path) const {
-  const std::string image = context::file_image(d_->payload());
+  const std::string image = this->image();
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw Error(fmt::format("context file {}: cannot write {}: {}", path, tmp, std::strerror(errno)));

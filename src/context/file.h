@@ -27,4 +27,12 @@ ContextInfo inspect_image(const uint8_t* data, size_t size, const std::string& l
 /// Context::load from a file image already in memory (the fuzz target's way in).
 Context load_image(const Model& model, const uint8_t* data, size_t size, const std::string& label);
 
+/// A context of everything `req` has run so far: its prompt and the generated tokens it advanced
+/// over (position() tokens), its cache and its last logits. `press` and `press_report` are what the
+/// context was compressed with; `chunk_size` as in ContextOptions. With `take_cache` the request's
+/// cache is moved out (the request must not run again), else copied. Throws kvslim::Error when the
+/// request has not prefilled its prompt or its logits are gone (after a rewind).
+Context from_request(const Model& model, Request& req, const std::string& press, const std::string& press_report,
+                     int chunk_size, bool take_cache);
+
 }  // namespace kvslim::context

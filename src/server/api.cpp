@@ -94,7 +94,13 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, i
   CompletionRequest r;
   r.chat = chat;
   r.model = get_string(j, "model").value_or("");
-  if (chat) {
+  r.context_id = get_string(j, "context_id");
+  if (r.context_id && r.context_id->empty()) throw bad("context_id", "'context_id' is empty");
+  if (auto v = get_bool(j, "cache_prompt")) r.cache_prompt = *v;
+  // With a stored context, a completion's prompt may be absent: the question alone continues it.
+  const bool prompt_optional = r.context_id && !chat && (!j.contains("prompt") || j["prompt"].is_null());
+  if (prompt_optional) {
+  } else if (chat) {
     auto it = j.find("messages");
     if (it == j.end() || it->is_null()) throw bad("messages", "'messages' is required");
     if (!it->is_array()) throw bad("messages", fmt::format("'messages' must be an array, not {}", type_name(*it)));
@@ -201,7 +207,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, i
 json usage_json(const Usage& u) {
   json j = {{"prompt_tokens", u.prompt_tokens},
             {"completion_tokens", u.completion_tokens},
-            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
   // Measured from the request's cache after compressing its context.
   j["kv_bytes"] = u.kv_bytes;
   j["kv_bytes_final"] = u.kv_bytes_final;

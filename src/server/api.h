@@ -47,6 +47,12 @@ struct CompletionRequest {
   std::optional<std::string> press;       ///< extension: press spec for this request
   std::optional<double> compression_ratio;  ///< extension: fills the press's unset ratios
   std::optional<std::string> cache_type_k, cache_type_v;  ///< extension: KV codecs for this request
+  /// llama-server's name: reuse a stored context the prompt begins with, and store this one's
+  /// (and, for chat, the conversation after the reply) for later requests.
+  bool cache_prompt = true;
+  /// Extension: answer from the stored context with this id (POST /v1/contexts); the prompt or
+  /// messages, when given, continue it (no BOS), then the question.
+  std::optional<std::string> context_id;
 };
 
 /// Parses and checks a request body. Throws ApiError (status 400, param = the field, e.g.
@@ -67,6 +73,7 @@ struct Usage {
   size_t kv_bytes = 0;         ///< cache bytes after compressing the context (measured)
   size_t kv_bytes_final = 0;   ///< cache bytes when the request ended
   size_t full_f16_bytes = 0;   ///< a full f16 cache of the context
+  int cached_tokens = 0;       ///< prompt tokens taken from a stored context, not prefilled
   size_t entries_kept = 0, entries_total = 0;
   std::string press;           ///< the press as run (its describe())
 };

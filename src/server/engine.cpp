@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "context/file.h"
+#include "server/context_cache.h"
+
 namespace kvslim::server {
 
 /// A request holding a slot: the runner's Request (session, press, sampler) and its reservation.
@@ -11,10 +14,13 @@ struct Engine::Active {
   std::shared_ptr<Job> job;
   std::unique_ptr<Request> req;
   bool decoding = false;        // the prompt is in; step_batch generates
+  bool building = false;        // prefilling the context alone, to store it (Job::store_id)
+  std::string press_name;       // the press as described before it ran (what the stored contexts' spec names)
   size_t reservation = 0;
 };
 
-Engine::Engine(const Model& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
+Engine::Engine(const Model& model, EngineOptions opt, ContextCache* contexts)
+    : model_(model), opt_(std::move(opt)), contexts_(contexts) {
   if (opt_.parallel < 1) throw Error(fmt::format("EngineOptions::parallel {} must be at least 1", opt_.parallel));
   if (opt_.max_queue < 0) throw Error(fmt::format("EngineOptions::max_queue {} must not be negative", opt_.max_queue));
   if (opt_.chunk_size < 1) opt_.chunk_size = 256;
@@ -39,8 +45,20 @@ void Engine::shutdown() {
     j.error = ApiError(503, "the server is shutting down", "", "server_error", "shutting_down");
     j.cv.notify_all();
   };
-  for (auto& j : queue_) fail(*j);
-  for (auto& a : active_) fail(*a->job);
+  for (auto& j : queue_) {
+    abandon_flight(*j);
+    fail(*j);
+  }
+  for (auto& a : active_) {
+    abandon_flight(*a->job);
+    fail(*a->job);
+  }
+}
+
+void Engine::abandon_flight(Job& j) {
+  if (j.store_id.empty() || !contexts_) return;
+  contexts_->complete(j.store_id, std::nullopt);
+  j.store_id.clear();
 }
 
 size_t Engine::segment_bytes(const SessionOptions& s, size_t n) const {
@@ -54,6 +72,17 @@ size_t Engine::segment_bytes(const SessionOptions& s, size_t n) const {
 
 size_t Engine::estimate(const Job& job) const {
   const HParams& hp = model_.hparams();
+  if (job.cached) {
+    // The stored context's cache as measured, plus the rest of the prompt and the answer uncompressed.
+    const int n_ctx = job.session.n_ctx > 0 ? job.session.n_ctx : hp.n_ctx_train;
+    const size_t n_prompt = job.context.size() + job.question.size();
+    const size_t gen = job.max_tokens >= 0 ? static_cast<size_t>(job.max_tokens)
+                                           : static_cast<size_t>(std::max<int64_t>(0, n_ctx - int64_t(n_prompt)));
+    SessionOptions s = job.session;
+    const ContextInfo info = job.cached->info();
+    const size_t per_seg = std::max<size_t>(1, job.question.size() + gen);
+    return info.kv_bytes + static_cast<size_t>(hp.n_layer) * hp.n_head_kv * segment_bytes(s, per_seg);
+  }
   const size_t n_ctx_tokens = job.context.size();
   const double r = job.press ? std::clamp(job.press->ratio(), 0.0, 1.0) : 0.0;
   size_t kept = n_ctx_tokens - static_cast<size_t>(static_cast<double>(n_ctx_tokens) * r);
@@ -113,6 +142,7 @@ EngineMetrics Engine::metrics() const {
 bool Engine::can_admit_locked() const {
   if (static_cast<int>(active_.size()) >= opt_.parallel) return false;
   if (queue_.empty()) return true;
+  // Stored contexts in memory are not counted here: admit_locked evicts them to make room.
   const Job& j = *queue_.front();
   return !opt_.kv_budget || reserved_ + j.reservation <= opt_.kv_budget;
 }
@@ -122,6 +152,7 @@ void Engine::admit_locked() {
     std::shared_ptr<Job> j = queue_.front();
     if (j->cancelled || Clock::now() > j->deadline) {
       queue_.pop_front();
+      abandon_flight(*j);
       std::lock_guard<std::mutex> jl(j->mu);
       j->done = true;
       if (j->cancelled) {
@@ -136,6 +167,8 @@ void Engine::admit_locked() {
     // First in, first out: a large request at the head is not overtaken by smaller ones.
     if (static_cast<int>(active_.size()) >= opt_.parallel) break;
     if (opt_.kv_budget && reserved_ + j->reservation > opt_.kv_budget) break;
+    // Stored contexts not in use give way to a request before it would wait.
+    if (opt_.kv_budget && contexts_) contexts_->shrink_to(opt_.kv_budget - reserved_ - j->reservation);
     queue_.pop_front();
     auto a = std::make_unique<Active>();
     a->job = j;
@@ -152,8 +185,22 @@ void Engine::admit_locked() {
   m_.kv_bytes_reserved = reserved_;
 }
 
+void Engine::store_conversation(Active& a) {
+  Job& j = *a.job;
+  if (!contexts_ || j.conversation_spec.empty() || !a.req || !a.req->prefilled() || a.building) return;
+  if (a.req->logits().size() != static_cast<size_t>(model_.hparams().n_vocab) || a.req->position() <= 0) return;
+  try {
+    Context c = context::from_request(model_, *a.req, a.press_name, "", opt_.chunk_size, true);
+    contexts_->put(ContextCache::key(j.conversation_spec, c.tokens(), c.tokens().size()), c);
+  } catch (const std::exception& e) {
+    // Reuse is an optimisation: a conversation that cannot be kept is answered all the same.
+    fmt::print(stderr, "kvslim serve: conversation not stored: {}\n", e.what());
+  }
+}
+
 void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError> err) {
   Job& j = *a.job;
+  abandon_flight(j);
   // Counted before the job is marked done: a client that reads /metrics right after its response
   // must see its request counted and its cache gone.
   {
@@ -184,7 +231,12 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
       if (!err) j.text = a.req->text();  // the final text, cut before a stop string
     }
     j.finish_reason = reason;
-    j.error = std::move(err);
+    j.error = err;
+  }
+  // Before the job is marked done: the client's next turn may arrive as soon as it is.
+  if (!err && reason != "cancelled") store_conversation(a);
+  {
+    std::lock_guard<std::mutex> lk(j.mu);
     j.done = true;
   }
   j.cv.notify_all();
@@ -194,16 +246,13 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
 void Engine::prefill_step(Active& a) {
   Job& j = *a.job;
   const auto t0 = Clock::now();
-  if (!a.req) {
-    RequestOptions ro;
-    ro.session = j.session;
-    ro.chunk_size = opt_.chunk_size;
-    ro.n_predict = j.max_tokens;
-    ro.sampling = j.sampling;
-    ro.stop = j.stop;
-    const std::string press_name = j.press->describe();
-    a.req = std::make_unique<Request>(model_, std::move(j.press), ro);
-    a.req->set_prompt_tokens(j.context, j.question);
+  RequestOptions ro;
+  ro.session = j.session;
+  ro.chunk_size = opt_.chunk_size;
+  ro.n_predict = j.max_tokens;
+  ro.sampling = j.sampling;
+  ro.stop = j.stop;
+  auto stream_to_job = [&] {
     std::shared_ptr<Job> job = a.job;
     a.req->set_token_callback([job](const TokenEvent& ev) {
       {
@@ -214,10 +263,55 @@ void Engine::prefill_step(Active& a) {
       job->cv.notify_all();
       return true;
     });
+  };
+  auto answer_from = [&](const Context& c, std::vector<Token> rest, int cached_tokens) {
+    // Only `rest` is prefilled; the stored context's press already acted.
+    RequestOptions rq = ro;
+    rq.chunk_size = 0;
+    a.req = c.request(model_, std::move(rest), rq);
+    stream_to_job();
     std::lock_guard<std::mutex> lk(j.mu);
-    j.usage.press = press_name;
+    j.usage.cached_tokens = cached_tokens;
+  };
+  if (!a.req) {
+    if (j.cached) {
+      a.press_name = j.cached->info().press;
+      const int n = static_cast<int>(j.context.size());
+      answer_from(*j.cached, j.question, n);
+      if (contexts_) contexts_->count_saved(static_cast<size_t>(n));
+    } else {
+      a.press_name = j.press->describe();
+      RequestOptions rc = ro;
+      if (!j.store_id.empty()) {
+        a.building = true;
+        rc.n_predict = 0;
+      }
+      a.req = std::make_unique<Request>(model_, std::move(j.press), rc);
+      if (a.building)
+        a.req->set_prompt_tokens(j.context);
+      else
+        a.req->set_prompt_tokens(j.context, j.question);
+      stream_to_job();
+    }
+    std::lock_guard<std::mutex> lk(j.mu);
+    j.usage.press = a.press_name;
   }
-  if (a.req->prefill_step()) {
+  bool in = a.req->prefill_step();
+  if (in && a.building && !a.req->finished()) {
+    // The context is compressed: store it, wake the requests waiting for it, and go on from it.
+    Context c = context::from_request(model_, *a.req, a.press_name, a.req->press().report(), opt_.chunk_size, true);
+    contexts_->put(j.store_id, c);
+    contexts_->complete(j.store_id, c);
+    {
+      std::lock_guard<std::mutex> lk(j.mu);
+      j.built = c;
+    }
+    j.store_id.clear();
+    a.building = false;
+    answer_from(c, j.question, 0);
+    in = a.req->prefill_step();
+  }
+  if (in) {
     const RequestStats& st = a.req->stats();
     {
       std::lock_guard<std::mutex> lk(j.mu);
@@ -233,7 +327,7 @@ void Engine::prefill_step(Active& a) {
     std::lock_guard<std::mutex> lk(mu_);
     reserved_ = reserved_ - a.reservation + now;
     a.reservation = now;
-    m_.prompt_tokens += st.context_tokens + st.question_tokens;
+    m_.prompt_tokens += st.context_tokens + st.question_tokens - static_cast<size_t>(j.usage.cached_tokens);
   }
   std::lock_guard<std::mutex> lk(mu_);
   m_.prefill_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -23,12 +23,15 @@
 #include <vector>
 
 #include "press/authoring.h"
+#include "kvslim/context.h"
 #include "kvslim/request.h"
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"
 #include "server/api.h"
 
 namespace kvslim::server {
+
+class ContextCache;
 
 using Clock = std::chrono::steady_clock;
 
@@ -54,6 +57,16 @@ struct Job {
   SessionOptions session;
   Clock::time_point deadline = Clock::time_point::max();
   size_t reservation = 0;              ///< bytes reserved before prefill (set by Engine::estimate)
+  // Stored contexts (server/context_cache.h); all empty: the request runs as it always did.
+  /// The prompt's first cached->tokens() tokens come from this stored context: `context` holds them
+  /// and `question` the rest, which alone is prefilled (appended uncompressed, as a question is).
+  std::optional<Context> cached;
+  /// Non-empty: the job leads the single flight of this id; once its context is compressed it is
+  /// stored under the id and the question continues from the stored context.
+  std::string store_id;
+  /// Non-empty: when the reply ends, everything run (prompt and answer) is stored under this spec
+  /// digest, so the conversation's next turn prefills only its new message.
+  std::string conversation_spec;
 
   // Output.
   std::mutex mu;
@@ -64,6 +77,7 @@ struct Job {
   std::optional<ApiError> error;       ///< set instead of a finish reason when the request failed
   Usage usage;
   bool started = false;                ///< a slot took it (it left the queue)
+  std::optional<Context> built;        ///< the context stored for store_id, once built
 
   /// Set by the HTTP side when the client went away: the engine drops the request at its next step.
   std::atomic<bool> cancelled{false};
@@ -85,8 +99,10 @@ struct EngineMetrics {
 
 class Engine {
  public:
-  /// Starts the engine thread. `model` must outlive the engine.
-  Engine(const Model& model, EngineOptions opt);
+  /// Starts the engine thread. `model` must outlive the engine, and `contexts` (null: no stored
+  /// contexts) too: jobs with store_id or conversation_spec store there, and its memory tier
+  /// counts against the KV budget (emptied, least recently used first, before a request waits).
+  Engine(const Model& model, EngineOptions opt, ContextCache* contexts = nullptr);
   /// Stops the engine thread; requests still queued or running end with an error.
   ~Engine();
   /// What the destructor does, without freeing the engine: the thread stops, queued and running
@@ -117,11 +133,16 @@ class Engine {
   /// Ends the job when its Request finished (mapping the finish reason to OpenAI's).
   void end_if_finished(Active& a);
   void finish(Active& a, const std::string& reason, std::optional<ApiError> err = std::nullopt);
+  /// Ends a job's single flight without a context (it failed, was cancelled or never ran).
+  void abandon_flight(Job& j);
+  /// Stores everything `a` ran as a context (multi-turn reuse); the request must not run again.
+  void store_conversation(Active& a);
   size_t segment_bytes(const SessionOptions& s, size_t n) const;
   size_t growth_bytes(const Active& a) const;
 
   const Model& model_;
   EngineOptions opt_;
+  ContextCache* contexts_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

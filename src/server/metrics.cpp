@@ -4,7 +4,8 @@
 
 namespace kvslim::server {
 
-std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>& refused) {
+std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>& refused,
+                            const ContextCacheMetrics* contexts) {
   std::string out;
   auto put = [&](const char* name, const char* type, const char* help, double v) {
     out += fmt::format("# HELP kvslim_{} {}\n# TYPE kvslim_{} {}\nkvslim_{} {}\n", name, help, name, type, name, v);
@@ -48,6 +49,31 @@ std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>&
       m.kv_bytes_full_f16 > m.kv_bytes_in_use ? double(m.kv_bytes_full_f16 - m.kv_bytes_in_use) : 0.0);
   put("kv_bytes_reserved", "gauge", "KV bytes reserved by the running requests (admission).", double(m.kv_bytes_reserved));
   put("kv_budget_bytes", "gauge", "KV budget over all requests (EngineOptions::kv_budget; 0 = none).", double(m.kv_budget));
+  if (!contexts) return out;
+  const ContextCacheMetrics& c = *contexts;
+  auto per_tier = [&](const char* name, const char* type, const char* help, auto field) {
+    out += fmt::format("# HELP kvslim_{} {}\n# TYPE kvslim_{} {}\n", name, help, name, type);
+    for (const ContextTierMetrics& t : c.tiers) out += fmt::format("kvslim_{}{{tier=\"{}\"}} {}\n", name, t.tier, double(field(t)));
+  };
+  per_tier("context_hits_total", "counter", "Stored-context lookups answered by each tier.",
+           [](const ContextTierMetrics& t) { return t.hits; });
+  per_tier("context_misses_total", "counter", "Stored-context lookups a tier could not answer.",
+           [](const ContextTierMetrics& t) { return t.misses; });
+  per_tier("context_errors_total", "counter",
+           "Failed or timed-out tier calls and refused entries (checksum, model); the request ran as if uncached.",
+           [](const ContextTierMetrics& t) { return t.errors; });
+  per_tier("context_stores_total", "counter", "Contexts written to each shared tier.",
+           [](const ContextTierMetrics& t) { return t.stores; });
+  per_tier("context_bytes", "gauge", "Memory tier: bytes held now; shared tiers: bytes written.",
+           [](const ContextTierMetrics& t) { return t.bytes; });
+  put("context_prefill_tokens_saved_total", "counter", "Prompt tokens taken from stored contexts instead of prefilled.",
+      double(c.prefill_tokens_saved));
+  put("context_stored_total", "counter", "Contexts stored (built, kept after a reply, or restored by name).",
+      double(c.builds));
+  put("context_flight_waits_total", "counter", "Requests that waited for another's build of the same context.",
+      double(c.flight_waits));
+  put("context_evictions_total", "counter", "Stored contexts dropped from memory for space.", double(c.evictions));
+  put("contexts_in_memory", "gauge", "Stored contexts held in memory.", double(c.entries));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "server/context_cache.h"
 #include "server/engine.h"
 
 namespace kvslim::server {
@@ -18,6 +19,8 @@ struct Refusals {
 
 /// Renders `m` and the refusals (kvslim_requests_rejected_total{status="...",reason="..."}) with
 /// HELP and TYPE lines; every name starts with "kvslim_".
-std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>& refused = {});
+/// With `contexts`, the stored contexts' counters too (kvslim_context_*{tier="..."}).
+std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>& refused = {},
+                            const ContextCacheMetrics* contexts = nullptr);
 
 }  // namespace kvslim::server

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <httplib.h>
 
 #include "server/connection_gate.h"
+#include "server/context_cache.h"
 #include "server/metrics.h"
 #include "server/peer_socket.h"
 #include "press/param_file.h"
@@ -76,6 +78,8 @@ struct Server::Impl {
   std::mutex refused_mu;
   std::map<std::pair<int, std::string>, uint64_t> refused;  // (status, reason) -> requests
   std::atomic<bool> shut{false};
+  std::unique_ptr<ContextCache> contexts;  // null: stored contexts are off
+  std::vector<std::unique_ptr<ContextTier>> tiers;  // made with the options, handed to `contexts` with the model
   // A pool whose threads were never joined would end the process (std::thread's destructor).
   ~Impl() {
     if (workers) workers->shutdown();
@@ -125,6 +129,9 @@ Server::Server(ServerOptions opt) : opt_(std::move(opt)), impl_(new Impl) {
   std::signal(SIGPIPE, SIG_IGN);
   if (opt_.model_name.empty()) opt_.model_name = "kvslim";
   make_press(opt_.press, opt_.compression_ratio);  // fails early, naming the press
+  // Stored-context tiers fail early too (a directory that cannot be written, a malformed URL).
+  if (!opt_.context_dir.empty()) impl_->tiers.push_back(make_dir_tier(opt_.context_dir));
+  if (!opt_.context_store.url.empty()) impl_->tiers.push_back(make_redis_tier(opt_.context_store));
   if (!(opt_.header_timeout_s > 0) || !(opt_.body_timeout_s > 0) || !(opt_.drain_timeout_s >= 0))
     throw Error(fmt::format("ServerOptions: header_timeout_s {}, body_timeout_s {} must be positive and "
                             "drain_timeout_s {} not negative",
@@ -218,7 +225,11 @@ void Server::set_model(const Model& model) {
               : fmt::format("{}: the model has no tokenizer.chat_template; {}", model.file().path(), how);
     }
   }
-  engine_ = std::make_unique<Engine>(model, opt_.engine);
+  ContextCache::Options co;
+  co.memory_bytes = opt_.context_cache_bytes;
+  co.tiers = std::move(impl_->tiers);
+  if (co.memory_bytes > 0 || !co.tiers.empty()) impl_->contexts = std::make_unique<ContextCache>(model, std::move(co));
+  engine_ = std::make_unique<Engine>(model, opt_.engine, impl_->contexts.get());
   model_ = &model;
   ready_.store(true, std::memory_order_release);
 }
@@ -365,7 +376,9 @@ void Server::routes() {
     }
     EngineMetrics m;
     if (ready_.load(std::memory_order_acquire)) m = engine_->metrics();
-    res.set_content(prometheus_text(m, refused), "text/plain; version=0.0.4");
+    std::optional<ContextCacheMetrics> cm;
+    if (ready_.load(std::memory_order_acquire) && impl_->contexts) cm = impl_->contexts->metrics();
+    res.set_content(prometheus_text(m, refused, cm ? &*cm : nullptr), "text/plain; version=0.0.4");
   });
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -399,16 +412,164 @@ void Server::routes() {
   s.Post("/v1/chat/completions", completion(true));
   s.Post("/completions", completion(false));
   s.Post("/chat/completions", completion(true));
+  context_routes(refuse);
 }
 
-void Server::serve_completion(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+namespace {
+
+json context_json(const std::string& id, const ContextInfo& i, const std::string& tier) {
+  return json{{"id", id},
+              {"object", "context"},
+              {"tokens", i.context_tokens},
+              {"kv_bytes", i.kv_bytes},
+              {"full_f16_bytes", i.full_f16_bytes},
+              {"memory_ratio", i.memory_ratio()},
+              {"entries_kept", i.entries_kept},
+              {"entries_total", i.entries_total},
+              {"compression_ratio", i.compression_ratio()},
+              {"press", i.press},
+              {"cache_type", i.cache_type},
+              {"chunk_size", i.chunk_size},
+              {"tier", tier}};
+}
+
+/// A context's file name under --context-dir, as a request names it: one plain name, no path.
+std::string context_file_name(const json& body) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object with \"filename\"", "");
+  auto it = body.find("filename");
+  if (it == body.end() || !it->is_string()) throw ApiError(400, "'filename' (a string) is required", "filename");
+  const std::string name = it->get<std::string>();
+  static const std::regex ok("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
+  if (!std::regex_match(name, ok))
+    throw ApiError(400,
+                   fmt::format("'filename' '{}' must be a plain file name (letters, digits, '.', '_', '-'; no path)",
+                               printable(name.substr(0, 200))),
+                   "filename");
+  return name;
+}
+
+}  // namespace
+
+void Server::context_routes(const std::function<void(httplib::Response&, const ApiError&)>& refuse) {
+  httplib::Server& s = *http_;
+  auto contexts = [this]() -> ContextCache& {
+    if (!impl_->contexts)
+      throw ApiError(400, "stored contexts are off on this server (--context-cache 0 and no --context-dir or --context-store)");
+    return *impl_->contexts;
+  };
+  auto handle = [refuse](auto fn) {
+    return [refuse, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& e) {
+        refuse(res, e);
+      }
+    };
+  };
+
+  s.Post("/v1/contexts", handle([this, contexts](const httplib::Request& req, httplib::Response& res) {
+    ContextCache& cc = contexts();
+    const json body = json::parse(req.body, nullptr, false);
+    const bool chat = body.is_object() && body.contains("messages");
+    CompletionRequest r = parse_completion_request(req.body, chat, model_->hparams().n_vocab);
+    if (r.context_id) throw ApiError(400, "'context_id' names a stored context; POST /v1/contexts makes one", "context_id");
+    if (!r.question.empty())
+      throw ApiError(400,
+                     "'question' is not part of a stored context: send it with each completion that uses the context",
+                     "question");
+    r.max_tokens = 0;
+    std::shared_ptr<Job> job = make_job(r);
+    const std::string why = job->press->storage_refusal();
+    if (!why.empty())
+      throw ApiError(400, fmt::format("press {} cannot be stored as a context: {}", job->press->describe(), why), "press");
+    const std::string spec = cc.spec(
+        job->press->describe(),
+        describe_cache_config(job->session.key_codec, job->session.value_codec, job->session.kv_quant), opt_.engine.chunk_size);
+    const std::string id = ContextCache::key(spec, job->context, job->context.size());
+    std::optional<ContextCache::Found> f = cc.find(id);
+    if (!f) {
+      ContextCache::Flight fl = cc.join(id, job->deadline);
+      f = fl.found;
+      if (!f && !fl.leader)
+        throw ApiError(503, "another request building this context failed or timed out; try again", "", "server_error",
+                       "context_build_failed");
+      if (!f) {
+        job->store_id = id;
+        submit(job);
+        std::unique_lock<std::mutex> lk(job->mu);
+        job->cv.wait(lk, [&] { return job->done; });
+        if (job->error) throw *job->error;
+        if (!job->built) throw ApiError(500, "the context was not built", "", "server_error");
+        f = ContextCache::Found{id, *job->built, "built"};
+      }
+    }
+    res.set_content(dump(context_json(id, f->context.info(), f->tier)), "application/json");
+  }));
+
+  s.Get("/v1/contexts", handle([contexts](const httplib::Request&, httplib::Response& res) {
+    json data = json::array();
+    for (const auto& [id, info] : contexts().list()) data.push_back(context_json(id, info, "memory"));
+    res.set_content(dump(json{{"object", "list"}, {"data", data}}), "application/json");
+  }));
+
+  s.Post("/v1/contexts/restore", handle([this, contexts](const httplib::Request& req, httplib::Response& res) {
+    ContextCache& cc = contexts();
+    if (opt_.context_dir.empty()) throw ApiError(400, "restoring a context by name needs the server's --context-dir", "filename");
+    const std::string name = context_file_name(json::parse(req.body, nullptr, false));
+    const std::string path = opt_.context_dir + "/" + name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw ApiError(404, fmt::format("no context file '{}' in the server's context directory", name), "filename",
+                     "invalid_request_error", "context_not_found");
+    std::optional<Context> c;
+    try {
+      c = Context::load(*model_, path);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "filename");
+    }
+    const ContextInfo info = c->info();
+    const std::string id =
+        ContextCache::key(cc.spec(info.press, info.cache_type, info.chunk_size), c->tokens(), c->tokens().size());
+    cc.put(id, *c);
+    res.set_content(dump(context_json(id, info, "file")), "application/json");
+  }));
+
+  const std::string id_re = "/v1/contexts/([0-9a-f]{16}-[0-9]{1,10}-[0-9a-f]{16})";
+  s.Get(id_re, handle([contexts](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    std::optional<ContextCache::Found> f = contexts().find(id);
+    if (!f) throw ApiError(404, fmt::format("no stored context '{}'", id), "", "invalid_request_error", "context_not_found");
+    res.set_content(dump(context_json(id, f->context.info(), f->tier)), "application/json");
+  }));
+  s.Delete(id_re, handle([contexts](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (!contexts().erase(id))
+      throw ApiError(404, fmt::format("no stored context '{}'", id), "", "invalid_request_error", "context_not_found");
+    res.set_content(dump(json{{"id", id}, {"object", "context"}, {"deleted", true}}), "application/json");
+  }));
+  s.Post(id_re + "/save", handle([this, contexts](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (opt_.context_dir.empty()) throw ApiError(400, "saving a context by name needs the server's --context-dir", "filename");
+    const std::string name = context_file_name(json::parse(req.body, nullptr, false));
+    std::optional<ContextCache::Found> f = contexts().find(id);
+    if (!f) throw ApiError(404, fmt::format("no stored context '{}'", id), "", "invalid_request_error", "context_not_found");
+    try {
+      f->context.save(opt_.context_dir + "/" + name);
+    } catch (const Error& e) {
+      throw ApiError(500, e.what(), "", "server_error", "context_save_failed");
+    }
+    res.set_content(dump(json{{"id", id}, {"filename", name}, {"bytes", f->context.info().file_bytes}}),
+                    "application/json");
+  }));
+}
+
+std::shared_ptr<Job> Server::make_job(const CompletionRequest& r) {
+  const bool chat = r.chat;
   const Tokenizer& tok = model_->tokenizer();
   const HParams& hp = model_->hparams();
-  CompletionRequest r = parse_completion_request(http_req.body, chat, hp.n_vocab);
   auto job = std::make_shared<Job>();
 
   // Prompt -> tokens.
-  const char* prompt_field = chat ? "messages" : "prompt";
   if (chat) {
     if (!impl_->chat) throw ApiError(400, chat_template_error_, "messages", "invalid_request_error", "no_chat_template");
     try {
@@ -418,13 +579,39 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
     }
   } else if (!r.prompt_tokens.empty()) {
     job->context = r.prompt_tokens;  // each checked against the vocabulary by the parser
-  } else {
-    job->context = tok.encode(r.prompt, tok.add_bos_default(), false);
+  } else if (!r.prompt.empty()) {
+    // After a stored context the prompt continues it: no BOS.
+    job->context = tok.encode(r.prompt, tok.add_bos_default() && !r.context_id, false);
   }
+  if (r.context_id && chat && !job->context.empty() && job->context[0] == tok.bos()) job->context.erase(job->context.begin());
   if (!r.question.empty()) job->question = tok.encode(r.question, false, false);
+  if (r.context_id) {
+    // The context is the stored one; what the request sends continues it, uncompressed.
+    if (!impl_->contexts)
+      throw ApiError(400, "stored contexts are off on this server (--context-cache 0 and no --context-dir or --context-store)",
+                     "context_id");
+    for (const auto& [set, name] : {std::pair{bool(r.press), "press"}, std::pair{bool(r.compression_ratio), "compression_ratio"},
+                                    std::pair{bool(r.cache_type_k), "cache_type_k"}, std::pair{bool(r.cache_type_v), "cache_type_v"}})
+      if (set)
+        throw ApiError(400,
+                       fmt::format("'{}' does not apply with 'context_id': the stored context was compressed with its own "
+                                   "press and cache types",
+                                   name),
+                       name);
+    std::optional<ContextCache::Found> f = impl_->contexts->find(*r.context_id);
+    if (!f)
+      throw ApiError(404, fmt::format("no stored context '{}' (POST /v1/contexts makes one)", printable(*r.context_id)),
+                     "context_id", "invalid_request_error", "context_not_found");
+    std::vector<Token> rest = std::move(job->context);
+    rest.insert(rest.end(), job->question.begin(), job->question.end());
+    job->context = f->context.tokens();
+    job->question = std::move(rest);
+    job->cached = f->context;
+  }
 
   // Cache and press of this request (server defaults unless the request names its own).
   job->session = opt_.engine.session;
+  if (job->cached) return finish_job(r, job);
   try {
     if (r.cache_type_k) job->session.key_codec = parse_codec(*r.cache_type_k);
   } catch (const Error& e) {
@@ -468,6 +655,12 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
                                *r.compression_ratio, printable(spec)),
                    "compression_ratio");
 
+  return finish_job(r, job);
+}
+
+std::shared_ptr<Job> Server::finish_job(const CompletionRequest& r, std::shared_ptr<Job> job) {
+  const HParams& hp = model_->hparams();
+  const char* prompt_field = r.chat ? "messages" : "prompt";
   // Limits.
   const int n_ctx = job->session.n_ctx > 0 ? job->session.n_ctx : hp.n_ctx_train;
   const size_t n_prompt = job->context.size() + job->question.size();
@@ -495,8 +688,50 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   }
   job->stop = r.stop;
   job->deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opt_.timeout_s * 1000));
-  job->reservation = engine_->estimate(*job);
-  engine_->submit(job);  // 503 when full
+  return job;
+}
+
+void Server::attach_context(const CompletionRequest& r, Job& job) {
+  ContextCache* cc = impl_->contexts.get();
+  if (!cc || job.cached || !r.cache_prompt || !job.press->storage_refusal().empty()) return;
+  const std::string spec =
+      cc->spec(job.press->describe(), describe_cache_config(job.session.key_codec, job.session.value_codec, job.session.kv_quant),
+               opt_.engine.chunk_size);
+  if (r.chat) job.conversation_spec = spec;
+  auto take = [&](const Context& c) {
+    // The stored tokens are a prefix of the prompt: what follows them is appended uncompressed.
+    std::vector<Token> full = std::move(job.context);
+    full.insert(full.end(), job.question.begin(), job.question.end());
+    const size_t n = c.tokens().size();
+    job.question.assign(full.begin() + static_cast<std::ptrdiff_t>(n), full.end());
+    job.context = c.tokens();
+    job.cached = c;
+  };
+  std::vector<Token> full = job.context;
+  full.insert(full.end(), job.question.begin(), job.question.end());
+  if (std::optional<ContextCache::Found> f = cc->find_prefix(spec, full, full.size())) return take(f->context);
+  const std::string id = ContextCache::key(spec, job.context, job.context.size());
+  ContextCache::Flight fl = cc->join(id, job.deadline);
+  if (fl.found) return take(fl.found->context);
+  if (fl.leader) job.store_id = id;
+}
+
+void Server::submit(const std::shared_ptr<Job>& job) {
+  try {
+    job->reservation = engine_->estimate(*job);
+    engine_->submit(job);  // 503 when full
+  } catch (...) {
+    // Requests waiting for this job's context build it themselves.
+    if (!job->store_id.empty()) impl_->contexts->complete(job->store_id, std::nullopt);
+    throw;
+  }
+}
+
+void Server::serve_completion(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+  CompletionRequest r = parse_completion_request(http_req.body, chat, model_->hparams().n_vocab);
+  std::shared_ptr<Job> job = make_job(r);
+  attach_context(r, *job);
+  submit(job);
 
   const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", impl_->next_id++);
   const int64_t created = now_s();

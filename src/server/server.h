@@ -17,10 +17,12 @@
 // answers /health with 503 {"status": "draining"}, lets running requests finish for a bounded
 // time, then ends the rest with 503.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "kvslim/model.h"
+#include "server/context_tier.h"
 #include "server/engine.h"
 
 namespace httplib {
@@ -56,6 +58,10 @@ struct ServerOptions {
   std::string chat_template_file;  ///< a Jinja template's file ("" = none)
   bool jinja = false;              ///< render a source template with the Jinja engine even when its family is known
   int http_threads = 0;            ///< 0: parallel + queue + 8 (each open request holds one)
+  // Stored contexts (server/context_cache.h).
+  size_t context_cache_bytes = 512u << 20;  ///< memory tier's limit (--context-cache); 0 = none in memory
+  std::string context_dir;                 ///< --context-dir: directory tier, and where contexts are saved by name
+  RedisTierOptions context_store;          ///< --context-store: Redis tier (url "" = none)
 };
 
 class Server {
@@ -90,6 +96,18 @@ class Server {
   class Http;
   void routes();
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  /// A job from a parsed request: prompt tokens, cache codecs, press, limits, sampling, deadline.
+  /// Throws ApiError naming the field at fault.
+  std::shared_ptr<Job> make_job(const CompletionRequest& r);
+  /// make_job's second half: limits, sampling, deadline.
+  std::shared_ptr<Job> finish_job(const CompletionRequest& r, std::shared_ptr<Job> job);
+  /// Reserves the job's KV bytes and queues it (ApiError 503 when full); on failure ends the
+  /// single flight the job leads.
+  void submit(const std::shared_ptr<Job>& job);
+  /// Stored-context lookup for an accepted job: context_id, prefix reuse, or leading the build.
+  void attach_context(const CompletionRequest& r, Job& job);
+  /// POST/GET/DELETE /v1/contexts..., save and restore by name.
+  void context_routes(const std::function<void(httplib::Response&, const ApiError&)>& refuse);
   void count_refusal(int status, const std::string& reason);
   const Model* model_ = nullptr;
   ServerOptions opt_;
