@@ -116,3 +116,44 @@ TEST(ServerApi, PrometheusText) {
   EXPECT_NE(t.find("kvslim_kv_bytes_saved 300\n"), std::string::npos);
   EXPECT_NE(t.find("kvslim_decode_tokens_per_second 25\n"), std::string::npos);
 }
+
+TEST(ServerApi, StoredContextFields) {
+  CompletionRequest r = parse_completion_request(R"({"prompt":"hi"})", false);
+  EXPECT_TRUE(r.cache_prompt);  // llama-server's default
+  EXPECT_FALSE(r.context_id);
+  r = parse_completion_request(R"({"prompt":"hi","cache_prompt":false})", false);
+  EXPECT_FALSE(r.cache_prompt);
+  // With a context id the prompt may be left out: the question alone continues the context.
+  r = parse_completion_request(R"({"context_id":"abc","question":" q"})", false);
+  EXPECT_EQ(*r.context_id, "abc");
+  EXPECT_TRUE(r.prompt.empty() && r.prompt_tokens.empty());
+  // Without one it is still required, and a chat still needs its messages.
+  for (const auto& [body, chat, param] : {std::tuple{R"({"question":" q"})", false, "prompt"},
+                                          std::tuple{R"({"context_id":"abc"})", true, "messages"},
+                                          std::tuple{R"({"prompt":"a","context_id":""})", false, "context_id"},
+                                          std::tuple{R"({"prompt":"a","cache_prompt":1})", false, "cache_prompt"}}) {
+    try {
+      parse_completion_request(body, chat);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, param) << body;
+    }
+  }
+  Usage u;
+  u.prompt_tokens = 40;
+  u.cached_tokens = 37;
+  EXPECT_EQ(usage_json(u)["prompt_tokens_details"]["cached_tokens"], 37);
+}
+
+TEST(ServerApi, PrometheusTextOfStoredContexts) {
+  ContextCacheMetrics c;
+  c.tiers = {{"memory", 2, 1, 0, 0, 1000}, {"redis", 1, 3, 4, 5, 2000}};
+  c.prefill_tokens_saved = 74;
+  std::string t = prometheus_text(EngineMetrics{}, {}, &c);
+  EXPECT_NE(t.find("kvslim_context_hits_total{tier=\"memory\"} 2\nkvslim_context_hits_total{tier=\"redis\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvslim_context_errors_total{tier=\"redis\"} 4\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_context_bytes{tier=\"redis\"} 2000\n"), std::string::npos);
+  EXPECT_NE(t.find("kvslim_context_prefill_tokens_saved_total 74\n"), std::string::npos);
+  EXPECT_EQ(prometheus_text(EngineMetrics{}).find("kvslim_context"), std::string::npos);
+}

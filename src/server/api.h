@@ -64,6 +64,8 @@ struct CompletionRequest {
 /// send many. A prompt of token ids is read as 64-bit integers and each must lie in [0, n_vocab)
 /// (n_vocab <= 0: in the int32 range), else 400 naming the index ("prompt[1]: token id 4294967301
 /// is outside the vocabulary 0..511").
+/// With "context_id" a completion's prompt may be absent (the question alone continues the stored
+/// context); "cache_prompt" must be a boolean.
 CompletionRequest parse_completion_request(const std::string& body, bool chat, int32_t n_vocab = 0);
 
 /// Token counts and the measured cache statistics reported in `usage`.
