@@ -342,3 +342,43 @@ TEST(EvalE2E, CliWritesResultsAndPlots) {
   std::filesystem::remove_all(dir);
   std::filesystem::remove(dir + ".log");
 }
+
+// Compress once, answer from the loaded bytes: every record of a NIAH sweep answered from stored
+// contexts (written and read back) equals the in-memory sweep's, press by press, and the needle
+// is found where the full cache finds it. A press that keeps decode state is refused.
+TEST(EvalE2E, TaskSweepFromStoredContextsEqualsInMemory) {
+  struct stat st;
+  if (stat(kRetrieval.c_str(), &st) != 0) GTEST_SKIP() << kRetrieval << " does not exist yet";
+  auto model = Model::load(kRetrieval);
+  TaskSweep sw;
+  sw.tasks = {"niah"};
+  sw.lengths = {512};
+  sw.depths = {0.25, 0.75};
+  sw.samples = 1;
+  sw.seed = 7;
+  sw.text = TaskText::from_json_file(kRetrievalText);
+  sw.run.session.key_codec = sw.run.session.value_codec = KVCodec::Q8_0;
+  auto runs = expand_runs({"adakv(snapkv)", "kvzip"}, {0.75}, true);
+  auto sweep = [&](bool stored) {
+    sw.run.stored_context = stored;
+    std::vector<TaskRecord> recs;
+    run_task_sweep(*model, runs, sw, [&](const TaskRecord& r) { recs.push_back(r); });
+    return recs;
+  };
+  const auto memory = sweep(false), stored = sweep(true);
+  ASSERT_EQ(memory.size(), 3u * 2);
+  ASSERT_EQ(stored.size(), memory.size());
+  for (size_t i = 0; i < memory.size(); ++i) {
+    SCOPED_TRACE(memory[i].press + " depth " + std::to_string(memory[i].depth));
+    EXPECT_EQ(stored[i].press, memory[i].press);
+    EXPECT_EQ(stored[i].outcome.answer, memory[i].outcome.answer);
+    EXPECT_EQ(stored[i].outcome.score, memory[i].outcome.score);
+    EXPECT_EQ(stored[i].outcome.cache.entries_kept, memory[i].outcome.cache.entries_kept);
+    EXPECT_EQ(stored[i].outcome.end.entries, memory[i].outcome.end.entries);
+  }
+  // The full cache retrieves: the comparison is not one of empty answers.
+  for (const TaskRecord& r : memory)
+    if (r.press == "none") EXPECT_EQ(r.outcome.score, 1.0);
+  runs = expand_runs({"h2o"}, {0.5}, false);
+  EXPECT_THROW(sweep(true), Error);
+}

@@ -74,6 +74,10 @@ struct RunOptions {
   SessionOptions session;
   int chunk_size = 0;  ///< > 0: the press acts after every chunk of this many context tokens
   int n_predict = 0;   ///< tokens to decode for a task answer; 0 = the sample's own suggestion
+  /// Task samples only: each context, once compressed, is written as a stored context's bytes and
+  /// read back (kvslim/context.h), and the question is answered from the loaded context. Scores
+  /// must equal those of the in-memory run; a press that cannot be stored is an error.
+  bool stored_context = false;
 };
 
 /// One task sample run: prefill + compress the context, forward the question, greedy decode.

@@ -62,6 +62,7 @@ struct TaskArgs : CommonArgs {
   std::string text_config;
   int n_predict = 0;
   RulerOptions ruler;
+  bool stored_context = false;
 };
 
 void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, int default_samples) {
@@ -357,6 +358,7 @@ int run_task_cmd(const TaskArgs& a, bool niah) {
     sw.ruler = a.ruler;
     sw.run = run_options(a);
     sw.run.n_predict = a.n_predict;
+    sw.run.stored_context = a.stored_context;
     sw.shard = part.shard;
     res.info.config = sweep_config(s.runs, sw, a.text_config);
     LiveSamples live(a.out, res.info, !part.mpi);
@@ -438,6 +440,9 @@ void add_eval(CLI::App& app, Action& action) {
   ns->add_option("--text-config", n->text_config, "JSON file overriding the task text pieces (filler, needle, question, ...: docs/EVAL.md, Task text)");
   ns->add_option("-n,--n-predict", n->n_predict, "tokens to decode per answer (0 = 24)")->capture_default_str()
       ->check(int_at_least(0));
+  ns->add_flag("--stored-context", n->stored_context,
+                "answer each question from its context compressed, written as a stored context and read back "
+                "(scores equal the in-memory run's)");
   ns->callback([n, &action] { action = [n] { return run_task_cmd(*n, true); }; });
 
   auto r = std::make_shared<TaskArgs>();
@@ -474,6 +479,9 @@ void add_eval(CLI::App& app, Action& action) {
       ->check(int_range(1, 1 << 16));
   rs->add_option("--vt-chains", r->ruler.vt_chains, "vt: chains")->capture_default_str()
       ->check(int_range(1, 1 << 16));
+  rs->add_flag("--stored-context", r->stored_context,
+                "answer each question from its context compressed, written as a stored context and read back "
+                "(scores equal the in-memory run's)");
   rs->callback([r, &action] { action = [r] { return run_task_cmd(*r, false); }; });
 
   struct MergeArgs {

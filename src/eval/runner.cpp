@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "eval/attention_stats.h"
+#include "context/file.h"
+#include "kvslim/context.h"
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/request.h"
@@ -150,12 +152,28 @@ TaskOutcome run_task(const Model& model, Press& press, const TaskSample& sample,
   TaskOutcome out;
   RequestOptions ro = request_options(opt, opt.session);
   ro.n_predict = opt.n_predict > 0 ? opt.n_predict : sample.n_predict;
-  Request req(model, press, ro);
-  check_fits(req.session(), toks.context.size() + toks.question.size(),
+  std::unique_ptr<Request> owned = std::make_unique<Request>(model, press, ro);
+  check_fits(owned->session(), toks.context.size() + toks.question.size(),
              fmt::format("task {} sample (context + question)", sample.task));
-  req.set_prompt_tokens(toks.context, toks.question);
-  while (!req.context_prefilled()) req.prefill_step();
-  out.cache = inspect_cache(req.cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+  if (opt.stored_context) {
+    // Compress once, answer from the loaded bytes: the context alone, as a stored context is built.
+    const std::string why = press.storage_refusal();
+    if (!why.empty()) throw Error(fmt::format("press {} cannot be stored as a context: {}", press.describe(), why));
+    owned->set_prompt_tokens(toks.context);
+    owned->prefill();
+    out.cache = inspect_cache(owned->cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+    const std::string image =
+        context::from_request(model, *owned, press.describe(), press.report(), opt.chunk_size, true).image();
+    const Context loaded = Context::from_image(model, image.data(), image.size(), "stored context");
+    RequestOptions rq = ro;
+    rq.chunk_size = 0;
+    owned = loaded.request(model, toks.question, rq);
+  } else {
+    owned->set_prompt_tokens(toks.context, toks.question);
+    while (!owned->context_prefilled()) owned->prefill_step();
+    out.cache = inspect_cache(owned->cache(), static_cast<int>(toks.context.size()), press.ratio(), toks.needle_spans);
+  }
+  Request& req = *owned;
   req.prefill();
   out.question_tokens = static_cast<int>(toks.question.size());
   req.run([&](const TokenEvent& e) {

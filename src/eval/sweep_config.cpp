@@ -12,7 +12,7 @@ nlohmann::json common_config(const std::vector<PressRun>& runs, int samples, uin
   nlohmann::json r = nlohmann::json::array();
   for (const auto& pr : runs) r.push_back({pr.spec, pr.ratio});
   const SessionOptions& s = run.session;
-  return {{"runs", r},
+  nlohmann::json c = {{"runs", r},
           {"samples", samples},
           {"seed", seed},
           {"ctx_size", s.n_ctx},
@@ -23,6 +23,8 @@ nlohmann::json common_config(const std::vector<PressRun>& runs, int samples, uin
           {"kivi_group", s.kv_quant.kivi_group},
           {"kivi_residual", s.kv_quant.kivi_residual},
           {"kv_hadamard", s.kv_quant.hadamard}};
+  if (run.stored_context) c["stored_context"] = true;
+  return c;
 }
 
 }  // namespace
