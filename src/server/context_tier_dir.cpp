@@ -165,7 +165,8 @@ class DirTier : public ContextTier {
   bool try_lock(const std::string& key, double ttl_s) override {
     tier_key::check(key, kTier, "key");
     if (!std::isfinite(ttl_s) || ttl_s <= 0 || ttl_s > 1e9)
-      throw Error(fmt::format("context directory: lock time {} s for {} is not a positive number of seconds", ttl_s, key));
+      throw Error(
+          fmt::format("context directory: lock time {} s for {} is not a positive number of seconds", ttl_s, key));
     const std::string path = lock_path(key);
     const std::string token = random_hex();
     // Two rounds: a stale lock moved aside leaves the path free for the create of the second.

@@ -277,8 +277,8 @@ class RedisTier : public ContextTier {
     std::vector<Command> cmds;
     cmds.push_back({"MULTI"});
     for (size_t i = 0; i < chunks; ++i) {
-      const std::string_view chunk =
-          std::string_view(image).substr(i * opt_.chunk_bytes, std::min(opt_.chunk_bytes, image.size() - i * opt_.chunk_bytes));
+      const size_t at = i * opt_.chunk_bytes;
+      const std::string_view chunk = std::string_view(image).substr(at, std::min(opt_.chunk_bytes, image.size() - at));
       cmds.push_back(with_ttl({"SET", names[i], chunk}));
     }
     // The old head, read in the transaction, names the generation this put replaces.
