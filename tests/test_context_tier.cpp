@@ -548,6 +548,19 @@ TEST_F(ContextTierRedis, RoundTripInChunks) {
     EXPECT_EQ(raw.keys(head + ":*").size(), (n + 999) / 1000) << n;
   }
 
+  // Hundreds of chunks (asked for in several batches), then replaced and erased.
+  auto o = options(port());
+  o.chunk_bytes = 10;
+  auto small = make_redis_tier(o);
+  const std::string c = random_bytes(6005, 13);
+  small->put(key, c);
+  EXPECT_EQ(raw.keys(head + ":*").size(), 601u);
+  EXPECT_EQ(small->get(key), c);
+  EXPECT_EQ(tier->get(key), c);  // a reader with another chunk size reads it too
+  small->put(key, b);
+  EXPECT_EQ(raw.keys(head + ":*").size(), 550u);
+  EXPECT_EQ(tier->get(key), b);
+
   tier->erase(key);
   EXPECT_EQ(tier->get(key), std::nullopt);
   EXPECT_TRUE(raw.keys(head + "*").empty());
@@ -571,6 +584,13 @@ TEST_F(ContextTierRedis, IncompleteEntriesAreMisses) {
   EXPECT_EQ(tier->get(key), std::nullopt);
   raw.cmd({"SET", head, gen2 + " 11 10000"});  // a chunk past the last
   EXPECT_EQ(tier->get(key), std::nullopt);
+  // A head naming far more chunks than exist costs one batch of lookups, not one per chunk named.
+  raw.cmd({"SET", head, gen2 + " 100000000 100000000"});
+  const auto t0 = Clock::now();
+  EXPECT_EQ(tier->get(key), std::nullopt);
+  tier->erase(key);
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_TRUE(raw.keys(head + "*").empty());
 }
 
 TEST_F(ContextTierRedis, EntriesExpire) {

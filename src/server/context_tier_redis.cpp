@@ -41,6 +41,8 @@ namespace {
 constexpr const char* kTier = "redis";
 // Idle connections kept for the next calls; more callers at once open more, closed when returned.
 constexpr size_t kMaxIdle = 8;
+// Chunk names sent in one pipeline by a get, or in one DEL.
+constexpr size_t kBatch = 256;
 // Redis refuses a value over 512 MB (proto-max-bulk-len).
 constexpr size_t kMaxChunk = size_t(512) << 20;
 
@@ -241,20 +243,25 @@ class RedisTier : public ContextTier {
       const auto head = parse_head({h->str, h->len});
       if (!head) return std::nullopt;  // not a head this tier wrote
       if (head->chunks == 0) return head->size == 0 ? std::optional<std::string>("") : std::nullopt;
-      std::vector<std::string> names;
-      std::vector<Command> gets;
-      names.reserve(head->chunks);
-      for (size_t i = 0; i < head->chunks; ++i) names.push_back(chunk_key(head_key, head->gen, i));
-      for (const auto& n : names) gets.push_back({"GET", n});
-      // The replies are taken one by one, so at most the image and one chunk are held at once.
+      // The replies are taken one by one, so at most the image and one chunk are held at once; the
+      // chunks are asked for in batches, so a missing generation costs one batch, whatever its head says.
       std::string image;
       if (head->size <= (size_t(1) << 30)) image.reserve(head->size);
       bool whole = true;
-      exchange_each(c, gets, [&](const redisReply* r) {
-        check(r, "GET");
-        if (r->type != REDIS_REPLY_STRING || image.size() + r->len > head->size) whole = false;
-        if (whole) image.append(r->str, r->len);
-      });
+      std::vector<std::string> names;
+      std::vector<Command> gets;
+      for (size_t from = 0; from < head->chunks && whole; from += kBatch) {
+        names.clear();
+        gets.clear();
+        for (size_t i = from; i < std::min(head->chunks, from + kBatch); ++i)
+          names.push_back(chunk_key(head_key, head->gen, i));
+        for (const auto& n : names) gets.push_back({"GET", n});
+        exchange_each(c, gets, [&](const redisReply* r) {
+          check(r, "GET");
+          if (r->type != REDIS_REPLY_STRING || image.size() + r->len > head->size) whole = false;
+          if (whole) image.append(r->str, r->len);
+        });
+      }
       // A chunk expired, or the entry was replaced and this generation deleted while it was read.
       if (!whole || image.size() != head->size) return std::nullopt;
       return image;
@@ -428,16 +435,21 @@ class RedisTier : public ContextTier {
   /// failure only leaves chunks that expire with the TTL (or stay, without one): not the caller's error.
   void delete_generation(const std::string& head_key, const std::string& old_head) {
     const auto head = parse_head(old_head);
-    if (!head || head->chunks == 0) return;
-    std::vector<std::string> names;
-    for (size_t i = 0; i < head->chunks; ++i) names.push_back(chunk_key(head_key, head->gen, i));
-    Command del{"DEL"};
-    for (const auto& n : names) del.push_back(n);
+    if (!head) return;
     try {
-      call([&](redisContext* c) {
-        exchange(c, {del});
-        return 0;
-      });
+      // In batches, stopping at one that deleted nothing (the rest expired, or the head was not ours).
+      for (size_t from = 0; from < head->chunks; from += kBatch) {
+        std::vector<std::string> names;
+        for (size_t i = from; i < std::min(head->chunks, from + kBatch); ++i)
+          names.push_back(chunk_key(head_key, head->gen, i));
+        Command del{"DEL"};
+        for (const auto& n : names) del.push_back(n);
+        const long long deleted = call([&](redisContext* c) {
+          const auto r = exchange(c, {del});
+          return r[0]->type == REDIS_REPLY_INTEGER ? r[0]->integer : 0;
+        });
+        if (deleted == 0) break;
+      }
     } catch (const Error&) {
     }
   }
