@@ -235,7 +235,7 @@ class DebianPackage(unittest.TestCase):
         debs = glob.glob(os.path.join(out, f"kvslim_{A.version}_*.deb"))
         self.assertEqual(len(debs), 1, os.listdir(out))
         depends = run(["dpkg-deb", "--field", debs[0], "Depends"])
-        for lib in ["libopenblas0-pthread", "libpcre2-8", "libfmt", "libc6"]:
+        for lib in ["libopenblas0-pthread", "libpcre2-8", "libfmt", "libhiredis", "libc6"]:
             self.assertIn(lib, depends)
         files = run(["dpkg-deb", "--contents", debs[0]])
         for f in ["./usr/bin/kvslim", "./usr/include/kvslim/model.h", "/pkgconfig/kvslim.pc",
