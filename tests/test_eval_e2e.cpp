@@ -377,8 +377,11 @@ TEST(EvalE2E, TaskSweepFromStoredContextsEqualsInMemory) {
     EXPECT_EQ(stored[i].outcome.end.entries, memory[i].outcome.end.entries);
   }
   // The full cache retrieves: the comparison is not one of empty answers.
-  for (const TaskRecord& r : memory)
-    if (r.press == "none") EXPECT_EQ(r.outcome.score, 1.0);
+  for (const TaskRecord& r : memory) {
+    if (r.press == "none") {
+      EXPECT_EQ(r.outcome.score, 1.0);
+    }
+  }
   runs = expand_runs({"h2o"}, {0.5}, false);
   EXPECT_THROW(sweep(true), Error);
 }

@@ -396,10 +396,11 @@ TEST(RegistryRules, ReportedRatiosAreWhatTheCacheHolds) {
     EXPECT_DOUBLE_EQ(st.request_compression_ratio(), 1.0 - double(entries) / seen) << spec;
     EXPECT_DOUBLE_EQ(st.key_channel_ratio(), 1.0 - double(key_channels) / (double(entries) * hp.head_dim)) << spec;
     // A press asked to prune key channels pruned that share of them (floor(head_dim * r) each).
-    if (p->key_channel_ratio() > 0)
+    if (p->key_channel_ratio() > 0) {
       EXPECT_NEAR(st.key_channel_ratio(), p->key_channel_ratio(), 1.0 / hp.head_dim + 1e-12) << spec;
-    else if (name_of(spec) != "latent")  // a latent basis's rank is its own parameter (energy)
+    } else if (name_of(spec) != "latent") {  // a latent basis's rank is its own parameter (energy)
       EXPECT_EQ(st.key_channel_ratio(), 0.0) << spec;
+    }
   }
   // The decode-time threshold evicts while decoding: more is removed over the request than the
   // prefill compression removed, and it is reported.

@@ -343,6 +343,17 @@ ContextCache::Flight ContextCache::join(const std::string& id, SteadyClock::time
         break;
       }
       if (!still_locked) {
+        // Released: the entry may have been written between the look above and the release.
+        std::optional<Found> late = from_tiers(id, nullptr, 0, false);
+        if (late) {
+          try {
+            opt_.tiers[t]->unlock(id);
+          } catch (const std::exception& e) {
+            tier_error(t, e.what());
+          }
+          complete(id, late->context);
+          return Flight{false, late};
+        }
         // The other replica gave up (or its lock expired): this one builds.
         std::lock_guard<std::mutex> lk(mu_);
         locked_[id] = t;
