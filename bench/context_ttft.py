@@ -7,7 +7,8 @@ another replica, and in Redis shared with another replica. The model is loaded b
         --press 'adakv(snapkv)' --ratio 0.9 --cache-type q8_0 -c 16384 -t 2
 
 Each case is the time from sending the request to the first streamed token, the median of --reps
-requests (the cold case sends "cache_prompt": false, so it never reuses anything). Prints one JSON
+requests (a warm request that sends the document again also tokenizes it; one that names the
+stored context by "context_id" does not) (the cold case sends "cache_prompt": false, so it never reuses anything). Prints one JSON
 line per case and a Markdown table. Needs redis-server for the Redis case (skipped without it).
 Standard library only."""
 import argparse
@@ -140,9 +141,13 @@ def main():
                 break
             time.sleep(0.1)
         mem = [a.ttft(body) for _ in range(args.reps)]
+        cid = a.post("/v1/contexts", {"prompt": doc})["id"]
+        by_id = [a.ttft({"context_id": cid, "question": args.question, "max_tokens": args.max_tokens, "temperature": 0})
+                 for _ in range(args.reps)]
         n_tokens = a.post("/v1/completions", dict(body, max_tokens=1))["usage"]["prompt_tokens_details"]["cached_tokens"]
         a.close()
-        cases = [("cold (prefill and press)", cold), ("first request (cold, then stored)", [build]), ("warm: memory", mem)]
+        cases = [("cold (prefill and press)", cold), ("first request (cold, then stored)", [build]), ("warm: memory (the prompt sent again)", mem),
+                 ("warm: memory (context_id)", by_id)]
         # A fresh replica with only the directory, then one with only Redis: their first request
         # reads the shared tier, later ones hit their own memory.
         b = Replica(args.kvslim, common + ["--context-dir", os.path.join(work, "dir")])
