@@ -148,6 +148,7 @@ std::optional<ContextCache::Found> ContextCache::find_prefix(const std::string& 
         continue;
       }
       std::sort(lens.rbegin(), lens.rend());
+      lens.erase(std::unique(lens.begin(), lens.end()), lens.end());  // each candidate read once
       bool found = false;
       for (int n : lens) {
         if (n <= 0 || static_cast<size_t>(n) <= best_n || static_cast<size_t>(n) > max_n) continue;
