@@ -1,12 +1,15 @@
 #pragma once
-// The server's stored contexts: compress a context once, answer every later request that begins with
-// it without prefilling it again (kvslim/context.h says what a stored context is).
+// The server's stored contexts: compress a context once, answer every later request with the same
+// context without prefilling it again (kvslim/context.h says what a stored context is).
 //
 // Tiers, looked up in order: this process's memory (least recently used first out, within a byte
 // limit), then a directory and/or Redis (src/server/context_tier.h) shared with other replicas. A hit
 // in a lower tier is checked (format, checksum, model fingerprint, tokens) and kept in memory. Stores
 // to the lower tiers run on a writer thread, never on the engine's thread; a tier that fails or times
 // out is logged and counted, and the request goes on as if uncached.
+//
+// Reuse: a request takes a stored context equal to its own context (the same tokens, compressed
+// the same way), or, for a chat, the stored conversation its messages continue.
 //
 // Single flight: while one request builds a context, others needing the same one wait for it rather
 // than building it again; across replicas the first takes a lock in the shared tier and the others

@@ -694,10 +694,9 @@ std::shared_ptr<Job> Server::finish_job(const CompletionRequest& r, std::shared_
 void Server::attach_context(const CompletionRequest& r, Job& job) {
   ContextCache* cc = impl_->contexts.get();
   if (!cc || job.cached || !r.cache_prompt || !job.press->storage_refusal().empty()) return;
-  const std::string spec =
-      cc->spec(job.press->describe(), describe_cache_config(job.session.key_codec, job.session.value_codec, job.session.kv_quant),
-               opt_.engine.chunk_size);
-  if (r.chat) job.conversation_spec = spec;
+  const std::string press = job.press->describe();
+  const std::string cache = describe_cache_config(job.session.key_codec, job.session.value_codec, job.session.kv_quant);
+  const std::string spec = cc->spec(press, cache, opt_.engine.chunk_size);
   auto take = [&](const Context& c) {
     // The stored tokens are a prefix of the prompt: what follows them is appended uncompressed.
     std::vector<Token> full = std::move(job.context);
@@ -707,10 +706,20 @@ void Server::attach_context(const CompletionRequest& r, Job& job) {
     job.context = c.tokens();
     job.cached = c;
   };
-  std::vector<Token> full = job.context;
-  full.insert(full.end(), job.question.begin(), job.question.end());
-  if (std::optional<ContextCache::Found> f = cc->find_prefix(spec, full, full.size())) return take(f->context);
+  if (r.chat) {
+    // A conversation is continued where its last reply ended: the new turn is appended
+    // uncompressed, as the turns after the first always are. Conversations are kept apart from
+    // plain contexts, so a prompt that merely extends a stored context is not split there.
+    job.conversation_spec = cc->spec(press + " (conversation)", cache, opt_.engine.chunk_size);
+    std::vector<Token> full = job.context;
+    full.insert(full.end(), job.question.begin(), job.question.end());
+    if (std::optional<ContextCache::Found> f = cc->find_prefix(job.conversation_spec, full, full.size()))
+      return take(f->context);
+  }
+  // Otherwise only the request's own context is reused, so the press compresses what it was asked
+  // to: the answer is the uncached run's.
   const std::string id = ContextCache::key(spec, job.context, job.context.size());
+  if (std::optional<ContextCache::Found> f = cc->find(id)) return take(f->context);
   ContextCache::Flight fl = cc->join(id, job.deadline);
   if (fl.found) return take(fl.found->context);
   if (fl.leader) job.store_id = id;

@@ -104,7 +104,8 @@ class Server {
   /// Reserves the job's KV bytes and queues it (ApiError 503 when full); on failure ends the
   /// single flight the job leads.
   void submit(const std::shared_ptr<Job>& job);
-  /// Stored-context lookup for an accepted job: context_id, prefix reuse, or leading the build.
+  /// Stored-context lookup for an accepted job: its context stored, its conversation continued, or
+  /// leading the build of its context.
   void attach_context(const CompletionRequest& r, Job& job);
   /// POST/GET/DELETE /v1/contexts..., save and restore by name.
   void context_routes(const std::function<void(httplib::Response&, const ApiError&)>& refuse);
