@@ -217,6 +217,10 @@ json usage_json(const Usage& u) {
   j["entries_total"] = u.entries_total;
   j["compression_ratio"] = u.entries_total ? 1.0 - double(u.entries_kept) / double(u.entries_total) : 0.0;
   j["memory_ratio"] = u.full_f16_bytes ? double(u.kv_bytes) / double(u.full_f16_bytes) : 0.0;
+  // Over the whole request (prefill and decode), measured when it ended.
+  j["request_compression_ratio"] = u.entries_seen ? 1.0 - double(u.entries_now) / double(u.entries_seen) : 0.0;
+  j["entries_now"] = u.entries_now;
+  j["entries_seen"] = u.entries_seen;
   j["press"] = u.press;
   return j;
 }

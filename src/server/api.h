@@ -76,6 +76,9 @@ struct Usage {
   size_t kv_bytes_final = 0;   ///< cache bytes when the request ended
   size_t full_f16_bytes = 0;   ///< a full f16 cache of the context
   int cached_tokens = 0;       ///< prompt tokens taken from a stored context, not prefilled
+  /// The whole request when it ended: entries the cache held, and entries a full cache would hold
+  /// (every token run x layers x KV heads); decode-time eviction counts.
+  size_t entries_now = 0, entries_seen = 0;
   size_t entries_kept = 0, entries_total = 0;
   std::string press;           ///< the press as run (its describe())
 };

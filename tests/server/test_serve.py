@@ -111,6 +111,19 @@ class Endpoints(unittest.TestCase):
         q8 = self.complete(prompt=long_prompt, max_tokens=1, cache_type_k="q8_0", cache_type_v="q8_0")["usage"]
         self.assertLess(q8["kv_bytes"], full["kv_bytes"])
 
+    def test_request_compression_ratio_counts_decode_eviction(self):
+        """The whole request's ratio, measured when it ended: a press that evicts while decoding
+        removes more than its prefill compression did, and usage says so."""
+        u = self.complete(prompt=" ".join([STORY] * 2), max_tokens=32, temperature=0,
+                          press="threshold(knorm):tau=-4,window=8,decode=1")["usage"]
+        run = u["prompt_tokens"] + u["completion_tokens"] - 1  # the last sampled token is never run
+        self.assertEqual(u["entries_seen"], run * 20)
+        self.assertAlmostEqual(u["request_compression_ratio"], 1 - u["entries_now"] / u["entries_seen"], places=12)
+        self.assertGreater(u["request_compression_ratio"], u["compression_ratio"])
+        full = self.complete(prompt=STORY, max_tokens=4)["usage"]
+        self.assertEqual(full["request_compression_ratio"], 0.0)
+        self.assertEqual(full["entries_now"], full["entries_seen"])
+
     def test_greedy_equals_generate_cli(self):
         j = self.complete(prompt=STORY, max_tokens=24, temperature=0)
         self.assertEqual(j["choices"][0]["text"], generate_cli(STORY, 24))
