@@ -7,8 +7,9 @@ Each client picks a document at random and asks one of its questions; the same r
     bench/context_load.py --model models/retrieval.gguf --docs 8 --doc-chars 12000 --clients 4 \
         --questions 48 -t 1
 
-Reports, for each mode: questions per second, p50 and p99 time to first token, decode tokens per
-second over the requests, and how many answers differ from the first answer of the same question
+Reports, for each mode: questions per second, p50 and p99 time to first token (of all questions,
+and of those answered from a stored context), the replicas' decode rate while the mode ran (their
+/metrics: decoded tokens over decode seconds), and how many answers differ from the first answer of the same question
 (there must be none). Needs nginx and redis-server (Debian packages). Standard library only."""
 import argparse
 import http.client
@@ -18,7 +19,6 @@ import random
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,13 +77,13 @@ def nginx(work, a, b):
 
 
 def ask(port, body):
-    """(time to first token, total seconds, generated tokens, text) of one streamed completion."""
+    """(time to first token, total seconds, cached prompt tokens, text) of one streamed completion."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
               {"Content-Type": "application/json"})
     r = c.getresponse()
-    first, text, gen = None, "", 0
+    first, text, cached = None, "", 0
     while True:
         line = r.readline()
         if not line:
@@ -95,19 +95,34 @@ def ask(port, body):
         if "error" in ev:
             raise SystemExit(f"request failed: {ev}")
         if ev.get("usage"):
-            gen = ev["usage"]["completion_tokens"]
+            cached = ev["usage"]["prompt_tokens_details"]["cached_tokens"]
         piece = ev["choices"][0]["text"] if ev.get("choices") else ""
         if piece and first is None:
             first = time.perf_counter() - t0
         text += piece
     c.close()
     total = time.perf_counter() - t0
-    return first if first is not None else total, total, gen, text
+    return first if first is not None else total, total, cached, text
 
 
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def decode_rate(ports):
+    """(decoded tokens, decode seconds) summed over the replicas' /metrics."""
+    rows = secs = 0.0
+    for port in ports:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("GET", "/metrics")
+        for line in c.getresponse().read().decode().splitlines():
+            if line.startswith("kvslim_decode_rows_total "):
+                rows += float(line.split()[1])
+            elif line.startswith("kvslim_decode_seconds_total "):
+                secs += float(line.split()[1])
+        c.close()
+    return rows, secs
 
 
 def main():
@@ -155,21 +170,25 @@ def main():
         plan = [(rng.randrange(args.docs), rng.randrange(len(questions))) for _ in range(args.questions)]
         first_answer = {}
         for mode, cache in (("no reuse (cache_prompt: false)", False), ("stored contexts (memory + Redis)", True)):
+            r0, s0 = decode_rate([pa, pb])
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.clients) as ex:
                 res = list(ex.map(lambda dq: (dq, ask(port, {"prompt": docs[dq[0]], "question": questions[dq[1]],
                                                               "max_tokens": args.max_tokens, "temperature": 0,
                                                               "cache_prompt": cache})), plan))
             wall = time.perf_counter() - t0
+            r1, s1 = decode_rate([pa, pb])
             ttft = [r[0] for _, r in res]
-            decode = [(r[2] - 1) / (r[1] - r[0]) for _, r in res if r[2] > 1 and r[1] > r[0]]
+            warm = [r[0] for _, r in res if r[2] > 0]
             differ = 0
             for dq, r in res:
                 differ += first_answer.setdefault(dq, r[3]) != r[3]
             print(json.dumps({"mode": mode, "questions": len(res), "wall_s": round(wall, 2),
                               "questions_per_s": round(len(res) / wall, 3), "ttft_p50_s": round(pct(ttft, 0.5), 4),
-                              "ttft_p99_s": round(pct(ttft, 0.99), 4),
-                              "decode_tps_median": round(statistics.median(decode), 1) if decode else None,
+                              "ttft_p99_s": round(pct(ttft, 0.99), 4), "warm_questions": len(warm),
+                              "warm_ttft_p50_s": round(pct(warm, 0.5), 4) if warm else None,
+                              "warm_ttft_p99_s": round(pct(warm, 0.99), 4) if warm else None,
+                              "decode_tokens_per_s": round((r1 - r0) / (s1 - s0), 1) if s1 > s0 else None,
                               "answers_differing": differ}), flush=True)
     finally:
         for p in procs:
