@@ -138,3 +138,52 @@ TEST(PressBudget, SpecsRoundTripAndRefusals) {
   EXPECT_FALSE(used);
   EXPECT_NE(p->describe().find("ratio=0,"), std::string::npos) << p->describe();
 }
+
+// budget=N is declared once, on the policy of every scorer press: each one, run with it, must end
+// with at most N entries per head, in a chunked prefill or, for the presses that need the whole
+// context in one step (as kvpress's), in one. Presses that keep no entries by score refuse it,
+// naming it. (KVzip once returned before replaying when its ratio was 0, so kvzip:budget=N kept
+// every entry.)
+TEST(PressBudget, EveryScorerPressHonoursIt) {
+  const std::vector<Token> ids = long_context(400);
+  const size_t N = 100;
+  int run = 0;
+  for (const PressInfo* info : PressRegistry::instance().all()) {
+    if (info->kind != PressKind::Scorer) continue;
+    // ClusterKV keeps every entry and selects clusters while decoding; its own `budget` parameter is
+    // the number of entries each decode step attends to (test_press_cluster*).
+    if (info->name == "clusterkv") continue;
+    const std::string spec = info->name + ":budget=100";
+    SCOPED_TRACE(spec);
+    try {
+      make_press(spec, 0.0);
+    } catch (const Error& e) {
+      // Presses that keep no entries by score, or need a file or a parameter of their own.
+      const std::string what = e.what();
+      const bool refused_budget = what.find("takes no budget") != std::string::npos;
+      const bool needs_more = what.find("budget") == std::string::npos;
+      EXPECT_TRUE(refused_budget || needs_more) << what;
+      continue;
+    }
+    std::unique_ptr<Request> r;
+    try {
+      r = prefill(spec, ids, 64);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      ASSERT_NE(what.find("in one prefill step"), std::string::npos) << what;
+      r = prefill(spec, ids, 0);
+    }
+    const size_t heads = static_cast<size_t>(r->cache().n_layer()) * r->cache().n_head_kv();
+    // KVzip's default policy is global (one top-k over every layer and head): N x heads over the
+    // whole cache, so one head may keep more than N. Every other default policy keeps N per head.
+    if (info->name == "kvzip") {
+      EXPECT_LE(r->cache().entries(), N * heads);
+      EXPECT_GT(largest_segment(r->cache()), N);  // the entries did move between heads
+    } else {
+      EXPECT_LE(largest_segment(r->cache()), N);
+    }
+    EXPECT_LT(r->cache().entries(), ids.size() * heads);
+    ++run;
+  }
+  EXPECT_GE(run, 10);
+}

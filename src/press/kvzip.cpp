@@ -268,7 +268,8 @@ void KVzipPress::reset() {
 }
 
 void KVzipPress::observe(const KVCache& cache, const Model& model, const Observation& obs) {
-  if (ratio_ <= 0.0 || obs.tokens.empty()) return;  // ratio 0 leaves the cache bit-identical: no replay
+  // Ratio 0 without a budget leaves the cache bit-identical: no replay.
+  if ((ratio_ <= 0.0 && policy().budget() == 0) || obs.tokens.empty()) return;
   if (!obs.runner || &obs.runner->cache() != &cache)
     throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
   const int L = cache.n_layer(), H = cache.n_head_kv();

@@ -75,14 +75,15 @@ class RestoreKVPress : public KVzipPress {
     restored_ = false;
   }
   void observe(const KVCache& cache, const Model& model, const Observation& obs) override {
-    if (ratio_ > 0.0 && restored_ && !obs.tokens.empty())
+    if ((ratio_ > 0.0 || policy().budget() > 0) && restored_ && !obs.tokens.empty())
       throw Error(fmt::format("press restorekv: the context came in more than one prefill step (chunked prefill: "
                               "RequestOptions::chunk_size, or the server's chunks); the restore pass runs once over "
                               "the whole context, as kvpress's RestoreKVPress does: prefill the context in one step"));
     KVzipPress::observe(cache, model, obs);
   }
   void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) override {
-    if (ratio_ <= 0.0 || target.n_context == 0) return;  // kvpress: no replay and no restore pass at ratio 0
+    // kvpress: no replay and no restore pass at ratio 0 (and here without a budget).
+    if ((ratio_ <= 0.0 && policy().budget() == 0) || target.n_context == 0) return;
     if (checked_ != &model) {
       w_->check(model.hparams(), path_);
       checked_ = &model;
