@@ -13,6 +13,10 @@
 // 3. With -m: a prefill of -p tokens at each SIMD level (KVSLIM_SIMD's levels, forced with
 //    qdot::set_level) on -t threads, its multiply-accumulates per token counted from the model's
 //    weight matrices, and its rate per CPU-second as a share of one core's best int8 rate.
+// GCC 12's avx512fintrin.h builds some broadcasts from an undefined register and warns about it.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <chrono>
