@@ -279,6 +279,15 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "\n--- kvslim ---\n");
   fmt::print(stderr, "model            {} ({}, {} layers, {} query heads, {} KV heads, head_dim {}, {})\n", a.model,
              hp.arch, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, model->weight_type());
+  if (hp.rope_freq_scale != 1.0f || hp.yarn_ext_factor != 0.0f || hp.yarn_attn_factor != 1.0f) {
+    const char* kind = hp.rope_scaling == RopeScaling::Yarn ? "yarn" : hp.rope_scaling == RopeScaling::None ? "none" : "linear";
+    std::string yarn;
+    if (hp.yarn_ext_factor != 0.0f)
+      yarn = fmt::format(", original context {}, ext factor {}, beta fast {} slow {}", hp.yarn_orig_ctx, hp.yarn_ext_factor,
+                         hp.yarn_beta_fast, hp.yarn_beta_slow);
+    fmt::print(stderr, "rope             {} scaling x{:g} (freq scale {:g}), base {:g}{}, attn factor {:g}\n", kind,
+               1.0 / hp.rope_freq_scale, hp.rope_freq_scale, hp.rope_freq_base, yarn, hp.yarn_attn_factor);
+  }
   fmt::print(stderr, "press            {}{}\n", press_desc,
              stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
