@@ -360,6 +360,16 @@ TEST(CliMemory, RefusesARunThatDoesNotFit) {
                                  limit);
   EXPECT_EQ(bounded.rc, 0) << bounded.err;
   EXPECT_TRUE(contains(bounded.err, "(f16, 128 tokens,")) << bounded.err;
+  // bench (under the same limit: a 16-million-token fill, 20 GiB in f32) and serve (without one: 4 slots
+  // of 10^9 tokens, 5 TiB) refuse too.
+  for (const auto& [cmd, env] :
+       {std::pair{std::string("bench -m ") + quote(kModel) + " -p 8 -n 0 -r 1 -d 16000000", limit},
+        std::pair{std::string("serve -m ") + quote(kModel) + " --port 0 -c 1000000000", std::string("timeout 60")}}) {
+    const Result big = run_cli(cmd + " --cache-type-k f32 --cache-type-v f32", env);
+    EXPECT_EQ(big.rc, 1) << cmd << ": " << big.err;
+    EXPECT_TRUE(contains(big.err, "memory: weights")) << big.err;
+    EXPECT_TRUE(contains(big.err, "--no-memory-check")) << big.err;
+  }
   // Fewer tokens fit.
   const Result ok = run_cli("generate -m " + quote(kModel) + " -p hi -n 4 -c 1048576", limit);
   EXPECT_EQ(ok.rc, 0) << ok.err;
