@@ -168,11 +168,13 @@ TEST(CliRope, OverridesEqualTheSameMetadata) {
     w.set("llama.rope.scaling.type", GGUFValue::str("yarn"));
     w.set("llama.rope.scaling.factor", GGUFValue::f32(4.0f));
     w.set("llama.rope.scaling.original_context_length", GGUFValue::u32(256));
+    w.set("llama.rope.scaling.yarn_beta_fast", GGUFValue::f32(2.0f));
   });
   ModelLoadOptions o;
   o.rope.scaling = RopeScaling::Yarn;
   o.rope.freq_scale = 0.25f;
   o.rope.yarn_orig_ctx = 256;
+  o.rope.yarn_beta_fast = 2.0f;
   auto by_meta = Model::load(meta), by_flags = Model::load(kModel, o), plain = Model::load(kModel);
   EXPECT_EQ(by_meta->hparams().yarn_ext_factor, 1.0f);
   EXPECT_EQ(by_flags->hparams().yarn_ext_factor, 1.0f);
@@ -190,6 +192,20 @@ TEST(CliRope, OverridesEqualTheSameMetadata) {
   ModelLoadOptions none;
   none.rope.scaling = RopeScaling::None;
   EXPECT_EQ(logits(*Model::load(meta, none)), c);
+  // Without the beta the rotation differs: head_dim 8 over 256 tokens puts beta 2 at pair 1.3, beta 32 at 0.1.
+  ModelLoadOptions o32 = o;
+  o32.rope.yarn_beta_fast.reset();
+  EXPECT_NE(logits(*Model::load(kModel, o32)), a);
+  // Metadata out of range names the key.
+  const std::string bad = temp_path("yarn_bad.gguf");
+  rewrite_model(bad, [](GGUFWriter& w) { w.set("llama.rope.scaling.yarn_beta_slow", GGUFValue::f32(0.0f)); });
+  try {
+    Model::load(bad);
+    ADD_FAILURE() << "loaded a zero yarn_beta_slow";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "llama.rope.scaling.yarn_beta_slow = 0")) << e.what();
+  }
+  std::remove(bad.c_str());
   std::remove(meta.c_str());
 }
 

@@ -218,18 +218,27 @@ int run(const GenerateArgs& a) {
   // What the run will hold, checked before anything is prefilled: the tokens it can reach (prompt,
   // question and -n, within -c), the press's bound under chunked prefill.
   const Tokenizer& tok = model->tokenizer();
-  const size_t context_tokens = stored_context ? static_cast<size_t>(stored_context->info().next_position)
-                                : !opt.context_tokens.empty() ? opt.context_tokens.size()
-                                                              : tok.encode(opt.context, tok.add_bos_default(), false).size();
+  const size_t context_tokens =
+      stored_context                  ? static_cast<size_t>(stored_context->info().next_position)
+      : !opt.context_tokens.empty() ? opt.context_tokens.size()
+                                    : tok.encode(opt.context, tok.add_bos_default(), false).size();
   const size_t question_tokens = opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size();
   const size_t n_ctx_run = static_cast<size_t>(a.ctx > 0 ? a.ctx : model->hparams().n_ctx_train);
   const size_t later = question_tokens + (a.n_predict < 0 ? n_ctx_run : static_cast<size_t>(a.n_predict));
-  {
-    const KVQuantOptions& q = opt.session.kv_quant;
-    const size_t entries = stored_context ? std::min(n_ctx_run, stored_context->info().entries_kept /
-                                                                        std::max<size_t>(1, size_t(model->hparams().n_layer) * model->hparams().n_head_kv) + later)
-                                          : kv_entries(press.get(), context_tokens, later, a.chunk_size, n_ctx_run);
-    report_memory(estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, q, entries, opt.session.batch),
+  if (stored_context) {
+    // The stored cache as it is, plus the question and generated entries.
+    const ContextInfo ci = stored_context->info();
+    const size_t more = std::min(later, n_ctx_run - std::min(n_ctx_run, context_tokens));
+    MemoryEstimate e = estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, opt.session.kv_quant,
+                                       more, opt.session.batch);
+    e.kv += ci.kv_bytes;
+    e.kv_tokens = context_tokens + more;
+    e.kv_codecs = ci.cache_type;
+    report_memory(e, available, !a.no_memory_check);
+  } else {
+    report_memory(estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, opt.session.kv_quant,
+                                  kv_entries(press.get(), context_tokens, later, a.chunk_size, n_ctx_run),
+                                  opt.session.batch),
                   available, !a.no_memory_check);
   }
   // A progress line while the prompt is prefilled (on a terminal after the first second; with
