@@ -62,8 +62,8 @@ void add_rope_options(CLI::App* sub, RopeOverrides& rope) {
            rope.scaling = v == "none" ? RopeScaling::None : v == "yarn" ? RopeScaling::Yarn : RopeScaling::Linear;
          },
          "RoPE frequency scaling method: none, linear or yarn (default: the model's rope.scaling.type, else linear)")
-      ->type_name("")
-      ->check(CLI::IsMember({"none", "linear", "yarn"}))
+      ->type_name("{none,linear,yarn}")
+      ->check(CLI::IsMember({"none", "linear", "yarn"}).description(""))
       ->group(group);
   auto* scale = sub->add_option_function<double>(
                        "--rope-scale", [&rope](double v) { rope.freq_scale = static_cast<float>(1.0 / v); },
