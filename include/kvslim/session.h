@@ -43,6 +43,9 @@ struct SessionOptions {
   int batch = 256;                     ///< tokens per forward batch during prefill
   /// Called after every forward batch with next_position(): progress lines during a long prefill.
   std::function<void(int32_t next_position)> on_batch_done;
+  /// The same, with the cache's bytes after the batch (KVCache::bytes): progress lines that show
+  /// the memory the cache holds now.
+  std::function<void(int32_t next_position, size_t kv_bytes)> on_batch_bytes;
 };
 
 /// Owns a KV cache and the position counter for one request. As a ModelRunner it is what a press

@@ -22,6 +22,7 @@ namespace {
 
 struct StatsArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::string prompt, prompt_file, plot, json;
   LayerBudgetOptions opt;
   int threads = 0;
@@ -88,7 +89,7 @@ int run(const StatsArgs& a) {
   check_json_output(a.json);
   std::string text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file, "-f");
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const Tokenizer& tok = model->tokenizer();
   std::vector<Token> toks = tok.encode(text, tok.add_bos_default(), false);
   SessionOptions so;
@@ -139,7 +140,7 @@ void add_attention_stats(CLI::App& app, Action& action) {
   auto a = std::make_shared<StatsArgs>();
   auto* sub = app.add_subcommand("attention-stats",
                                  "ZigZagKV's attention statistics of a prompt: MBA per head, LMBA and LMBO per layer");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   sub->add_option("-p,--prompt", a->prompt, "prompt text");
   sub->add_option("-f,--file", a->prompt_file, "read the prompt from a file ('-' = standard input)");
   sub->add_option("--window", a->opt.window, "observation window: last prompt tokens whose queries are analysed")

@@ -21,6 +21,7 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "kernels/quant_dot.h"
@@ -51,6 +52,7 @@ std::string cpu_model_name() {
 
 struct BenchArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::vector<int> n_prompts{512};
   std::vector<int> depths{0};
   std::vector<int> n_gens{32};
@@ -63,6 +65,7 @@ struct BenchArgs {
   double ratio = 0.5;
   std::string json;
   bool ratio_given = false, no_progress = false, floor = false;
+  bool progress_lines = false, no_memory_check = false;
   uint64_t seed = 42;
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
@@ -255,8 +258,9 @@ int run(BenchArgs a) {
   // The table is the result (stdout); with --json - or -o csv|json|jsonl stdout holds only that and the
   // table's lines move to stderr.
   std::FILE* text_out = a.json == "-" || a.output != "md" ? stderr : stdout;
-  Progress progress(!a.no_progress);
-  auto model = Model::load(a.model);
+  Progress progress(!a.no_progress, a.progress_lines);
+  const size_t available = available_memory();  // before the model takes its share
+  auto model = Model::load(a.model, a.load);
   const HParams& hp = model->hparams();
 
   size_t n_params = 0, size_bytes = 0;
@@ -282,6 +286,17 @@ int run(BenchArgs a) {
   so.value_codec = parse_codec(a.cache_type_v);
   so.kv_quant = a.kv_quant;
   std::mt19937_64 rng(a.seed);
+  {
+    // The largest cache a test reaches: depth and prompt, or depth and the decode repetitions, as
+    // the press (under chunked prefill) bounds it.
+    size_t entries = 0;
+    for (const std::unique_ptr<Press>& press : presses)
+      entries = std::max(entries, kv_entries(press.get(), static_cast<size_t>(max_depth + max_prompt), 0, a.chunk_size,
+                                             static_cast<size_t>(so.n_ctx)));
+    entries = std::max(entries, std::min(static_cast<size_t>(so.n_ctx), static_cast<size_t>(max_depth + max_gen * a.reps + 1)));
+    report_memory(estimate_memory(*model, so.key_codec, so.value_codec, so.kv_quant, entries, so.batch), available,
+                  !a.no_memory_check);
+  }
 
   RequestOptions ro;
   ro.session = so;
@@ -551,7 +566,7 @@ int run(BenchArgs a) {
 void add_bench(CLI::App& app, Action& action) {
   auto a = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench", "measure prefill and decode speed, memory and KV bytes (llama-bench style)");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   // Lists as llama-bench takes them: one test per value and depth (-p 64,128 -d 0,4096: four prefill tests).
   sub->add_option("-p,--n-prompt", a->n_prompts,
                   "prompt tokens of the prefill tests, comma-separated; each runs at every depth (0 = none)")
@@ -593,6 +608,8 @@ void add_bench(CLI::App& app, Action& action) {
                         ->capture_default_str();
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
+  add_progress_flag(sub, a->progress_lines);
+  add_memory_check_flag(sub, a->no_memory_check);
   sub->add_option("-s,--seed", a->seed, "seed of the random token ids")->capture_default_str();
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
   sub->add_flag("--floor", a->floor,

@@ -8,6 +8,7 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "kvslim/context.h"
@@ -20,6 +21,7 @@ namespace {
 
 struct BuildArgs {
   std::string model, prompt, prompt_file, output;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   bool prompt_given = false, file_given = false, ratio_given = false, chunk_given = false;
   std::string press = "none";
   double ratio = 0.0;
@@ -27,6 +29,7 @@ struct BuildArgs {
   std::string cache_type_k = "f16", cache_type_v = "f16";
   KVQuantOptions kv_quant;
   bool no_progress = false;
+  bool progress_lines = false, no_memory_check = false;
   std::string json;
 };
 
@@ -99,7 +102,8 @@ int run_build(const BuildArgs& a) {
   check_json_output(a.json);
   const std::string text = a.file_given ? read_text_file(a.prompt_file, "-f") : a.prompt;
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  const size_t available = available_memory();  // before the model takes its share
+  auto model = Model::load(a.model, a.load);
   warn_context_size(*model, a.ctx);
   ContextOptions opt;
   opt.press = a.press;
@@ -109,14 +113,17 @@ int run_build(const BuildArgs& a) {
   opt.session.key_codec = parse_codec(a.cache_type_k);
   opt.session.value_codec = parse_codec(a.cache_type_v);
   opt.session.kv_quant = a.kv_quant;
-  Progress progress(!a.no_progress);
-  if (progress.active()) {
-    const Tokenizer& tok = model->tokenizer();
-    const size_t total = tok.encode(text, tok.add_bos_default(), false).size();
-    opt.session.on_batch_done = [&progress, total](int32_t pos) {
-      progress.update(static_cast<size_t>(pos), total, "prefill (tokens)");
+  const Tokenizer& tok = model->tokenizer();
+  const size_t total = tok.encode(text, tok.add_bos_default(), false).size();
+  const size_t n_ctx = static_cast<size_t>(a.ctx > 0 ? a.ctx : model->hparams().n_ctx_train);
+  report_memory(estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, opt.session.kv_quant,
+                                kv_entries(press.get(), total, 0, a.chunk_size, n_ctx), opt.session.batch),
+                available, !a.no_memory_check);
+  Progress progress(!a.no_progress, a.progress_lines);
+  if (progress.active())
+    opt.session.on_batch_bytes = [&progress, total](int32_t pos, size_t kv_bytes) {
+      progress.prefill(static_cast<size_t>(pos), total, kv_bytes);
     };
-  }
   Context c = Context::build(*model, text, opt);
   progress.clear();
   c.save(a.output);
@@ -145,7 +152,7 @@ void add_context(CLI::App& app, Action& action) {
   auto* build = sub->add_subcommand(
       "build", "prefill a context, compress it with a press exactly as `generate -f DOC --question Q` does before "
                "the question, and write it to a file");
-  add_model_option(build, a->model);
+  add_model_option(build, a->model, a->load);
   auto* prompt_opt = build->add_option("-p,--prompt", a->prompt, "context text");
   auto* file_opt = build->add_option("-f,--file", a->prompt_file, "read the context from a file ('-' = standard input)");
   build->add_option("-o,--out", a->output, "the context file to write (written atomically)")->required();
@@ -166,6 +173,8 @@ void add_context(CLI::App& app, Action& action) {
   add_cache_options(build, a->cache_type_k, a->cache_type_v, a->kv_quant);
   add_json_option(build, a->json);
   add_no_progress_flag(build, a->no_progress);
+  add_progress_flag(build, a->progress_lines);
+  add_memory_check_flag(build, a->no_memory_check);
   build->callback([a, &action, prompt_opt, file_opt, ratio_opt, chunk_opt] {
     a->prompt_given = prompt_opt->count() > 0;
     a->file_given = file_opt->count() > 0;

@@ -19,6 +19,7 @@ namespace {
 
 struct DuoArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::string out, json;
   DuoCalibration cal;
   double head_ratio = 0.5;
@@ -31,7 +32,7 @@ int run(const DuoArgs& a) {
   if (!(a.head_ratio >= 0 && a.head_ratio <= 1)) throw Error(fmt::format("--head-ratio {} is outside [0, 1]", a.head_ratio));
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   Progress progress(!a.no_progress);
   DuoLabels labels = duo_calibrate(*model, a.cal, [&](int i, int n) {
     progress.update(static_cast<size_t>(i), static_cast<size_t>(n), "calibrating: passkey prompts");
@@ -80,7 +81,7 @@ void add_duo_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<DuoArgs>();
   auto* sub = app.add_subcommand("duo-calibrate",
                                  "fit DuoAttention's retrieval/streaming gates on synthetic passkey prompts");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   sub->add_option("-o,--out", a->out, "labels file to write (GGUF)")->required();
   sub->add_option("--samples", a->cal.samples, "passkey prompts")->capture_default_str()->check(int_at_least(1));
   sub->add_option("--length", a->cal.length, "prompt length, tokens")->capture_default_str()->check(int_at_least(1));

@@ -29,7 +29,7 @@ struct EAStatsArgs : TrainerArgs {
 int run(const EAStatsArgs& a) {
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const Tokenizer& tok = model->tokenizer();
   // Samples: consecutive pieces of --chars characters of each file (kvpress: the first
   // sample_seq_len characters of each dataset row).

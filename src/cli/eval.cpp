@@ -33,6 +33,7 @@ namespace {
 
 struct CommonArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::vector<std::string> presses{"streaming_llm", "knorm", "snapkv"};
   std::vector<double> ratios{0.5, 0.75, 0.9};
   bool no_baseline = false;
@@ -68,7 +69,7 @@ struct TaskArgs : CommonArgs {
 void add_common(CLI::App* sub, CommonArgs& a, const std::string& default_out, int default_samples) {
   a.out = default_out;
   a.samples = default_samples;
-  add_model_option(sub, a.model);
+  add_model_option(sub, a.model, a.load);
   sub->add_option("--press", a.presses, "press specs NAME[:key=value,...] (repeat or space-separate)")
       ->capture_default_str();
   sub->add_option("--ratios", a.ratios, "compression ratios (fractions of context entries removed), in [0, 1)")
@@ -291,7 +292,7 @@ Sweep start_sweep(const CommonArgs& a, const MpiWorld& mpi, const std::string& k
   s.runs = expand_runs(a.presses, a.ratios, !a.no_baseline);
   if (mpi.rank() == 0) check_json_output(a.json);
   apply_threads(a.threads);
-  s.model = Model::load(a.model);
+  s.model = Model::load(a.model, a.load);
   if (mpi.rank() == 0) warn_context_size(*s.model, a.ctx);
   s.res.info = make_run_info(kind, a.model);
   s.res.info.shard_index = s.part.shard.index;

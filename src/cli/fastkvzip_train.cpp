@@ -37,7 +37,7 @@ double mean(const std::vector<double>& v) {
 int run(FastKVzipArgs a) {
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   // Documents of --doc-tokens tokens (BOS first when the vocabulary wants it), as kvzap-train cuts them.
   const auto docs = kvzap_documents_from_files(model->tokenizer(), a.text, "-f", a.doc_tokens, a.max_docs);
   if (docs.empty()) throw Error("fastkvzip-train: no document of at least 16 tokens in the text");

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/flag_names.h"
+#include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "util/clock.h"
 #include "util/text_file.h"
@@ -25,6 +26,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::string prompt, prompt_file, question;
   bool prompt_given = false, file_given = false;  // -p "" is an empty prompt, not a missing one
   bool ratio_given = false, chunk_given = false;
@@ -43,6 +45,8 @@ struct GenerateArgs {
   bool display_prompt = true;
   std::string json;
   bool no_progress = false;
+  bool progress_lines = false;  // --progress: lines on a stderr that is not a terminal
+  bool no_memory_check = false;
   bool chat = false;            // the prompt is a user message, rendered with the chat template
   std::string system_prompt;    // -sys: the conversation's system message (chat only)
   ChatTemplateArgs chat_template;
@@ -86,7 +90,7 @@ int run_chat(const GenerateArgs& a) {
   std::unique_ptr<Press> press = make_press(a.press, a.ratio, ratio_used);
   if (a.ratio_given) check_ratio_used(a.press, a.ratio, ratio_used, "--compression-ratio");
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const ChatTemplate t = chat_template_for(*model, a.chat_template);
   RequestOptions ro;
   ro.session.n_ctx = a.ctx;
@@ -177,7 +181,8 @@ int run(const GenerateArgs& a) {
   opt.context = a.file_given ? read_text_file(a.prompt_file, "-f") : a.prompt;
   opt.question = a.question;
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  const size_t available = available_memory();  // before the model takes its share
+  auto model = Model::load(a.model, a.load);
   std::unique_ptr<Context> stored_context;
   double load_seconds = 0;
   if (stored) {
@@ -210,15 +215,40 @@ int run(const GenerateArgs& a) {
     press_report = ci.press_report;
     cache_type = ci.cache_type;
   }
-  // A progress line while the prompt is prefilled (only on a terminal, after the first second).
-  Progress progress(!a.no_progress);
+  // What the run will hold, checked before anything is prefilled: the tokens it can reach (prompt,
+  // question and -n, within -c), the press's bound under chunked prefill.
+  const Tokenizer& tok = model->tokenizer();
+  const size_t context_tokens =
+      stored_context                  ? static_cast<size_t>(stored_context->info().next_position)
+      : !opt.context_tokens.empty() ? opt.context_tokens.size()
+                                    : tok.encode(opt.context, tok.add_bos_default(), false).size();
+  const size_t question_tokens = opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size();
+  const size_t n_ctx_run = static_cast<size_t>(a.ctx > 0 ? a.ctx : model->hparams().n_ctx_train);
+  const size_t later = question_tokens + (a.n_predict < 0 ? n_ctx_run : static_cast<size_t>(a.n_predict));
+  if (stored_context) {
+    // The stored cache as it is, plus the question and generated entries.
+    const ContextInfo ci = stored_context->info();
+    const size_t more = std::min(later, n_ctx_run - std::min(n_ctx_run, context_tokens));
+    MemoryEstimate e = estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, opt.session.kv_quant,
+                                       more, opt.session.batch);
+    e.kv += ci.kv_bytes;
+    e.kv_tokens = context_tokens + more;
+    e.kv_codecs = ci.cache_type;
+    report_memory(e, available, !a.no_memory_check);
+  } else {
+    report_memory(estimate_memory(*model, opt.session.key_codec, opt.session.value_codec, opt.session.kv_quant,
+                                  kv_entries(press.get(), context_tokens, later, a.chunk_size, n_ctx_run),
+                                  opt.session.batch),
+                  available, !a.no_memory_check);
+  }
+  // A progress line while the prompt is prefilled (on a terminal after the first second; with
+  // --progress, lines in a log).
+  Progress progress(!a.no_progress, a.progress_lines);
   bool prefilling = true;
   if (progress.active() && !stored_context) {
-    const Tokenizer& tok = model->tokenizer();
-    const size_t total = tok.encode(opt.context, tok.add_bos_default(), false).size() +
-                         (opt.question.empty() ? 0 : tok.encode(opt.question, false, false).size());
-    opt.session.on_batch_done = [&progress, &prefilling, total](int32_t pos) {
-      if (prefilling) progress.update(static_cast<size_t>(pos), total, "prefill (tokens)");
+    const size_t total = context_tokens + question_tokens;
+    opt.session.on_batch_bytes = [&progress, &prefilling, total](int32_t pos, size_t kv_bytes) {
+      if (prefilling) progress.prefill(static_cast<size_t>(pos), total, kv_bytes);
     };
   }
   // Text (prompt echo and continuation) goes to stdout, statistics to stderr; with --json - stdout
@@ -258,6 +288,15 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "\n--- kvslim ---\n");
   fmt::print(stderr, "model            {} ({}, {} layers, {} query heads, {} KV heads, head_dim {}, {})\n", a.model,
              hp.arch, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, model->weight_type());
+  if (hp.rope_freq_scale != 1.0f || hp.yarn_ext_factor != 0.0f || hp.yarn_attn_factor != 1.0f) {
+    const char* kind = hp.rope_scaling == RopeScaling::Yarn ? "yarn" : hp.rope_scaling == RopeScaling::None ? "none" : "linear";
+    std::string yarn;
+    if (hp.yarn_ext_factor != 0.0f)
+      yarn = fmt::format(", original context {}, ext factor {}, beta fast {} slow {}", hp.yarn_orig_ctx, hp.yarn_ext_factor,
+                         hp.yarn_beta_fast, hp.yarn_beta_slow);
+    fmt::print(stderr, "rope             {} scaling x{:g} (freq scale {:g}), base {:g}{}, attn factor {:g}\n", kind,
+               1.0 / hp.rope_freq_scale, hp.rope_freq_scale, hp.rope_freq_base, yarn, hp.yarn_attn_factor);
+  }
   fmt::print(stderr, "press            {}{}\n", press_desc,
              stored_context ? fmt::format(" (stored context {})", a.context_file) : "");
   fmt::print(stderr, "prompt tokens    {} context + {} question\n", st.context_tokens, st.question_tokens);
@@ -395,7 +434,7 @@ int run(const GenerateArgs& a) {
 void add_generate(CLI::App& app, Action& action) {
   auto a = std::make_shared<GenerateArgs>();
   auto* sub = app.add_subcommand("generate", "prefill a prompt, compress its KV cache with a press, and generate");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   auto* prompt_opt = sub->add_option("-p,--prompt", a->prompt, "context text (compressed by the press)");
   auto* file_opt = sub->add_option("-f,--file", a->prompt_file, "read the context from a file ('-' = standard input)");
   sub->add_option("--question", a->question, "text appended after compression, never compressed");
@@ -425,6 +464,8 @@ void add_generate(CLI::App& app, Action& action) {
   sub->add_flag("!--no-display-prompt", a->display_prompt, "do not echo the prompt before the generated text");
   add_json_option(sub, a->json);
   add_no_progress_flag(sub, a->no_progress);
+  add_progress_flag(sub, a->progress_lines);
+  add_memory_check_flag(sub, a->no_memory_check);
   sub->add_flag("--chat", a->chat,
                 "the prompt is a user message: apply the model's chat template (ChatML when it has none); without "
                 "-p or -f, an interactive chat on standard input, '/exit' or end of input to quit (-cnv)");

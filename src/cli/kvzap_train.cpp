@@ -19,6 +19,7 @@ namespace {
 
 struct TrainArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::string json;
   std::vector<std::string> corpus;
   std::string out;
@@ -61,14 +62,14 @@ int bench_only(const TrainArgs& a, const Model& model) {
 int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   if (a.bench_only) {
     apply_threads(a.threads);
-    auto model = Model::load(a.model);
+    auto model = Model::load(a.model, a.load);
     return bench_only(a, *model);
   }
   if (a.corpus.empty()) throw Error("give at least one text file: -f FILE (also --corpus)");
   if (a.out.empty()) throw Error("give --out SURROGATE.gguf");
   if (a.type != "mlp" && a.type != "linear") throw Error(fmt::format("--type '{}' must be mlp or linear", a.type));
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const HParams& hp = model->hparams();
 
   const std::vector<std::vector<Token>> docs =
@@ -146,7 +147,7 @@ void add_kvzap_train(CLI::App& app, Action& action) {
   auto a = std::make_shared<TrainArgs>();
   auto* sub = app.add_subcommand("kvzap-train",
                                  "train a KVzap surrogate of KVzip+ scores from text files (ridge and MLP) and save it");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   sub->add_option("-f,--file,--corpus", a->corpus, "text files to learn from (-f as the other trainers)")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "surrogate file to write (GGUF)");
   sub->add_option("--type", a->type, "surrogate to save: mlp or linear (both are fitted and reported)")

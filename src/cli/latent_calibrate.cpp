@@ -20,6 +20,7 @@ namespace {
 
 struct CalibArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::vector<std::string> text;
   std::string out, json;
   int doc_tokens = 512;
@@ -49,7 +50,7 @@ int run(const CalibArgs& a) {
   }
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   // A rank above head_dim was cut to head_dim silently.
   for (auto [flag, r] : {std::pair<const char*, int>{"--k-rank", a.opt.k_rank}, {"--v-rank", a.opt.v_rank}})
     if (r > model->hparams().head_dim)
@@ -134,7 +135,7 @@ void add_latent_calibrate(CLI::App& app, Action& action) {
   auto a = std::make_shared<CalibArgs>();
   auto* sub = app.add_subcommand("latent-calibrate",
                                  "fit low-rank (latent) bases of keys and values on calibration text for the latent press");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   sub->add_option("-f,--file,--text", a->text, "calibration text files (-f as the other trainers)")->expected(1, -1);
   sub->add_option("-o,--out", a->out, "bases file to write (GGUF)");
   sub->add_option("--doc-tokens", a->doc_tokens, "tokens per calibration document (each run from position 0)")

@@ -29,7 +29,7 @@ struct LUKVArgs : TrainerArgs {
 int run(const LUKVArgs& a) {
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const auto docs = kvzap_documents_from_files(model->tokenizer(), a.text, "-f", a.doc_tokens, a.max_docs);
   if (docs.empty()) throw Error("lukv-curve: no document of at least 16 tokens in the text");
   Progress progress(!a.no_progress);

@@ -26,6 +26,120 @@ CLI::Option* add_model_option(CLI::App* sub, std::string& model) {
   return sub->add_option("-m,--model", model, "GGUF model file (e.g. models/stories260K.gguf)")->required();
 }
 
+CLI::Option* add_model_option(CLI::App* sub, std::string& model, ModelLoadOptions& load) {
+  CLI::Option* o = add_model_option(sub, model);
+  add_rope_options(sub, load.rope);
+  return o;
+}
+
+namespace {
+
+// A RoPE flag's value: a finite number; `model_value(v)` says it means "the model's" (llama.cpp's
+// 0 or negative defaults); otherwise it must lie in (lo, hi].
+CLI::Validator rope_value(double lo, double hi, const char* what, bool (*model_value)(double)) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        const bool number = !s.empty() && *end == '\0' && std::isfinite(v);
+        if (number && (model_value(v) || (v > lo && v <= hi))) return "";
+        return fmt::format("{} is not {}", printable(s, 40), what);
+      },
+      "");
+}
+
+bool zero(double v) { return v == 0; }
+bool negative(double v) { return v < 0; }
+bool never(double) { return false; }
+
+}  // namespace
+
+void add_rope_options(CLI::App* sub, RopeOverrides& rope) {
+  const std::string group = "RoPE (llama.cpp's flags; default: the model's metadata)";
+  sub->add_option_function<std::string>(
+         "--rope-scaling",
+         [&rope](const std::string& v) {
+           rope.scaling = v == "none" ? RopeScaling::None : v == "yarn" ? RopeScaling::Yarn : RopeScaling::Linear;
+         },
+         "RoPE frequency scaling method: none, linear or yarn (default: the model's rope.scaling.type, else linear)")
+      ->type_name("{none,linear,yarn}")
+      ->check(CLI::IsMember({"none", "linear", "yarn"}).description(""))
+      ->group(group);
+  auto* scale = sub->add_option_function<double>(
+                       "--rope-scale", [&rope](double v) { rope.freq_scale = static_cast<float>(1.0 / v); },
+                       "RoPE context scaling factor: expands the context by a factor of N (= 1 / --rope-freq-scale)")
+                    ->type_name("N")
+                    ->check(rope_value(1e-6, 1e6, "a finite factor in (0, 1e6]", never))
+                    ->group(group);
+  sub->add_option_function<double>(
+         "--rope-freq-base",
+         [&rope](double v) {
+           if (v != 0) rope.freq_base = static_cast<float>(v);
+         },
+         "RoPE base frequency, used by NTK-aware scaling (0 = the model's rope.freq_base)")
+      ->type_name("N")
+                    ->check(rope_value(1.0, 3.4e38, "a finite base > 1 (0 = the model's)", zero))
+      ->group(group);
+  sub->add_option_function<double>(
+         "--rope-freq-scale",
+         [&rope](double v) {
+           if (v != 0) rope.freq_scale = static_cast<float>(v);
+         },
+         "RoPE frequency scaling factor: expands the context by a factor of 1/N (0 = the model's)")
+      ->type_name("N")
+                    ->check(rope_value(1e-6, 1e6, "a finite scale in (0, 1e6] (0 = the model's)", zero))
+      ->excludes(scale)
+      ->group(group);
+  sub->add_option_function<double>(
+         "--yarn-orig-ctx",
+         [&rope](double v) {
+           if (v != 0) rope.yarn_orig_ctx = static_cast<int>(v);
+         },
+         "YaRN: original context size of the model in tokens (0 = rope.scaling.original_context_length, else the "
+         "training context)")
+      ->type_name("N")
+      ->check(int_range(0, 1 << 24))
+      ->group(group);
+  sub->add_option_function<double>(
+         "--yarn-ext-factor",
+         [&rope](double v) {
+           if (v >= 0) rope.yarn_ext_factor = static_cast<float>(v);
+         },
+         "YaRN: extrapolation mix factor (-1 = 1 with yarn scaling, else 0; 0.0 = full interpolation)")
+      ->type_name("N")
+                    ->check(rope_value(0.0, 1e3, "a finite factor in [0, 1e3] (negative = by the scaling type)",
+                         [](double v) { return v <= 0; }))
+      ->group(group);
+  sub->add_option_function<double>(
+         "--yarn-attn-factor",
+         [&rope](double v) {
+           if (v > 0) rope.yarn_attn_factor = static_cast<float>(v);
+         },
+         "YaRN: scale of the attention magnitude, multiplying rotated queries and keys (default 1; negative = the "
+         "model's)")
+      ->type_name("N")
+                    ->check(rope_value(0.0, 1e3, "a finite factor in (0, 1e3] (negative = the model's)", negative))
+      ->group(group);
+  sub->add_option_function<double>(
+         "--yarn-beta-slow",
+         [&rope](double v) {
+           if (v > 0) rope.yarn_beta_slow = static_cast<float>(v);
+         },
+         "YaRN: high correction dim or alpha (default 1; negative = the model's)")
+      ->type_name("N")
+                    ->check(rope_value(0.0, 1e6, "a finite beta in (0, 1e6] (negative = the model's)", negative))
+      ->group(group);
+  sub->add_option_function<double>(
+         "--yarn-beta-fast",
+         [&rope](double v) {
+           if (v > 0) rope.yarn_beta_fast = static_cast<float>(v);
+         },
+         "YaRN: low correction dim or beta (default 32; negative = the model's)")
+      ->type_name("N")
+                    ->check(rope_value(0.0, 1e6, "a finite beta in (0, 1e6] (negative = the model's)", negative))
+      ->group(group);
+}
+
 CLI::Option* add_threads_option(CLI::App* sub, int& threads) {
   return sub->add_option("-t,--threads", threads, "threads (0 = all cores)")
       ->capture_default_str()
@@ -171,6 +285,12 @@ StdoutToStderr::~StdoutToStderr() {
 CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress) {
   return sub->add_flag("--no-progress", no_progress,
                        "no progress line on stderr (none is drawn when stderr is not a terminal)");
+}
+
+CLI::Option* add_progress_flag(CLI::App* sub, bool& progress) {
+  return sub->add_flag("--progress", progress,
+                       "progress lines on stderr even when it is not a terminal (a log): tokens done, tokens/s, "
+                       "elapsed, time left and KV bytes, at most one line a second");
 }
 
 std::vector<std::string> rewrite_llama_short_flags(int argc, char** argv) {

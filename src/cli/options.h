@@ -7,12 +7,23 @@
 #include <string>
 #include <vector>
 
+#include "kvslim/model.h"
 #include "kvslim/request.h"
 
 namespace kvslim::cli {
 
 /// "-m,--model FILE": required in every subcommand that runs a model (no default path).
 CLI::Option* add_model_option(CLI::App* sub, std::string& model);
+
+/// "-m,--model FILE" and the RoPE flags (add_rope_options) into `load`: for subcommands that run the model.
+CLI::Option* add_model_option(CLI::App* sub, std::string& model, ModelLoadOptions& load);
+
+/// llama.cpp's RoPE flags, with its meanings and defaults (0 or a negative value = the model's):
+/// --rope-scaling {none,linear,yarn}, --rope-scale N (context scaling factor = 1 / freq scale),
+/// --rope-freq-base N, --rope-freq-scale N, --yarn-orig-ctx N, --yarn-ext-factor N (-1: 1 for
+/// yarn, else 0), --yarn-attn-factor N, --yarn-beta-slow N, --yarn-beta-fast N. A value out of
+/// range is a CLI::ValidationError naming the flag and the value ("--rope-freq-base: -1 is not ...").
+void add_rope_options(CLI::App* sub, RopeOverrides& rope);
 
 /// "-t,--threads N": 0 (the default everywhere) = all cores.
 CLI::Option* add_threads_option(CLI::App* sub, int& threads);
@@ -78,6 +89,9 @@ class StdoutToStderr {
 
 /// "--no-progress": no progress line on stderr (there is none anyway when stderr is not a terminal).
 CLI::Option* add_no_progress_flag(CLI::App* sub, bool& no_progress);
+
+/// "--progress": progress lines on stderr even when it is not a terminal (whole lines, at most one a second).
+CLI::Option* add_progress_flag(CLI::App* sub, bool& progress);
 
 /// The command line with llama.cpp's multi-letter short flags (-ctk, -ctv, -cnv, -np, -sys), which CLI11 would
 /// read as clusters of one-letter flags (-c tk), rewritten to their long names.

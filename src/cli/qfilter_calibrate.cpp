@@ -28,7 +28,7 @@ int run(const QFilterArgs& a) {
   if (a.text.empty()) throw Error("give -f TEXT (one or more text files)");
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const Tokenizer& tok = model->tokenizer();
   // Each file is cut into documents of --doc-tokens tokens (BOS first when the vocabulary wants it).
   std::vector<std::vector<Token>> docs;

@@ -27,7 +27,7 @@ struct RestoreKVArgs : TrainerArgs {
 int run(RestoreKVArgs a) {
   check_json_output(a.json);
   apply_threads(a.threads);
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.model, a.load);
   const std::vector<Token> tokens = model->tokenizer().encode(read_text_file(a.text.front(), "-f"), false, false);
   Progress progress(!a.no_progress);
   RestoreKVTrainReport r;

@@ -16,6 +16,7 @@
 #include "cli/cache_options.h"
 #include "cli/commands.h"
 #include "cli/context_size.h"
+#include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "press/ratio_use.h"
 #include "server/server.h"
@@ -33,6 +34,7 @@ void on_signal(int) {
 
 struct ServeArgs {
   std::string model;
+  ModelLoadOptions load;  // --rope-* / --yarn-* over the file's RoPE settings
   std::string alias;
   server::ServerOptions opt;
   std::string kv_budget = "0";  // --kv-budget SIZE (as generate's), "0" = no limit
@@ -47,6 +49,7 @@ struct ServeArgs {
   bool no_batch = false;
   ChatTemplateArgs chat_template;
   bool ratio_given = false;
+  bool no_memory_check = false;
 };
 
 int run(ServeArgs& a) {
@@ -67,6 +70,7 @@ int run(ServeArgs& a) {
   o.chat_template_file = a.chat_template.file;
   o.jinja = a.chat_template.jinja;
   o.model_name = a.alias.empty() ? std::filesystem::path(a.model).filename().string() : a.alias;
+  const size_t available = available_memory();  // before the model takes its share
 
   // The listener starts before the model is loaded: a load balancer sees /health answer 503 until
   // the server can serve, instead of connections refused.
@@ -107,10 +111,24 @@ int run(ServeArgs& a) {
     // Tests of the start-up order stretch the load with this (milliseconds).
     if (const char* d = std::getenv("KVSLIM_TEST_LOAD_DELAY_MS"))
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
-    model = Model::load(a.model);
+    model = Model::load(a.model, a.load);
     warn_context_size(*model, a.ctx);
     validate_cache_config(o.engine.session.key_codec, o.engine.session.value_codec, a.kv_quant,
                           model->hparams().head_dim);
+    {
+      // Every slot at its full context (as the press bounds it under chunked prefill), within --kv-budget.
+      bool used = false;
+      const std::unique_ptr<Press> press = make_press(o.press, o.compression_ratio, used);
+      const size_t n_ctx = static_cast<size_t>(a.ctx > 0 ? a.ctx : model->hparams().n_ctx_train);
+      // Refused only when one request at the full context cannot fit: slots fill as requests arrive.
+      const size_t entries = kv_entries(press.get(), n_ctx, 0, o.engine.chunk_size, n_ctx);
+      const KVCodec kc = o.engine.session.key_codec, vc = o.engine.session.value_codec;
+      MemoryEstimate all = estimate_memory(*model, kc, vc, a.kv_quant, entries, o.engine.session.batch,
+                                           static_cast<size_t>(o.engine.parallel));
+      MemoryEstimate one = estimate_memory(*model, kc, vc, a.kv_quant, entries, o.engine.session.batch);
+      if (o.engine.kv_budget) all.kv = std::min(all.kv, o.engine.kv_budget), one.kv = std::min(one.kv, o.engine.kv_budget);
+      report_memory(all, one, available, !a.no_memory_check);
+    }
     srv.set_model(*model);
     ready = true;
     fmt::print(stderr, "kvslim serve: {} on http://{}:{} ({} slots, KV budget {}, press {})\n", o.model_name, o.host,
@@ -141,7 +159,7 @@ void add_serve(CLI::App& app, Action& action) {
   auto a = std::make_shared<ServeArgs>();
   server::ServerOptions& o = a->opt;
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with per-request KV-cache compression");
-  add_model_option(sub, a->model);
+  add_model_option(sub, a->model, a->load);
   sub->add_option("--alias", a->alias, "model name in /v1/models and responses (default: the file name)");
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "port (0 = any free port, printed at start)")->capture_default_str()
@@ -220,6 +238,7 @@ void add_serve(CLI::App& app, Action& action) {
   sub->add_option("--context-timeout", o.context_store.timeout_s, "Redis connect and command timeout, seconds")
       ->capture_default_str()->check(finite_range(0.001, 3600));
   add_cache_options(sub, a->cache_type_k, a->cache_type_v, a->kv_quant);
+  add_memory_check_flag(sub, a->no_memory_check);
   sub->callback([a, &action, ratio_opt] {
     a->ratio_given = ratio_opt->count() > 0;
     action = [a] { return run(*a); };

@@ -7,7 +7,7 @@ namespace kvslim::cli {
 
 CLI::Option* add_trainer_io_options(CLI::App* sub, TrainerArgs& a, const std::string& text_help,
                                     const std::string& out_help) {
-  add_model_option(sub, a.model);
+  add_model_option(sub, a.model, a.load);
   CLI::Option* text = sub->add_option("-f,--file", a.text, text_help)->required()->expected(1, -1);
   sub->add_option("-o,--out", a.out, out_help)->required();
   return text;

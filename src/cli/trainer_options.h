@@ -5,12 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "kvslim/model.h"
+
 namespace kvslim::cli {
 
 /// What those subcommands share: the model, the text they learn from, the file they write, and
 /// how they run.
 struct TrainerArgs {
   std::string model;              ///< -m,--model GGUF (required)
+  ModelLoadOptions load;          ///< --rope-* / --yarn-* over the model's RoPE settings
   std::vector<std::string> text;  ///< -f,--file: one or more text files (required)
   std::string out;                ///< -o,--out: the GGUF file written (required)
   std::string json;               ///< --json FILE|-: a JSON summary ("-" = stdout, which then holds only it)

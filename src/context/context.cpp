@@ -28,6 +28,9 @@ struct Fingerprint {
   float rms_eps = 0, rope_freq_base = 0, rope_freq_scale = 0;
   uint8_t rope_neox = 0;
   uint64_t vocab_digest = 0, tensor_digest = 0;
+  // YaRN's settings (HParams::yarn_*): a context built with other ones holds other rotations.
+  float yarn_ext_factor = 0, yarn_attn_factor = 0, yarn_beta_fast = 0, yarn_beta_slow = 0;
+  int32_t yarn_orig_ctx = 0;
 
   static Fingerprint of(const Model& m) {
     const HParams& hp = m.hparams();
@@ -39,6 +42,8 @@ struct Fingerprint {
     f.rope_neox = hp.rope_neox ? 1 : 0;
     f.vocab_digest = m.vocab_digest();
     f.tensor_digest = m.tensor_digest();
+    f.yarn_ext_factor = hp.yarn_ext_factor, f.yarn_attn_factor = hp.yarn_attn_factor;
+    f.yarn_beta_fast = hp.yarn_beta_fast, f.yarn_beta_slow = hp.yarn_beta_slow, f.yarn_orig_ctx = hp.yarn_orig_ctx;
     return f;
   }
   void write(kv::ByteWriter& w) const {
@@ -48,6 +53,8 @@ struct Fingerprint {
     w.u8(rope_neox);
     w.u64(vocab_digest);
     w.u64(tensor_digest);
+    for (float v : {yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow}) w.raw(&v, 4);
+    w.i32(yarn_orig_ctx);
   }
   static Fingerprint read(kv::ByteReader& r) {
     Fingerprint f;
@@ -59,6 +66,9 @@ struct Fingerprint {
     f.rope_neox = r.u8("model rope type");
     f.vocab_digest = r.u64("vocabulary digest");
     f.tensor_digest = r.u64("tensor data digest");
+    for (float* v : {&f.yarn_ext_factor, &f.yarn_attn_factor, &f.yarn_beta_fast, &f.yarn_beta_slow})
+      r.raw(v, 4, "model RoPE settings");
+    f.yarn_orig_ctx = r.i32("model RoPE settings");
     // Bounds that keep a corrupt header from sizing anything absurd (the cache reader checks the rest).
     if (f.n_layer < 1 || f.n_layer > 4096 || f.n_head_kv < 1 || f.n_head_kv > 4096 || f.head_dim < 1 ||
         f.head_dim > 4096 || f.n_vocab < 1 || f.n_vocab > (1 << 24))
@@ -80,7 +90,10 @@ struct Fingerprint {
         {"n_layer", {n_layer, o.n_layer}},        {"n_head", {n_head, o.n_head}},
         {"n_head_kv", {n_head_kv, o.n_head_kv}},  {"head_dim", {head_dim, o.head_dim}},
         {"rms_eps", {rms_eps, o.rms_eps}},        {"rope_freq_base", {rope_freq_base, o.rope_freq_base}},
-        {"rope_freq_scale", {rope_freq_scale, o.rope_freq_scale}}, {"rope type", {rope_neox, o.rope_neox}}};
+        {"rope_freq_scale", {rope_freq_scale, o.rope_freq_scale}}, {"rope type", {rope_neox, o.rope_neox}},
+        {"yarn_ext_factor", {yarn_ext_factor, o.yarn_ext_factor}}, {"yarn_attn_factor", {yarn_attn_factor, o.yarn_attn_factor}},
+        {"yarn_beta_fast", {yarn_beta_fast, o.yarn_beta_fast}},    {"yarn_beta_slow", {yarn_beta_slow, o.yarn_beta_slow}},
+        {"yarn_orig_ctx", {yarn_orig_ctx, o.yarn_orig_ctx}}};
     for (const auto& [name, v] : hp)
       if (std::memcmp(&v.first, &v.second, sizeof(double)) != 0)
         return fmt::format("hyper-parameter {} = {} (the model's is {})", name, v.first, v.second);

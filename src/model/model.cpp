@@ -98,9 +98,50 @@ std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
   return f.tensor_f32(t);
 }
 
+// Overrides over the file's RoPE settings, then llama.cpp's resolution: scaling None never scales,
+// and an unset (negative) extrapolation factor is 1 for YaRN, else 0.
+void apply_rope_overrides(HParams& hp, const RopeOverrides& o) {
+  auto check = [](const char* name, double v, bool ok, const char* what) {
+    if (!(std::isfinite(v) && ok)) throw Error(fmt::format("RoPE override {} = {} is out of range ({})", name, v, what));
+  };
+  if (o.scaling) hp.rope_scaling = *o.scaling;
+  if (o.freq_base) {
+    check("freq_base", *o.freq_base, *o.freq_base > 1.0f, "expected a finite base > 1");
+    hp.rope_freq_base = *o.freq_base;
+  }
+  if (o.freq_scale) {
+    check("freq_scale", *o.freq_scale, *o.freq_scale > 0.0f && *o.freq_scale <= 1e6f, "expected 0 < scale <= 1e6");
+    hp.rope_freq_scale = *o.freq_scale;
+  }
+  if (o.yarn_orig_ctx) {
+    check("yarn_orig_ctx", *o.yarn_orig_ctx, *o.yarn_orig_ctx > 0 && *o.yarn_orig_ctx <= (1 << 24),
+          "expected 0 < tokens <= 2^24");
+    hp.yarn_orig_ctx = *o.yarn_orig_ctx;
+  }
+  if (o.yarn_ext_factor) {
+    check("yarn_ext_factor", *o.yarn_ext_factor, *o.yarn_ext_factor <= 1e3f, "expected a finite factor");
+    hp.yarn_ext_factor = *o.yarn_ext_factor;
+  }
+  if (o.yarn_attn_factor) {
+    check("yarn_attn_factor", *o.yarn_attn_factor, *o.yarn_attn_factor > 0.0f && *o.yarn_attn_factor <= 1e3f,
+          "expected 0 < factor <= 1e3");
+    hp.yarn_attn_factor = *o.yarn_attn_factor;
+  }
+  if (o.yarn_beta_fast) {
+    check("yarn_beta_fast", *o.yarn_beta_fast, *o.yarn_beta_fast > 0.0f, "expected a beta > 0");
+    hp.yarn_beta_fast = *o.yarn_beta_fast;
+  }
+  if (o.yarn_beta_slow) {
+    check("yarn_beta_slow", *o.yarn_beta_slow, *o.yarn_beta_slow > 0.0f, "expected a beta > 0");
+    hp.yarn_beta_slow = *o.yarn_beta_slow;
+  }
+  if (hp.rope_scaling == RopeScaling::None) hp.rope_freq_scale = 1.0f;
+  if (hp.yarn_ext_factor < 0.0f) hp.yarn_ext_factor = hp.rope_scaling == RopeScaling::Yarn ? 1.0f : 0.0f;
+}
+
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptions& opt) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = GGUFFile::open(path);
   const GGUFFile& f = *m->file_;
@@ -136,18 +177,41 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   hp.rms_eps = static_cast<float>(in_range(eps_key, f.get_float(eps_key, 1e-5), 0.0, 1.0, "expected 0 < eps <= 1"));
   hp.rope_freq_base =
       static_cast<float>(in_range(base_key, f.get_float(base_key, 10000.0), 1.0, 3.4e38, "expected a finite base > 1"));
+  // RoPE scaling as llama.cpp reads it: the factor (rope.scaling.factor, or the older
+  // rope.scale_linear) gives freq_scale = 1 / factor; the type says what the factor stretches.
+  hp.rope_scaling = RopeScaling::Linear;
   if (f.has(a + "rope.scaling.type")) {
     std::string st = f.get_string(a + "rope.scaling.type");
     const std::string fk = a + "rope.scaling.factor";
     double factor = in_range(fk, f.get_float(fk, 1.0), 0.0, 1e6, "expected 0 < factor <= 1e6");
-    if (st == "linear") hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-    else if (st != "none" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
-      throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}'", path, printable(a), printable(st)));
+    if (st == "linear" || st == "yarn") hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    if (st == "none") hp.rope_scaling = RopeScaling::None;
+    else if (st == "yarn") hp.rope_scaling = RopeScaling::Yarn;
+    else if (st != "linear" && st != "llama3")  // llama3 scaling comes as the rope_freqs tensor
+      throw Error(fmt::format("{}: unsupported {}rope.scaling.type = '{}' (supported: none, linear, yarn, llama3)",
+                              path, printable(a), printable(st)));
   } else if (f.has(a + "rope.scale_linear")) {
     const std::string fk = a + "rope.scale_linear";
     hp.rope_freq_scale =
         static_cast<float>(1.0 / in_range(fk, f.get_float(fk), 0.0, 1e6, "expected 0 < factor <= 1e6"));
   }
+  // YaRN's parameters (llama.cpp's keys; defaults as llama.cpp's). A negative extrapolation factor
+  // means "by the scaling type", resolved below once the overrides are in.
+  const std::string yk = a + "rope.scaling.";
+  const int64_t orig = f.get_int(yk + "original_context_length", 0);
+  if (orig < 0 || orig > (1 << 24))
+    throw Error(fmt::format("{}: metadata {}original_context_length = {} is out of range", path, yk, orig));
+  hp.yarn_orig_ctx = orig > 0 ? static_cast<int>(orig) : hp.n_ctx_train;
+  hp.yarn_ext_factor = static_cast<float>(
+      in_range(yk + "yarn_ext_factor", f.get_float(yk + "yarn_ext_factor", -1.0), -2.0, 1e3, "expected a finite factor"));
+  hp.yarn_attn_factor = static_cast<float>(
+      in_range(yk + "yarn_attn_factor", f.get_float(yk + "yarn_attn_factor", 1.0), 0.0, 1e3, "expected 0 < factor <= 1e3") *
+      in_range(yk + "attn_factor", f.get_float(yk + "attn_factor", 1.0), 0.0, 1e3, "expected 0 < factor <= 1e3"));
+  hp.yarn_beta_fast = static_cast<float>(
+      in_range(yk + "yarn_beta_fast", f.get_float(yk + "yarn_beta_fast", 32.0), 0.0, 1e6, "expected 0 < beta <= 1e6"));
+  hp.yarn_beta_slow = static_cast<float>(
+      in_range(yk + "yarn_beta_slow", f.get_float(yk + "yarn_beta_slow", 1.0), 0.0, 1e6, "expected 0 < beta <= 1e6"));
+  apply_rope_overrides(hp, opt.rope);
   hp.rope_neox = hp.arch == "qwen2";
 
   m->tok_ = Tokenizer::from_gguf(f);

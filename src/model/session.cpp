@@ -124,6 +124,7 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
     forward_rows(runs);
     if (r.error) std::rethrow_exception(r.error);
     if (opt_.on_batch_done) opt_.on_batch_done(next_pos_);
+    if (opt_.on_batch_bytes) opt_.on_batch_bytes(next_pos_, cache_.bytes());
   }
   return logits;
 }

@@ -92,6 +92,10 @@ class ExpectedAttentionPress : public ScorerPress, private LayerHook {
       cbar[i] /= n_future_;
       sbar[i] /= n_future_;
     }
+    // The forward pass scales rotated queries by the RoPE magnitude (YaRN's; 1 otherwise): pre-RoPE
+    // statistics get it with the rotation, and window queries (rotated already) lose it when undone.
+    const double mag = rope::magnitude(hp);
+    for (int i = 0; i < half; ++i) cbar[i] *= mag, sbar[i] *= mag;
     // Applies R to vector x (in place).
     auto rot = [&](double* x, int stride) {
       for (int i = 0; i < half; ++i) {
@@ -134,6 +138,8 @@ class ExpectedAttentionPress : public ScorerPress, private LayerHook {
           for (int i : rows) {
             std::vector<double> q(wq + static_cast<size_t>(i) * hd, wq + static_cast<size_t>(i + 1) * hd);
             rope::rotate(q.data(), hd, hp.rope_neox, inv_freq, -double(view.obs().window_positions[i]));
+            if (mag != 1.0)
+              for (double& v : q) v /= mag;
             for (int d = 0; d < hd; ++d) mu[d] += q[d];
             qs.push_back(std::move(q));
           }

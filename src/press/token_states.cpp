@@ -58,12 +58,15 @@ std::vector<float> queries_from_hidden(const LayerView& view, const std::vector<
   if (!rows.empty()) matmul(*L.wq, xn.data(), static_cast<int64_t>(rows.size()), q.data());
   const std::vector<double> inv = rope::inv_freq(view.model());
   const auto& pos = view.obs().hidden_positions;
+  const double mag = rope::magnitude(hp);
   for (size_t r = 0; r < rows.size(); ++r)
     for (int h = 0; h < hp.n_head; ++h) {
       float* x = q.data() + r * dq + static_cast<size_t>(h) * hp.head_dim;
       if (!L.bq.empty())
         for (int i = 0; i < hp.head_dim; ++i) x[i] += L.bq[h * hp.head_dim + i];
       rope::rotate(x, hp.head_dim, hp.rope_neox, inv, double(pos[rows[r]]));
+      if (mag != 1.0)  // as the forward pass scales rotated queries (YaRN's magnitude)
+        for (int i = 0; i < hp.head_dim; ++i) x[i] = static_cast<float>(x[i] * mag);
     }
   return q;
 }
