@@ -32,7 +32,7 @@
 namespace kvslim {
 
 /// Version of the context file format this build writes and reads.
-constexpr uint32_t kContextFormatVersion = 1;
+constexpr uint32_t kContextFormatVersion = 2;
 
 /// How a context is compressed (the flags of `kvslim generate` that act before the question).
 struct ContextOptions {
