@@ -7,6 +7,11 @@ loaded: a hang at exit between 128 and 192 MiB (the main thread waited in OpenBL
 worker stuck in OpenBLAS's allocator, which retries a failed mmap forever), and at 64 MiB an exit
 130 with OpenBLAS's "pthread_create failed" instead of an error of ours.
 
+`serve` too: at every limit it either answers /health with 200 or exits 1 with an error of
+kvslim's, within the timeout; from 256 MiB it serves. Regression: its 76 HTTP worker threads took
+8 MiB of address space each, and under 512 MiB the HTTP library's pool, failing half-way through
+its constructor, waited forever on the threads it had started (no output, no exit).
+
 Usage: memory_limits.py KVSLIM MODEL   (exit 0: every run behaved)
 """
 import resource
@@ -36,6 +41,42 @@ def run(limit_mib, args):
     return p.returncode, p.stderr
 
 
+def serve(limit_mib, kvslim, model):
+    """("served" | "exit N" | "hung", stderr) of `kvslim serve` on a free port under the limit."""
+    import http.client
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def limit():
+        b = limit_mib << 20
+        resource.setrlimit(resource.RLIMIT_AS, (b, b))
+
+    p = subprocess.Popen([kvslim, "serve", "-m", model, "--port", str(port), "-t", "2"], preexec_fn=limit,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    status = "hung"
+    deadline = time.time() + TIMEOUT_S
+    while time.time() < deadline:
+        if p.poll() is not None:
+            status = f"exit {p.returncode}"
+            break
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                status = "served"
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    if p.poll() is None:
+        p.kill()
+    err = p.communicate(timeout=30)[1]
+    return status, err
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -58,6 +99,15 @@ def main():
             elif rc != 0 and (rc != 1 or not last.startswith("error:") or "ulimit -v" not in last):
                 failures.append(f"{mib} MiB generate -t {t}: rc {rc}, expected 0 or 1 with an error naming the "
                                 f"limit: {err.strip()[-300:]}")
+    for mib in LIMITS_MIB:
+        status, err = serve(mib, kvslim, model)
+        print(f"{mib:4d} MiB  serve: {status}")
+        if status == "hung":
+            failures.append(f"{mib} MiB serve: neither served nor exited within {TIMEOUT_S} s: {err.strip()[-300:]}")
+        elif mib >= SUCCEEDS_FROM_MIB and status != "served":
+            failures.append(f"{mib} MiB serve: {status}, expected /health 200: {err.strip()[-300:]}")
+        elif status.startswith("exit") and (status != "exit 1" or "error:" not in err):
+            failures.append(f"{mib} MiB serve: {status}, expected exit 1 with an error of ours: {err.strip()[-300:]}")
     for f in failures:
         print("FAIL " + f, file=sys.stderr)
     return 1 if failures else 0

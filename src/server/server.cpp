@@ -9,7 +9,10 @@
 #include <ctime>
 #include <map>
 #include <random>
+#include <condition_variable>
+#include <pthread.h>
 #include <regex>
+#include <system_error>
 #include <set>
 
 #include <fmt/format.h>
@@ -88,6 +91,59 @@ struct Server::Impl {
 
 namespace {
 
+/// The HTTP workers, with 1 MiB stacks: a worker parses, validates and tokenizes one request (no
+/// recursion deeper than a few frames), and the default 8 MiB each would put 600 MiB of address
+/// space behind the default 76 workers. The threads are tried first: httplib's pool, when a
+/// thread cannot start half-way through its constructor, waits forever on those it started, so a
+/// limit on the address space (ulimit -v) gets this error instead of a hang.
+std::unique_ptr<httplib::ThreadPool> make_worker_pool(size_t n) {
+  constexpr size_t kStack = 1u << 20;
+  pthread_attr_t before, small;
+  const bool have_default = pthread_getattr_default_np(&before) == 0;
+  pthread_attr_init(&small);
+  pthread_attr_setstacksize(&small, kStack);
+  pthread_setattr_default_np(&small);
+  auto restore = [&] {
+    if (have_default) {
+      pthread_setattr_default_np(&before);
+      pthread_attr_destroy(&before);
+    }
+    pthread_attr_destroy(&small);
+  };
+  size_t started = 0;
+  {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool go = false;
+    std::vector<std::thread> probe;
+    try {
+      for (size_t i = 0; i < n; ++i)
+        probe.emplace_back([&] {
+          std::unique_lock<std::mutex> lk(mu);
+          cv.wait(lk, [&] { return go; });
+        });
+    } catch (const std::system_error&) {
+    }
+    started = probe.size();
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      go = true;
+    }
+    cv.notify_all();
+    for (auto& t : probe) t.join();
+  }
+  if (started < n) {
+    restore();
+    throw Error(fmt::format("cannot start {} HTTP worker threads ({} started: the process's address-space or thread "
+                            "limit, ulimit -v / -u, is too low); lower --parallel or --queue (workers = parallel + "
+                            "queue + 8)",
+                            n, started));
+  }
+  auto pool = std::make_unique<httplib::ThreadPool>(n);
+  restore();
+  return pool;
+}
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump(error_json(e)), "application/json");
@@ -146,7 +202,7 @@ Server::Server(ServerOptions opt) : opt_(std::move(opt)), impl_(new Impl) {
   }
   http_ = std::make_unique<Http>();
   const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.engine.parallel + opt_.engine.max_queue + 8;
-  impl_->workers = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(threads));
+  impl_->workers = make_worker_pool(static_cast<size_t>(threads));
   GateOptions g;
   g.header_timeout_s = opt_.header_timeout_s;
   g.body_timeout_s = opt_.body_timeout_s;
@@ -439,8 +495,10 @@ std::string context_file_name(const json& body) {
   auto it = body.find("filename");
   if (it == body.end() || !it->is_string()) throw ApiError(400, "'filename' (a string) is required", "filename");
   const std::string name = it->get<std::string>();
-  static const std::regex ok("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
-  if (!std::regex_match(name, ok))
+  // Checked by hand: std::regex recurses per character, and a 1 MB name would take the stack.
+  bool ok = !name.empty() && name.size() <= 128 && std::isalnum(static_cast<unsigned char>(name[0]));
+  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  if (!ok)
     throw ApiError(400,
                    fmt::format("'filename' '{}' must be a plain file name (letters, digits, '.', '_', '-'; no path)",
                                printable(name.substr(0, 200))),
