@@ -63,6 +63,7 @@ struct ContextInfo {
   double prefill_seconds = 0, press_seconds = 0;  ///< of the build
   std::string press_report;         ///< Press::report() after the build
   size_t file_bytes = 0;            ///< size of the file read or last written (0 otherwise)
+  size_t held_bytes = 0;            ///< memory the context holds: its cache's allocations, tokens, text, logits
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
   double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
 };

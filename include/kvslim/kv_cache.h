@@ -143,6 +143,11 @@ class Segment {
   /// Key and value bytes only (scales and zero points included): bits per value = 8 * kv_bytes()
   /// / (2 * head_dim * size()).
   size_t kv_bytes() const;
+  /// What keeping the segment costs: the heap bytes it holds (capacities, whole key tiles and
+  /// growth room included, where bytes() counts the entries) plus the object itself.
+  size_t allocated_bytes() const;
+  /// Gives the capacity past the entries back to the allocator (before a segment is kept long).
+  void shrink_to_fit();
 
   /// Latent mode (Palu / xKV / ThinK; see kv_latent.h): from now on every entry's key is stored as
   /// codes in `key_basis` and its value in `value_basis` (bits: 0 = f16 codes, 2, 4, 8, 32 = f32), replacing
@@ -211,6 +216,10 @@ class KVCache {
   /// in use, each distinct basis counted once however many segments share it. Shared bases
   /// (LatentBasis::shared: loaded once per process) are not this cache's: see shared_bytes().
   size_t bytes() const;
+  /// Segment::allocated_bytes over all segments plus the segment table: the memory the cache holds.
+  size_t allocated_bytes() const;
+  /// Segment::shrink_to_fit on every segment.
+  void shrink_to_fit();
   /// Bytes of the distinct non-shared latent bases in use (0 without latent segments).
   size_t basis_bytes() const;
   /// Bytes of the distinct shared latent bases in use: memory held once per process for every

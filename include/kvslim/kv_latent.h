@@ -124,6 +124,14 @@ class LatentCodes {
   size_t row_bytes() const { return row_; }
   /// Bytes of every row (codes and per-entry scales) and of the per-channel centers and steps.
   size_t bytes() const { return n_ * row_ + (center_.size() + step_.size()) * sizeof(float); }
+  /// Heap bytes held (capacities, not sizes).
+  size_t allocated_bytes() const { return data_.capacity() + (center_.capacity() + step_.capacity()) * sizeof(float); }
+  /// Gives capacity past the size back to the allocator.
+  void shrink_to_fit() {
+    data_.shrink_to_fit();
+    center_.shrink_to_fit();
+    step_.shrink_to_fit();
+  }
   /// Per-channel centers and steps ([rank] each; empty unless per_channel() and fitted).
   const std::vector<float>& centers() const { return center_; }
   const std::vector<float>& steps() const { return step_; }

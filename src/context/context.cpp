@@ -139,6 +139,8 @@ struct Context::Data {
     i.prefill_seconds = stats.prefill_seconds, i.press_seconds = stats.press_seconds;
     i.press_report = press_report;
     i.file_bytes = file_bytes;
+    i.held_bytes = sizeof(Data) + cache.allocated_bytes() + tokens.capacity() * sizeof(Token) + text.capacity() +
+                   logits.capacity() * sizeof(float) + press.capacity() + press_report.capacity();
     return i;
   }
 
@@ -191,6 +193,7 @@ struct Context::Data {
     if (d->logits.size() != static_cast<size_t>(d->fp.n_vocab))
       r.fail(fmt::format("{} context logits for a vocabulary of {}", d->logits.size(), d->fp.n_vocab));
     d->cache = kv::CacheIO::read(r, d->fp.n_layer, d->fp.n_head_kv, d->fp.head_dim, d->next_position);
+    d->cache.shrink_to_fit();  // kept as read: no room to grow
     if (r.left()) r.fail(fmt::format("{} bytes after the cache", r.left()));
     const KVCache& c = d->cache;
     if (st.entries_total != n * static_cast<size_t>(c.n_layer()) * c.n_head_kv())
@@ -307,6 +310,8 @@ Context context::from_request(const Model& model, Request& req, const std::strin
   d->logits = req.logits();
   const RequestStats rs = req.stats();  // before the cache moves out: stats() reads it
   d->cache = take_cache ? std::move(req.session().cache()) : req.cache();
+  d->cache.shrink_to_fit();  // a stored context is kept long: no room to grow
+  d->tokens.shrink_to_fit();
   // Figures that follow from the cache are computed from it, as the reader does.
   RequestStats& st = d->stats;
   st.prefill_seconds = rs.prefill_seconds;

@@ -42,6 +42,7 @@ class ByteBuffer {
   uint8_t* data() { return p_; }
   const uint8_t* data() const { return p_; }
   size_t size() const { return n_; }
+  size_t capacity() const { return cap_; }
 
   /// Sets the size to n bytes; bytes past the old size are zero.
   void resize(size_t n) {

@@ -300,6 +300,22 @@ size_t Segment::kv_bytes() const {
   return n;
 }
 
+size_t Segment::allocated_bytes() const {
+  size_t n = sizeof(Segment) + pos_.capacity() * sizeof(int32_t) + low_.capacity() * sizeof(uint64_t) +
+             low_rank_.capacity() * sizeof(uint32_t) + lk_.allocated_bytes() + lv_.allocated_bytes();
+  for (const KVStore& s : stores_) n += s.allocated_bytes();
+  return n;
+}
+
+void Segment::shrink_to_fit() {
+  pos_.shrink_to_fit();
+  low_.shrink_to_fit();
+  low_rank_.shrink_to_fit();
+  lk_.shrink_to_fit();
+  lv_.shrink_to_fit();
+  for (KVStore& s : stores_) s.shrink_to_fit();
+}
+
 size_t Segment::bytes() const {
   size_t n = pos_.size() * sizeof(int32_t) + low_.size() * sizeof(uint64_t) + low_rank_.size() * sizeof(uint32_t) +
              lk_.bytes() + lv_.bytes();
@@ -402,6 +418,14 @@ size_t KVCache::bytes() const {
   size_t n = basis_bytes();
   for (const Segment& s : segs_) n += s.bytes();
   return n;
+}
+size_t KVCache::allocated_bytes() const {
+  size_t n = basis_bytes() + segs_.capacity() * sizeof(Segment) - segs_.size() * sizeof(Segment);
+  for (const Segment& s : segs_) n += s.allocated_bytes();
+  return n;
+}
+void KVCache::shrink_to_fit() {
+  for (Segment& s : segs_) s.shrink_to_fit();
 }
 size_t KVCache::bytes(int layer) const {
   std::vector<const LatentBasis*> seen;

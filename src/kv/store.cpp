@@ -131,6 +131,21 @@ void KVStore::set_keys(size_t b, size_t e, const float* rows) {
   for (; i < e; ++i) row_put_key(i - n_group_, rows + (i - b) * hd_);
 }
 
+size_t KVStore::allocated_bytes() const {
+  return sizeof(KVStore) + kt_.capacity() + v_.capacity() + g_.capacity() + gofs_.capacity() * sizeof(size_t) +
+         gn_.capacity() * sizeof(int) + gstart_.capacity() * sizeof(size_t) + serial_.capacity() * sizeof(uint32_t);
+}
+
+void KVStore::shrink_to_fit() {
+  kt_.shrink_to_fit();
+  v_.shrink_to_fit();
+  g_.shrink_to_fit();
+  gofs_.shrink_to_fit();
+  gn_.shrink_to_fit();
+  gstart_.shrink_to_fit();
+  serial_.shrink_to_fit();
+}
+
 size_t KVStore::kv_bytes() const { return n_row_ * (krow_ + vrow_) + gbytes_; }
 
 size_t KVStore::block_begin(size_t i) const {

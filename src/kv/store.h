@@ -63,6 +63,10 @@ class KVStore {
 
   /// Bytes of keys and values with scales and zero points.
   size_t kv_bytes() const;
+  /// Heap bytes held (capacities, not sizes), the object itself included.
+  size_t allocated_bytes() const;
+  /// Gives capacity past the size back to the allocator.
+  void shrink_to_fit();
   /// Bookkeeping bytes (KIVI residual-window serial numbers).
   size_t meta_bytes() const { return serial_.size() * sizeof(uint32_t); }
 

@@ -13,11 +13,9 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-/// Bytes a context holds in memory: its cache, logits and token ids.
-size_t held_bytes(const Context& c) {
-  const ContextInfo i = c.info();
-  return i.kv_bytes + static_cast<size_t>(i.n_vocab) * sizeof(float) + c.tokens().size() * sizeof(Token);
-}
+/// Bytes a context holds in memory (its allocations, not only its entries: small contexts cost
+/// several times their entries in tiles, tables and allocator overhead).
+size_t held_bytes(const Context& c) { return c.info().held_bytes; }
 
 bool is_prefix(const std::vector<Token>& stored, const std::vector<Token>& tokens) {
   return stored.size() <= tokens.size() && std::equal(stored.begin(), stored.end(), tokens.begin());

@@ -232,6 +232,27 @@ class Memory(unittest.TestCase):
         finally:
             srv.close()
 
+    def test_memory_counted_is_memory_held(self):
+        """Regression: the memory tier counted entries' bytes only, while a small stored context holds
+        2.5 times that (whole key tiles, growth room, tables), so --context-cache let RSS grow far past
+        it. Now what it counts is within 25% of the RSS the contexts take."""
+        srv = ServerProc("-c", 256, "-t", 1)
+        try:
+            def rss_anon():
+                with open(f"/proc/{srv.proc.pid}/status") as f:
+                    return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
+            complete(srv.port, prompt="warm up", max_tokens=2)
+            r0, c0 = rss_anon(), srv.metrics()['kvslim_context_bytes{tier="memory"}']
+            for i in range(800):
+                complete(srv.port, prompt=f"Once upon a time number {i} there was a cat", max_tokens=1)
+            grown = (rss_anon() - r0) * 1024
+            counted = srv.metrics()['kvslim_context_bytes{tier="memory"}'] - c0
+            self.assertEqual(srv.metrics()["kvslim_contexts_in_memory"], 801)
+            self.assertGreater(counted, 0.75 * grown)
+            self.assertLess(counted, 1.25 * grown)
+        finally:
+            srv.close()
+
     def test_off(self):
         srv = ServerProc("--temp", 0, "-c", 256, "--context-cache", "0")
         try:
