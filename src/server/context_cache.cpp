@@ -71,43 +71,52 @@ void ContextCache::tier_error(size_t t, const std::string& what) {
   fmt::print(stderr, "kvslim serve: context store {}: {} (going on as if uncached)\n", opt_.tiers[t]->name(), what);
 }
 
+ContextCache::Read ContextCache::read_entry(size_t t, const std::string& id, const std::vector<Token>* tokens,
+                                            size_t n) {
+  Read r;
+  std::optional<std::string> image;
+  try {
+    image = opt_.tiers[t]->get(id);
+  } catch (const std::exception& e) {
+    tier_error(t, e.what());
+    r.status = Read::Failed;
+    return r;
+  }
+  if (!image) return r;
+  std::optional<Context> c;
+  try {
+    c = Context::from_image(model_, image->data(), image->size(), fmt::format("{} entry {}", opt_.tiers[t]->name(), id));
+  } catch (const std::exception& e) {
+    tier_error(t, fmt::format("entry refused: {}", e.what()));
+    r.status = Read::Refused;
+    return r;
+  }
+  // The key names a digest of the tokens; a colliding or tampered entry must not answer.
+  const std::vector<Token>& got = c->tokens();
+  if (!(tokens ? (got.size() == n && is_prefix(got, *tokens)) : key_matches(id, got))) {
+    tier_error(t, fmt::format("entry {} holds other tokens than its key names", id));
+    r.status = Read::Refused;
+    return r;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++m_.tiers[t + 1].hits;
+    insert_locked(id, *c, id.substr(0, id.find('-')), got.size());
+  }
+  r.status = Read::Hit;
+  r.found = Found{id, *c, opt_.tiers[t]->name()};
+  return r;
+}
+
 std::optional<ContextCache::Found> ContextCache::from_tiers(const std::string& id, const std::vector<Token>* tokens,
                                                             size_t n, bool count_miss) {
   for (size_t t = 0; t < opt_.tiers.size(); ++t) {
-    std::optional<std::string> image;
-    try {
-      image = opt_.tiers[t]->get(id);
-    } catch (const std::exception& e) {
-      tier_error(t, e.what());
-      continue;
-    }
-    if (!image) {
-      if (count_miss) {
-        std::lock_guard<std::mutex> lk(mu_);
-        ++m_.tiers[t + 1].misses;
-      }
-      continue;
-    }
-    std::optional<Context> c;
-    try {
-      c = Context::from_image(model_, image->data(), image->size(), fmt::format("{} entry {}", opt_.tiers[t]->name(), id));
-    } catch (const std::exception& e) {
-      tier_error(t, fmt::format("entry refused: {}", e.what()));
-      continue;
-    }
-    // The key names a digest of the tokens; a colliding or tampered entry must not answer.
-    const std::vector<Token>& got = c->tokens();
-    const bool tokens_ok = tokens ? (got.size() == n && is_prefix(got, *tokens)) : key_matches(id, got);
-    if (!tokens_ok) {
-      tier_error(t, fmt::format("entry {} holds other tokens than its key names", id));
-      continue;
-    }
-    {
+    Read r = read_entry(t, id, tokens, n);
+    if (r.status == Read::Hit) return r.found;
+    if (r.status == Read::Absent && count_miss) {
       std::lock_guard<std::mutex> lk(mu_);
-      ++m_.tiers[t + 1].hits;
-      insert_locked(id, *c, id.substr(0, id.find('-')), got.size());
+      ++m_.tiers[t + 1].misses;
     }
-    return Found{id, *c, opt_.tiers[t]->name()};
   }
   return std::nullopt;
 }
@@ -150,31 +159,10 @@ std::optional<ContextCache::Found> ContextCache::find_prefix(const std::string& 
       bool found = false;
       for (int n : lens) {
         if (n <= 0 || static_cast<size_t>(n) <= best_n || static_cast<size_t>(n) > max_n) continue;
-        const std::string id = key(spec, tokens, static_cast<size_t>(n));
-        std::optional<std::string> image;
-        try {
-          image = opt_.tiers[t]->get(id);
-        } catch (const std::exception& e) {
-          tier_error(t, e.what());
-          break;
-        }
-        if (!image) continue;
-        std::optional<Context> c;
-        try {
-          c = Context::from_image(model_, image->data(), image->size(),
-                                  fmt::format("{} entry {}", opt_.tiers[t]->name(), id));
-        } catch (const std::exception& e) {
-          tier_error(t, fmt::format("entry refused: {}", e.what()));
-          continue;
-        }
-        if (c->tokens().size() != static_cast<size_t>(n) || !is_prefix(c->tokens(), tokens)) {
-          tier_error(t, fmt::format("entry {} holds other tokens than its key names", id));
-          continue;
-        }
-        std::lock_guard<std::mutex> lk(mu_);
-        ++m_.tiers[t + 1].hits;
-        insert_locked(id, *c, spec, static_cast<size_t>(n));
-        best = Found{id, *c, opt_.tiers[t]->name()};
+        Read r = read_entry(t, key(spec, tokens, static_cast<size_t>(n)), &tokens, static_cast<size_t>(n));
+        if (r.status == Read::Failed) break;  // the tier is down: its other entries are too
+        if (r.status != Read::Hit) continue;
+        best = r.found;
         best_n = static_cast<size_t>(n);
         found = true;
         break;

@@ -136,6 +136,13 @@ class ContextCache {
     std::optional<Context> context;  ///< Put
     size_t tier = 0;                 ///< Unlock
   };
+  /// One tier's entry `id`, checked (format, checksum, model, tokens: against `tokens`' first n when
+  /// given, else against the key) and kept in memory on a hit; failures are counted and logged.
+  struct Read {
+    enum Status { Absent, Failed, Refused, Hit } status = Absent;
+    std::optional<Found> found;
+  };
+  Read read_entry(size_t t, const std::string& id, const std::vector<Token>* tokens, size_t n);
   /// The entry `id` from the first tier holding a valid one (its tokens checked against `tokens`'
   /// first n when given, else against the key), kept in memory.
   std::optional<Found> from_tiers(const std::string& id, const std::vector<Token>* tokens, size_t n,
