@@ -12,27 +12,21 @@ and of those answered from a stored context), the replicas' decode rate while th
 /metrics: decoded tokens over decode seconds), and how many answers differ from the first answer of the same question
 (there must be none). Needs nginx and redis-server (Debian packages). Standard library only."""
 import argparse
-import http.client
 import json
 import os
 import random
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_proc import free_port, metrics, start_serve, stream_completion  # noqa: E402
+
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port, timeout=30):
@@ -44,19 +38,6 @@ def wait_port(port, timeout=30):
         except OSError:
             time.sleep(0.05)
     raise SystemExit(f"nothing listens on port {port}")
-
-
-def replica(kvslim, args):
-    p = subprocess.Popen([kvslim, "serve", "--host", "127.0.0.1", "--port", "0", *args], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while True:
-        line = p.stderr.readline()
-        if not line:
-            raise SystemExit("kvslim serve did not start")
-        m = re.search(r" on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
-            return p, int(m.group(1))
 
 
 def nginx(work, a, b):
@@ -78,31 +59,8 @@ def nginx(work, a, b):
 
 def ask(port, body):
     """(time to first token, total seconds, cached prompt tokens, text) of one streamed completion."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
-    t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    first, text, cached = None, "", 0
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
-        if "error" in ev:
-            raise SystemExit(f"request failed: {ev}")
-        if ev.get("usage"):
-            cached = ev["usage"]["prompt_tokens_details"]["cached_tokens"]
-        piece = ev["choices"][0]["text"] if ev.get("choices") else ""
-        if piece and first is None:
-            first = time.perf_counter() - t0
-        text += piece
-    c.close()
-    total = time.perf_counter() - t0
-    return first if first is not None else total, total, cached, text
+    first, total, usage, text = stream_completion(port, body)
+    return first, total, usage.get("prompt_tokens_details", {}).get("cached_tokens", 0), text
 
 
 def pct(xs, q):
@@ -112,17 +70,8 @@ def pct(xs, q):
 
 def decode_rate(ports):
     """(decoded tokens, decode seconds) summed over the replicas' /metrics."""
-    rows = secs = 0.0
-    for port in ports:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        c.request("GET", "/metrics")
-        for line in c.getresponse().read().decode().splitlines():
-            if line.startswith("kvslim_decode_rows_total "):
-                rows += float(line.split()[1])
-            elif line.startswith("kvslim_decode_seconds_total "):
-                secs += float(line.split()[1])
-        c.close()
-    return rows, secs
+    ms = [metrics(p) for p in ports]
+    return sum(m["kvslim_decode_rows_total"] for m in ms), sum(m["kvslim_decode_seconds_total"] for m in ms)
 
 
 def main():
@@ -161,8 +110,8 @@ def main():
               f"redis://127.0.0.1:{rport}"]
     procs = []
     try:
-        a, pa = replica(args.kvslim, common)
-        b, pb = replica(args.kvslim, common)
+        a, pa = start_serve(args.kvslim, common)
+        b, pb = start_serve(args.kvslim, common)
         procs += [a, b]
         ng, port = nginx(work, pa, pb)
         procs.append(ng)

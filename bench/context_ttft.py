@@ -15,41 +15,20 @@ import argparse
 import http.client
 import json
 import os
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_proc import free_port, metrics, start_serve, stream_completion  # noqa: E402
 
 
 class Replica:
     def __init__(self, kvslim, args):
-        cmd = [kvslim, "serve", "--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
-        self.port = None
-        log = []
-        while True:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise SystemExit("kvslim serve did not start:\n" + "".join(log))
-            log.append(line)
-            m = re.search(r" on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        # Drain stderr so the server never blocks on it.
-        import threading
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        self.proc, self.port = start_serve(kvslim, args)
 
     def post(self, path, body):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
@@ -63,32 +42,11 @@ class Replica:
 
     def ttft(self, body):
         """Seconds from sending the request to its first streamed token, and the whole text."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        t0 = time.perf_counter()
-        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
-        r = c.getresponse()
-        first, text = None, ""
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            piece = ev["choices"][0]["text"] if ev.get("choices") else ""
-            if piece and first is None:
-                first = time.perf_counter() - t0
-            text += piece
-        c.close()
+        first, _, _, text = stream_completion(self.port, body)
         return first, text
 
     def metrics(self):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
-        c.close()
-        return {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and l[0] != "#"}
+        return metrics(self.port)
 
     def close(self):
         self.proc.terminate()
