@@ -503,6 +503,21 @@ TEST(CliHabits, ServeWhoseModelFailsToLoadExits) {
   }
 }
 
+// Bad stored-context flags of serve end it at start, naming the flag and the value (before the model
+// loads and before anything listens).
+TEST(CliHabits, ServeRefusesBadStoredContextFlags) {
+  const std::string m = " serve -m " + quote(kModel) + " --port 0 ";
+  for (const auto& [flag, value, part] : {std::tuple<std::string, std::string, std::string>{"--context-dir", "/proc/nope", "/proc/nope"},
+                                          {"--context-store", "http://x", "redis://"},
+                                          {"--context-store", "redis://host:99999", "99999"},
+                                          {"--context-cache", "lots", "lots"}}) {
+    Result r = run_cli(m + flag + " " + quote(value));
+    EXPECT_EQ(r.rc, 1) << flag << " " << value;
+    EXPECT_TRUE(contains(r.err, "error: " + flag)) << r.err;
+    EXPECT_TRUE(contains(r.err, part)) << r.err;
+  }
+}
+
 // `-cnv` without -p/-f is llama-cli's conversation mode: user turns from stdin, answers on stdout,
 // ended by /exit or the end of input. On a terminal through a pseudo-terminal, bounded in time.
 TEST(CliHabits, InteractiveChatOnATerminal) {

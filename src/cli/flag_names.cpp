@@ -30,6 +30,8 @@ constexpr std::pair<const char*, const char*> kFlags[] = {
     {"EngineOptions::kv_budget", "--kv-budget"},
     {"ServerOptions::max_body", "--max-body"},
     {"ServerOptions::timeout_s", "--timeout"},
+    {"ServerOptions::context_dir", "--context-dir"},
+    {"ServerOptions::context_store", "--context-store"},
     // kvslim latent-calibrate (LatentCalibration)
     {"LatentCalibration::k_bits", "--k-bits"},
     {"LatentCalibration::v_bits", "--v-bits"},

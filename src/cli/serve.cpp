@@ -221,7 +221,7 @@ void add_serve(CLI::App& app, Action& action) {
       ->capture_default_str()->check(int_at_least(0));
   sub->add_flag("--no-batch", a->no_batch, "run each request's decode step on its own (for comparison)");
   sub->add_option("--context-cache", a->context_cache,
-                  "memory for stored contexts (compressed prompts kept for reuse: prefix reuse, multi-turn chat, "
+                  "memory for stored contexts (compressed prompts kept for reuse: the same context, multi-turn chat, "
                   "/v1/contexts), a SIZE as --kv-budget; least recently used first out, and emptied before a request "
                   "would wait for KV budget (0 = none kept in memory)")
       ->capture_default_str();

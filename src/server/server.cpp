@@ -186,8 +186,16 @@ Server::Server(ServerOptions opt) : opt_(std::move(opt)), impl_(new Impl) {
   if (opt_.model_name.empty()) opt_.model_name = "kvslim";
   make_press(opt_.press, opt_.compression_ratio);  // fails early, naming the press
   // Stored-context tiers fail early too (a directory that cannot be written, a malformed URL).
-  if (!opt_.context_dir.empty()) impl_->tiers.push_back(make_dir_tier(opt_.context_dir));
-  if (!opt_.context_store.url.empty()) impl_->tiers.push_back(make_redis_tier(opt_.context_store));
+  try {
+    if (!opt_.context_dir.empty()) impl_->tiers.push_back(make_dir_tier(opt_.context_dir));
+  } catch (const Error& e) {
+    throw Error(fmt::format("ServerOptions::context_dir: {}", e.what()));
+  }
+  try {
+    if (!opt_.context_store.url.empty()) impl_->tiers.push_back(make_redis_tier(opt_.context_store));
+  } catch (const Error& e) {
+    throw Error(fmt::format("ServerOptions::context_store: {}", e.what()));
+  }
   if (!(opt_.header_timeout_s > 0) || !(opt_.body_timeout_s > 0) || !(opt_.drain_timeout_s >= 0))
     throw Error(fmt::format("ServerOptions: header_timeout_s {}, body_timeout_s {} must be positive and "
                             "drain_timeout_s {} not negative",
