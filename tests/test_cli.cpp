@@ -17,6 +17,7 @@
 
 #include "kvslim/gguf.h"
 #include "support/files.h"
+#include "support/shell.h"
 
 using namespace kvslim;
 
@@ -28,12 +29,6 @@ const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 struct Result {

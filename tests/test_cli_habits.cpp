@@ -23,17 +23,12 @@
 #include "cli/flag_names.h"
 #include "cli/progress.h"
 #include "support/files.h"
+#include "support/shell.h"
 
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
 const std::string kPrompt = "Once upon a time";
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 struct Result {
   int rc = -1;

@@ -24,18 +24,13 @@
 #include "kvslim/synth.h"
 #include "model/rope.h"
 #include "support/files.h"
+#include "support/shell.h"
 
 using namespace kvslim;
 
 namespace {
 
 const std::string kModel = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 struct Result {
   int rc = -1;

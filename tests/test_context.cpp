@@ -18,6 +18,7 @@
 #include "kvslim/context.h"
 #include "kvslim/gguf.h"
 #include "support/files.h"
+#include "support/shell.h"
 #include "test_press_util.h"
 #include "util/hash64.h"
 
@@ -417,12 +418,6 @@ TEST(StoredContext, EmptyQuestionContinuesFromTheStoredLogits) {
 // ---- the CLI: `kvslim context build|info` and `generate --context` ----
 
 namespace {
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 struct CliResult {
   int rc = -1;

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -180,8 +179,7 @@ class DirTier : public ContextTier {
           ::unlink(path.c_str());
           fail(path, "cannot write lock", e);
         }
-        std::lock_guard<std::mutex> lock(mu_);
-        tokens_[key] = token;
+        tokens_.put(key, token);
         return true;
       }
       if (errno != EEXIST) fail(path, "cannot create lock", errno);
@@ -194,14 +192,9 @@ class DirTier : public ContextTier {
   }
 
   void unlock(const std::string& key) override {
-    std::string token;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = tokens_.find(key);
-      if (it == tokens_.end()) return;
-      token = it->second;
-      tokens_.erase(it);
-    }
+    const std::optional<std::string> held_token = tokens_.take(key);
+    if (!held_token) return;
+    const std::string& token = *held_token;
     // The lock expires by itself, so a failure here only delays the next builder: not worth an
     // exception out of what callers run on their way out.
     try {
@@ -332,8 +325,7 @@ class DirTier : public ContextTier {
   }
 
   std::string dir_;
-  std::mutex mu_;
-  std::map<std::string, std::string> tokens_;  // key -> token of the locks this tier took
+  tier_key::LockTokens tokens_;
 };
 
 }  // namespace

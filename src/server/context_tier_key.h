@@ -3,6 +3,8 @@
 // Redis key names as is, so only the characters the server's keys use are accepted: lower-case hex
 // digits and '-'. No '/', '.' or NUL can get through, so a key never names a path outside the tier.
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,5 +49,28 @@ inline std::optional<Parts> parse(std::string_view key) {
   }
   return Parts{key.substr(0, n), tokens};
 }
+
+/// The tokens of the build locks a tier took (thread-safe), so that unlock() releases only a lock
+/// this process holds, and only while it still holds this token.
+class LockTokens {
+ public:
+  void put(const std::string& key, std::string token) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_[key] = std::move(token);
+  }
+  /// The token of `key`, forgotten; nullopt when this tier took no lock on it.
+  std::optional<std::string> take(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tokens_.find(key);
+    if (it == tokens_.end()) return std::nullopt;
+    std::string token = std::move(it->second);
+    tokens_.erase(it);
+    return token;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::string> tokens_;
+};
 
 }  // namespace kvslim::server::tier_key

@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -340,22 +339,14 @@ class RedisTier : public ContextTier {
       check(r[0].get(), "SET NX");
       return r[0]->type == REDIS_REPLY_STATUS;  // "OK"; nil when another holds it
     });
-    if (took) {
-      std::lock_guard<std::mutex> lock(mu_);
-      tokens_[key] = token;
-    }
+    if (took) tokens_.put(key, token);
     return took;
   }
 
   void unlock(const std::string& key) override {
-    std::string token;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = tokens_.find(key);
-      if (it == tokens_.end()) return;
-      token = it->second;
-      tokens_.erase(it);
-    }
+    const std::optional<std::string> held_token = tokens_.take(key);
+    if (!held_token) return;
+    const std::string& token = *held_token;
     // Deleted only while it still holds this caller's token: a lock that expired and was taken by
     // another process stays. A failure is not raised: the lock expires by itself, and callers release
     // on their way out.
@@ -570,7 +561,7 @@ class RedisTier : public ContextTier {
   const std::string ttl_ms_;  // PX argument; empty when entries do not expire
   std::mutex mu_;
   std::vector<Conn> idle_;
-  std::map<std::string, std::string> tokens_;  // key -> token of the locks this tier took
+  tier_key::LockTokens tokens_;
 };
 
 }  // namespace
