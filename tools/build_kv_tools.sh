@@ -9,5 +9,5 @@ for t in kv_attention_bench kv_fidelity qdot_bench gemv_stream_bench; do
   g++ -std=gnu++20 -O2 -Iinclude -Isrc "tools/$t.cpp" -o "$B/$t" \
     -Wl,--whole-archive "$B/libkvslim.a" -Wl,--no-whole-archive \
     -I/usr/include/$(gcc -print-multiarch)/openblas-pthread -ldl \
-    $(pkg-config --libs libpcre2-8 cpp-httplib libcrypto) -lfmt -lpthread
+    $(pkg-config --libs libpcre2-8 cpp-httplib libcrypto hiredis) -lfmt -lpthread
 done

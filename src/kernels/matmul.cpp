@@ -53,13 +53,13 @@ void parallel_rows(int64_t rows, int64_t macs, const std::function<void(int64_t,
                  [&](int64_t b, int64_t e) { fn(b * kRowUnit, std::min(rows, e * kRowUnit)); });
 }
 
-// Decode products (the gemv kernels: at most qdot::kGemvMaxRows tokens) over matrices packed
+// Decode products (the gemv kernels: at most qdot::kDecodeMaxRows tokens) over matrices packed
 // thread-major with one part per thread (pack_thread_major) take static shares: thread i computes part i of each, so each
 // thread reads its own arena front to back. Rows are computed the same way whichever thread takes
 // them, so results do not change; with any other thread count the parts are split as rows come.
 bool static_parts(const WeightView* const* w, size_t m, int64_t n_tokens) {
   const int nt = num_threads();
-  if (n_tokens > qdot::kGemvMaxRows || nt < 2) return false;
+  if (n_tokens > qdot::kDecodeMaxRows || nt < 2) return false;
   for (size_t i = 0; i < m; ++i)
     if (!w[i]->packed || w[i]->packed->parts.size() != static_cast<size_t>(nt)) return false;
   return true;

@@ -80,6 +80,10 @@ void quantize_acts_rows(const float* X, int64_t r0, int64_t r1, const Format& f,
 /// Activation rows (tokens) up to which dot_rows_q runs the matrix-vector (decode) kernels, one
 /// activation row at a time over each weight row; above it, the prefill tiles.
 constexpr int64_t kGemvMaxRows = 3;
+/// Activation rows up to which dot_rows_q reads each weight row once for all of them (a decode
+/// step of a small batch of requests): the matrix-vector kernels, run kGemvMaxRows activation rows
+/// at a time over stripes of weight rows held in cache. Above it, the prefill tiles.
+constexpr int64_t kDecodeMaxRows = 16;
 
 /// Y[t * ldy + r] for r in [r0, r1), t in [0, a.rows): the canonical integer dot products of
 /// weight rows of W (an integer-dot type) with the activation rows in `a`, at level `lv`.
