@@ -27,9 +27,6 @@ PUBLIC = {"error.h": "util", "version.h": "util", "gguf.h": "gguf", "quant.h": "
 # (including module, included module): why it is still there.
 KNOWN = {
     ("kernels", "kv"): "attention reads the segments' stores; waits for a plain segment view defined in kernels",
-    ("press", "eval"): "latent_bits_kl and the KVzap trainer use eval's KL; waits for the training and metric split",
-    ("press", "run"): "calibration and training code in src/press runs requests; waits for src/train",
-    ("run", "eval"): "auto-budget measures KL with eval's metrics; waits for the metric split",
 }
 
 

@@ -1,19 +1,14 @@
 #pragma once
 // Metrics of the evaluation harness: fidelity of next-token distributions (KL, top-1 agreement,
-// perplexity) and RULER's string-match scores.
+// perplexity; the per-distribution KL and NLL are in sampling.h, beside the distributions they
+// compare) and RULER's string-match scores.
 #include <cstddef>
 #include <string>
 #include <vector>
 
+#include "kvslim/sampling.h"  // kl_divergence_logits, nll_logits
+
 namespace kvslim {
-
-/// KL(P || Q) in nats between the softmax distributions of two logit vectors of length n,
-/// computed in float64 with log-sum-exp (no overflow for large logits). Entries where P is 0
-/// contribute 0; a finite P entry where Q is 0 makes the result +inf.
-double kl_divergence_logits(const float* p_logits, const float* q_logits, size_t n);
-
-/// -log softmax(logits)[target] in nats (float64). Throws kvslim::Error when target is outside [0, n).
-double nll_logits(const float* logits, size_t n, int target);
 
 /// Accumulates teacher-forced fidelity of a compressed cache against the full cache, one
 /// predicted token at a time (architecture section 6).

@@ -1,5 +1,6 @@
 #pragma once
-// Next-token sampling: greedy, or top-k -> top-p -> temperature -> draw (llama.cpp's order).
+// Next-token distributions: sampling (greedy, or top-k -> top-p -> temperature -> draw, llama.cpp's
+// order) and how far two logit vectors' distributions are apart (KL, NLL).
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -30,5 +31,13 @@ class Sampler {
 
 /// Index of the largest value (lowest index on ties).
 Token argmax(const float* logits, size_t n);
+
+/// KL(P || Q) in nats between the softmax distributions of two logit vectors of length n,
+/// computed in float64 with log-sum-exp (no overflow for large logits). Entries where P is 0
+/// contribute 0; a finite P entry where Q is 0 makes the result +inf.
+double kl_divergence_logits(const float* p_logits, const float* q_logits, size_t n);
+
+/// -log softmax(logits)[target] in nats (float64). Throws kvslim::Error when target is outside [0, n).
+double nll_logits(const float* logits, size_t n, int target);
 
 }  // namespace kvslim

@@ -14,7 +14,7 @@
 #include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/fastkvzip.h"
-#include "press/kvzap_train.h"
+#include "train/kvzap_train.h"
 
 namespace kvslim::cli {
 

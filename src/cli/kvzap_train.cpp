@@ -1,7 +1,7 @@
 // `kvslim kvzap-train`: collects (attention input, log KVzip+ score) pairs from text files, fits the
 // KVzap surrogates (ridge regression and a GELU MLP), reports held-out Pearson correlations per
 // layer, saves one of them, and measures the achieved ratio and the surrogate's cost. The work is
-// the library's (src/press/kvzap_train.h); this file parses flags, calls and prints.
+// the library's (src/train/kvzap_train.h); this file parses flags, calls and prints.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "press/kvzap_train.h"
+#include "train/kvzap_train.h"
 
 namespace kvslim::cli {
 

@@ -12,7 +12,7 @@
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
 #include "kernels/threads.h"
-#include "press/kvzap_train.h"
+#include "train/kvzap_train.h"
 #include "press/lukv.h"
 
 namespace kvslim::cli {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -14,15 +13,6 @@ namespace kvslim {
 
 namespace {
 
-double log_sum_exp(const float* x, size_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
-  if (!std::isfinite(m)) return m;
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
-  return m + std::log(s);
-}
-
 std::string lower(const std::string& s) {
   std::string r = s;
   for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -30,25 +20,6 @@ std::string lower(const std::string& s) {
 }
 
 }  // namespace
-
-double kl_divergence_logits(const float* p, const float* q, size_t n) {
-  const double lp = log_sum_exp(p, n), lq = log_sum_exp(q, n);
-  double kl = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double logp = double(p[i]) - lp;
-    const double pi = std::exp(logp);
-    if (pi == 0.0) continue;
-    kl += pi * (logp - (double(q[i]) - lq));
-  }
-  // Rounding can leave a tiny negative sum for identical distributions.
-  return std::max(kl, 0.0);
-}
-
-double nll_logits(const float* logits, size_t n, int target) {
-  if (target < 0 || static_cast<size_t>(target) >= n)
-    throw Error(fmt::format("target token {} is outside the vocabulary of {} tokens", target, n));
-  return log_sum_exp(logits, n) - double(logits[target]);
-}
 
 void FidelityAccumulator::add(const float* full, const float* comp, size_t n, int target) {
   // A NaN would otherwise print as a KL of -nan and a top-1 agreement of 1 (argmax of NaNs).

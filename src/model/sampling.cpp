@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -9,6 +10,39 @@
 #include "kvslim/error.h"
 
 namespace kvslim {
+
+namespace {
+
+double log_sum_exp(const float* x, size_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+  if (!std::isfinite(m)) return m;
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+double kl_divergence_logits(const float* p, const float* q, size_t n) {
+  const double lp = log_sum_exp(p, n), lq = log_sum_exp(q, n);
+  double kl = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double logp = double(p[i]) - lp;
+    const double pi = std::exp(logp);
+    if (pi == 0.0) continue;
+    kl += pi * (logp - (double(q[i]) - lq));
+  }
+  // Rounding can leave a tiny negative sum for identical distributions.
+  return std::max(kl, 0.0);
+}
+
+double nll_logits(const float* logits, size_t n, int target) {
+  if (target < 0 || static_cast<size_t>(target) >= n)
+    throw Error(fmt::format("target token {} is outside the vocabulary of {} tokens", target, n));
+  return log_sum_exp(logits, n) - double(logits[target]);
+}
+
 
 Sampler::Sampler(SamplingParams p) : p_(p), rng_(p.seed) {
   if (!std::isfinite(p.temp)) throw Error(fmt::format("sampling: temperature {} is not a finite number", p.temp));

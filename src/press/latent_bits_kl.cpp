@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/eval_metrics.h"
+#include "kvslim/sampling.h"
 #include "kvslim/session.h"
 #include "press/latent.h"
 

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/error.h"
-#include "kvslim/eval_metrics.h"
+#include "kvslim/sampling.h"
 #include "press/latent_bits_control.h"
 #include "press/recorders.h"
 #include "util/clock.h"

@@ -1,6 +1,6 @@
 // Training KVzap surrogates (arXiv 2601.07891): documents, KVzip+ targets, a ridge and an MLP fit
 // per layer, held-out correlations, the achieved ratio and the surrogate's cost.
-#include "press/kvzap_train.h"
+#include "train/kvzap_train.h"
 
 #include <algorithm>
 #include <cmath>
