@@ -221,7 +221,7 @@ TEST(Kernels, SimdLevelsAreBitIdentical) {
   for (GGMLType t : kQuantTypes) {
     const int64_t cols = is_k(t) ? 512 : 352, rows = 27;
     Matrix m = make_matrix(t, rows, cols, 21);
-    for (int64_t n : {1, 2, 3, 5, 9, 13, 16, 17, 22}) {
+    for (int64_t n : {1, 2, 3, 5, 9, 13, 16, 17, 22, 32, 33}) {
       std::vector<float> x = make_acts(n, cols, 22 + static_cast<uint32_t>(n));
       std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
       for (qdot::Level lv : lvs)
@@ -587,11 +587,11 @@ std::vector<float> run_view_packed(qdot::Level lv, WeightView v, const std::vect
 
 // Packed rows (16-row interleaved blocks at the AVX-512 level, else 8-row) give the scalar
 // reference's result on the file's rows, bit for bit, at every level and batch size (decode 1-3
-// tokens; small batches of 4-16, which split into passes of each kernel's largest count; prefill
-// tiles above), with row counts that leave a partial block and a partial AVX-512 tile. The AVX2
+// tokens; small batches up to qdot::kDecodeMaxRows (16 for q6_K), which split into passes of each
+// kernel's largest count; prefill tiles above), with row counts that leave a partial block and a partial AVX-512 tile. The AVX2
 // q8_0 and q4_K prefill take 16 rows and 4 activation rows at a time (micro_q8x2, micro_q4x2): rows
 // 16, 27 (a last 16-row block with 3 rows in its second half; every type at AVX-512: 11 rows in the
-// last block) and 40 (two 16-row blocks, then 8 rows alone), and 17, 18, 19 activation rows (a last
+// last block) and 40 (two 16-row blocks, then 8 rows alone), and 33, 34, 35 activation rows (a last
 // group of 1, 2 or 3). The rows are packed at every level in turn (each level's layout) and each
 // packing is read at every level: a level that does not read the layout takes the in-place kernels,
 // with the same bits; one that does reads only the packed bytes (its file rows are zeros there,
@@ -606,7 +606,7 @@ TEST(Kernels, PackedRowsBitIdentical) {
         qdot::set_level(pack_level);
         const WeightView pv = packed_view(m);
         ASSERT_TRUE(pv.packed);
-        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 18, 19}) {
+        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 18, 19, 32, 33, 34, 35}) {
           std::vector<float> x = make_acts(n, cols, 72 + static_cast<uint32_t>(n));
           const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
           for (qdot::Level lv : levels())
@@ -657,7 +657,7 @@ TEST(Kernels, SmallBatchStripesKeepBits) {
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
       const int64_t rows = 1195, cols = 512;  // q8_0: 544 bytes a row, 240 rows a stripe at AVX-512
       Matrix m = make_matrix(t, rows, cols, 141);
-      for (int64_t n : {int64_t{4}, int64_t{8}, int64_t{11}, qdot::kDecodeMaxRows}) {
+      for (int64_t n : {int64_t{4}, int64_t{8}, int64_t{11}, int64_t{16}, int64_t{17}, qdot::kDecodeMaxRows}) {
         std::vector<float> x = make_acts(n, cols, 142 + static_cast<uint32_t>(n));
         const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
         for (qdot::Level lv : levels()) {
@@ -736,7 +736,7 @@ TEST(Kernels, PackedRowsLargestSumsBitIdentical) {
       qdot::set_level(pack_level);
       const WeightView pv = packed_view(m);
       for (float sign : {1.0f, -1.0f})
-        for (int64_t n : {1, 3, 8, 9, 17}) {
+        for (int64_t n : {1, 3, 8, 9, 17, 33}) {
           std::vector<float> x(static_cast<size_t>(n * cols), sign);
           const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
           for (float v : ref) ASSERT_NEAR(v, sign * column * cols, 1e-5 * std::fabs(column) * cols) << type_name(c.t);
@@ -836,7 +836,7 @@ TEST(Kernels, ThreadMajorPackingMatchesUnpacked) {
         }
         vs[w].data = zeros[w].data();
       }
-      for (int64_t n : {1, 3, 7, 16}) {
+      for (int64_t n : {1, 3, 7, 20, 40}) {
         std::vector<std::vector<float>> ref;
         set_num_threads(1);
         for (const Matrix& m : ms) {

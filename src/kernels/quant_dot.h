@@ -80,10 +80,12 @@ void quantize_acts_rows(const float* X, int64_t r0, int64_t r1, const Format& f,
 /// Activation rows (tokens) up to which dot_rows_q runs the matrix-vector (decode) kernels, one
 /// activation row at a time over each weight row; above it, the prefill tiles.
 constexpr int64_t kGemvMaxRows = 3;
-/// Activation rows up to which dot_rows_q reads each weight row once for all of them (a decode
-/// step of a small batch of requests): the matrix-vector kernels, run kGemvMaxRows activation rows
-/// at a time over stripes of weight rows held in cache. Above it, the prefill tiles.
-constexpr int64_t kDecodeMaxRows = 16;
+/// Activation rows up to which dot_rows_q reads each packed weight row once for all of them (a
+/// decode step of a small batch of requests; kernels/packed_weights.h): the matrix-vector kernels,
+/// run a few activation rows at a time over stripes of weight rows held in cache (q6_K up to 16
+/// rows). Above it, and for rows read in place, the prefill tiles. Decode products up to it take
+/// the threads' static shares of thread-major weights (kernels/matmul.cpp).
+constexpr int64_t kDecodeMaxRows = 32;
 
 /// Y[t * ldy + r] for r in [r0, r1), t in [0, a.rows): the canonical integer dot products of
 /// weight rows of W (an integer-dot type) with the activation rows in `a`, at level `lv`.
