@@ -417,6 +417,40 @@ TEST(BenchCli, RunsAndWritesJson) {
       << err2.str();
 }
 
+// --parallel: decode rows for N requests at once (step_batch), each filled to the depth; the KV
+// bytes are the N caches' together, so N times one request's under the same press and depth.
+TEST(BenchCli, ParallelDecodesRequestsTogether) {
+  const std::string stem = ::testing::TempDir() + "/kvslim_parallel_" + std::to_string(::getpid());
+  const std::string model = std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string base = std::string("'") + KVSLIM_CLI + "' bench -m '" + model + "' -r 1 -t 1 --no-progress";
+  const std::string cmd = base + " -p 0 -n 4 --depth 0,8 --parallel 1,3 --press none --press knorm --compression-ratio 0.5 --json '" +
+                          stem + ".json' > '" + stem + ".out' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(stem + ".json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j.size(), 8u);  // 2 presses x (x1, x3) x (d0, d8)
+  EXPECT_EQ(j[0]["test"], "tg4 x1 @ d0");
+  EXPECT_EQ(j[1]["test"], "tg4 x1 @ d8");
+  EXPECT_EQ(j[2]["test"], "tg4 x3 @ d0");
+  EXPECT_EQ(j[3]["test"], "tg4 x3 @ d8");
+  EXPECT_EQ(j[3]["n_parallel"], 3);
+  EXPECT_EQ(j[3]["depth"], 8);
+  for (const auto& r : j) EXPECT_GT(r["avg_ts"].get<double>(), 0.0) << r["test"];
+  // 8 entries each under none, 4 (knorm at 0.5) each under knorm: the bytes of 3 caches.
+  EXPECT_DOUBLE_EQ(j[3]["kv_bytes"].get<double>(), 3 * j[1]["kv_bytes"].get<double>());
+  EXPECT_DOUBLE_EQ(j[7]["kv_bytes"].get<double>(), 3 * j[5]["kv_bytes"].get<double>());
+  EXPECT_NEAR(j[5]["kv_bytes"].get<double>() / j[1]["kv_bytes"].get<double>(), 0.5, 0.05);
+
+  for (const std::string& bad : {std::string(" -p 0 -n 4 --parallel 2 --floor"), std::string(" -n 4 --parallel 0"),
+                                 std::string(" -p 8 -n 0 --parallel 2")}) {
+    const std::string c = base + bad + " > '" + stem + ".out' 2>&1";
+    EXPECT_NE(WEXITSTATUS(std::system(c.c_str())), 0) << bad;
+    std::stringstream err;
+    err << std::ifstream(stem + ".out").rdbuf();
+    EXPECT_NE(err.str().find("--parallel"), std::string::npos) << bad << ": " << err.str();
+  }
+}
+
 // --floor: each decode row carries the read passes timed around it (4 before, 4 after), the bytes
 // a step reads at least (the file's weights by decode_weight_bytes, tested by hand in
 // test_decode_floor.cpp, plus the KV cache at the row's start) and the rate they allow, and a

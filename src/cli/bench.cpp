@@ -56,6 +56,7 @@ struct BenchArgs {
   std::vector<int> n_prompts{512};
   std::vector<int> depths{0};
   std::vector<int> n_gens{32};
+  std::vector<int> parallel;  // --parallel: requests decoding at once (empty: the single-request tests)
   int threads = 0;
   int reps = 5;  // llama-bench's default
   std::string output = "md";
@@ -118,8 +119,9 @@ double median_of(std::vector<double> v) {
 
 struct Result {
   std::string press;
-  std::string test;  // "pp512", "tg32 @ d4096"
+  std::string test;  // "pp512", "tg32 @ d4096", "tg32 x4 @ d0"
   int n_prompt = 0, n_gen = 0, depth = 0;
+  int n_parallel = 1;  // requests decoding at once (their tokens together make the t/s)
   std::vector<double> tps;  // one per repetition
   std::vector<double> token_ms;  // decode tests: every single-token step
   size_t kv_bytes = 0, peak_rss = 0;
@@ -251,6 +253,10 @@ int run(BenchArgs a) {
   const bool ratio_used = !ratio_users.empty();  // by any press of the table (never by none)
   // One press that takes the ratio is enough (a table may set ratio-free presses beside it).
   if (a.ratio_given) check_ratio_used(last_press, a.ratio, ratio_used, "--compression-ratio");
+  if (a.floor && !a.parallel.empty())
+    throw Error("--floor times single-request decode tests, and --parallel runs batched ones: use one of them");
+  if (!a.parallel.empty() && !any_tg)
+    throw Error("--parallel sets the requests of the decode tests, and -n 0 runs none: set -n (--gen) above 0");
   if (a.floor && !any_tg)
     throw Error("--floor times the decode tests, and -n 0 runs none: set -n (--gen) above 0");
   check_json_output(a.json);  // an unwritable output fails before a long run, not after it
@@ -294,6 +300,10 @@ int run(BenchArgs a) {
       entries = std::max(entries, kv_entries(press.get(), static_cast<size_t>(max_depth + max_prompt), 0, a.chunk_size,
                                              static_cast<size_t>(so.n_ctx)));
     entries = std::max(entries, std::min(static_cast<size_t>(so.n_ctx), static_cast<size_t>(max_depth + max_gen * a.reps + 1)));
+    // --parallel: that many caches at once, each filled anew per repetition.
+    for (int n_par : a.parallel)
+      entries = std::max(entries, static_cast<size_t>(n_par) *
+                                      std::min(static_cast<size_t>(so.n_ctx), static_cast<size_t>(max_depth + max_gen + 1)));
     report_memory(estimate_memory(*model, so.key_codec, so.value_codec, so.kv_quant, entries, so.batch), available,
                   !a.no_memory_check);
   }
@@ -324,7 +334,7 @@ int run(BenchArgs a) {
   const bool per_test_peak = reset_peak_rss();
   size_t n_tests = 0;  // one per row but the fill rows
   for (int p : a.n_prompts) n_tests += p > 0 ? a.depths.size() : 0;
-  for (int n : a.n_gens) n_tests += n > 0 ? a.depths.size() : 0;
+  for (int n : a.n_gens) n_tests += n > 0 ? a.depths.size() * std::max<size_t>(1, a.parallel.size()) : 0;
   n_tests *= a.presses.size();
   std::string current;  // the test running now
   auto report = [&](const std::string& pname, const std::string& test) {
@@ -338,6 +348,7 @@ int run(BenchArgs a) {
     };
   for (const std::unique_ptr<Press>& press : presses) {
     const std::string pname = press->describe();
+    const size_t pi = static_cast<size_t>(&press - presses.data());
     for (int n_prompt : a.n_prompts) {
       if (n_prompt <= 0) continue;
       for (int depth : a.depths) {
@@ -369,7 +380,47 @@ int run(BenchArgs a) {
         results.push_back(r);
       }
     }
-    for (size_t gi = 0; gi < a.n_gens.size(); ++gi) {
+    // --parallel: N requests decode together, one pass over the weights per step (step_batch, as
+    // `kvslim serve` batches them; llama-batched-bench's -npl). Each is filled to the depth first
+    // (untimed), then every step of all of them is timed; t/s counts the tokens of all N.
+    for (int n_par : a.parallel)
+      for (int n_gen : a.n_gens) {
+        if (n_gen <= 0) continue;
+        for (int depth : a.depths) {
+          Result r(pname, fmt::format("tg{} x{} @ d{}", n_gen, n_par, depth), 0, n_gen, depth);
+          r.n_parallel = n_par;
+          report(pname, r.test);
+          reset_peak_rss();
+          RequestOptions o = ro;
+          o.n_predict = n_gen;
+          o.sampling.temp = 0;  // greedy: every repetition decodes the same tokens
+          for (int rep = 0; rep < a.reps; ++rep) {
+            std::vector<std::unique_ptr<Request>> reqs;
+            std::vector<Request*> batch;
+            for (int i = 0; i < n_par; ++i) {
+              bool used = false;
+              reqs.push_back(std::make_unique<Request>(*model, make_press(a.presses[pi], a.ratio, used), o));
+              reqs.back()->set_prompt_tokens(random_tokens(std::max(depth, 1), hp.n_vocab, rng));
+              reqs.back()->prefill();
+              batch.push_back(reqs.back().get());
+            }
+            r.kv_bytes = 0;
+            for (const auto& q : reqs) r.kv_bytes += q->cache().bytes();
+            const auto t0 = Clock::now();
+            const double c0 = process_cpu_seconds();
+            while (std::any_of(batch.begin(), batch.end(), [](const Request* q) { return !q->finished(); }))
+              for (const std::exception_ptr& e : step_batch(batch))
+                if (e) std::rethrow_exception(e);
+            size_t tokens = 0;
+            for (const Request* q : batch) tokens += q->generated().size();
+            r.tps.push_back(tokens / since(t0));
+            r.cpu_tps.push_back(tokens / std::max(1e-9, process_cpu_seconds() - c0));
+          }
+          r.peak_rss = rss_peak();
+          results.push_back(r);
+        }
+      }
+    for (size_t gi = 0; gi < a.n_gens.size() && a.parallel.empty(); ++gi) {
       const int n_gen = a.n_gens[gi];
       if (n_gen <= 0) continue;
       // The fill row once per depth (the first decode length), though every decode test fills anew.
@@ -523,6 +574,7 @@ int run(BenchArgs a) {
                      {"n_prompt", r.n_prompt},
                      {"n_gen", r.n_gen},
                      {"depth", r.depth},
+                     {"n_parallel", r.n_parallel},
                      {"samples_ts", r.tps},
                      {"samples_cpu_ts", r.cpu_tps},
                      {"avg_ts", r.mean()},
@@ -584,6 +636,12 @@ void add_bench(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->check(int_range(0, 1 << 24));
   add_threads_option(sub, a->threads);
+  sub->add_option("--parallel", a->parallel,
+                  "decode tests with this many requests at once, comma-separated (as llama-batched-bench's -npl): "
+                  "each filled to the depth, then decoded together, one pass over the weights a step as `kvslim "
+                  "serve` batches them; t/s counts the tokens of all")
+      ->delimiter(',')
+      ->check(int_range(1, 256));
   sub->add_option("-r,--repetitions", a->reps, "repetitions of each test (llama-bench's default)")
       ->capture_default_str()
       ->check(int_range(1, 1 << 20));
