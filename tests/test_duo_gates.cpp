@@ -22,6 +22,7 @@
 #include "kvslim/session.h"
 #include "model/layer_hook.h"
 #include "press/duo_attention.h"
+#include "train/duo_calibrate.h"
 #include "test_press_util.h"
 
 using namespace kvslim;

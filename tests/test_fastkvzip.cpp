@@ -22,6 +22,7 @@
 #include "kvslim/session.h"
 #include "model/layer_hook.h"
 #include "press/fastkvzip.h"
+#include "train/fastkvzip_train.h"
 #include "support/files.h"
 #include "test_press_util.h"
 

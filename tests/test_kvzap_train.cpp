@@ -1,4 +1,4 @@
-// KVzap surrogate training as a library call (src/press/kvzap_train.h): documents cut by the rule,
+// KVzap surrogate training as a library call (src/train/kvzap_train.h): documents cut by the rule,
 // training on a tiny corpus, the errors it names.
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "kvslim/error.h"
 #include "kvslim/model.h"
-#include "press/kvzap_train.h"
+#include "train/kvzap_train.h"
 
 using namespace kvslim;
 

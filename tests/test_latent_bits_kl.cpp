@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "press/latent.h"
+#include "train/latent_calibrate.h"
 #include "test_press_util.h"
 
 using namespace press_test;

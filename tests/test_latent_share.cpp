@@ -14,6 +14,7 @@
 #include "model/layer_hook.h"
 #include "press/cross_layer.h"
 #include "press/latent.h"
+#include "train/latent_calibrate.h"
 #include "press/latent_share.h"
 #include "test_press_util.h"
 

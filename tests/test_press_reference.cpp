@@ -5,6 +5,7 @@
 #include <set>
 
 #include "press/duo_attention.h"
+#include "train/duo_calibrate.h"
 #include "press/kvpress_names.h"
 #include "press/recorders.h"
 #include "test_press_util.h"

@@ -17,6 +17,7 @@
 #include "press/authoring.h"
 #include "press/clusterkv.h"
 #include "press/duo_attention.h"
+#include "train/duo_calibrate.h"
 #include "press/kvzap.h"
 #include "press/kvzip.h"
 #include "press/recorders.h"

@@ -12,6 +12,7 @@
 #include "cli/progress.h"
 #include "kernels/threads.h"
 #include "press/duo_attention.h"
+#include "train/duo_calibrate.h"
 
 namespace kvslim::cli {
 

@@ -15,6 +15,7 @@
 #include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/ea_stats.h"
+#include "train/query_stats.h"
 
 namespace kvslim::cli {
 

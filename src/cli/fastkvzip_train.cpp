@@ -1,7 +1,7 @@
 // `kvslim fastkvzip-train`: trains Fast KVzip's gates (arXiv 2601.17668) on the user's model from
 // text files (targets: KVzip scores from the context replay) and saves them for
 // `--press fastkvzip:gates=FILE` (kvpress downloads gates trained by the authors for a few models).
-// The work is the library's (src/press/fastkvzip.h); this file parses flags, calls and prints.
+// The work is the library's (src/train/fastkvzip_train.h); this file parses flags, calls and prints.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
 #include "kernels/threads.h"
-#include "press/fastkvzip.h"
+#include "train/fastkvzip_train.h"
 #include "train/kvzap_train.h"
 
 namespace kvslim::cli {

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "press/latent.h"
+#include "train/latent_calibrate.h"
 
 namespace kvslim::cli {
 

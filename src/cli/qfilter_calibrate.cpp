@@ -14,6 +14,7 @@
 #include "cli/trainer_options.h"
 #include "kernels/threads.h"
 #include "press/qfilter.h"
+#include "train/qfilter_calibrate.h"
 
 namespace kvslim::cli {
 

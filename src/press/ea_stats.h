@@ -1,9 +1,10 @@
 #pragma once
 // Query statistics for Expected Attention computed offline (kvpress's ExpectedAttentionStatsPress
 // loads them from the model hub; kvslim computes them on the user's model and a text with
-// `kvslim ea-stats` and stores them as GGUF). Per (layer, query head): the mean and the unbiased
-// covariance (N - 1) of the queries before RoPE, over every token of every sample except the first
-// n_sink of each, as kvpress's collect_queries. Devoto, Jeblick, Jegou, arXiv 2510.00636.
+// `kvslim ea-stats`, train/query_stats.h, and stores them as GGUF). Per (layer, query head): the
+// mean and the unbiased covariance (N - 1) of the queries before RoPE, over every token of every
+// sample except the first n_sink of each, as kvpress's collect_queries. Devoto, Jeblick, Jegou,
+// arXiv 2510.00636.
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,11 +33,5 @@ struct QueryStatsFile {
   /// Throws kvslim::Error unless the shapes fit the model.
   void check(const HParams& hp, const std::string& what) const;
 };
-
-/// Runs every sample through the model (BOS first when the vocabulary wants it) and accumulates, in
-/// float64, the pre-RoPE queries (biases added) of tokens at positions >= n_sink (f32 KV cache). Throws
-/// kvslim::Error when fewer than 2 queries were counted. `progress(i, n)` after each sample.
-QueryStatsFile compute_query_stats(const Model& model, const std::vector<std::vector<Token>>& samples, int n_sink,
-                                   const std::function<void(size_t, size_t)>& progress = nullptr);
 
 }  // namespace kvslim

@@ -4,7 +4,7 @@
 // entries and the last int(n_context * window_ratio) (window_size from 32,000 tokens on) as chosen
 // first (kvpress sets their score to 1.0, above every gate score), and evicts
 // floor(entries x ratio) with one bottom-k over all layers and KV heads (layerwise=1: over the KV
-// heads of each layer, floor(n_head_kv x n x ratio) per layer). Training: fastkvzip_train.cpp.
+// heads of each layer, floor(n_head_kv x n x ratio) per layer). Training: train/fastkvzip_train.h.
 //
 // Chunked prefill (--chunk-size, and `serve`, which always prefills in chunks): kvpress has none
 // (one forward over the context, one compression); the authors' repository prefills in chunks

@@ -5,7 +5,8 @@
 // press keeps the keys with the largest <k, u>. Godey et al., "Q-Filters: Leveraging QK Geometry
 // for Efficient KV Cache Compression", arXiv 2503.02812; kvpress's QFilterPress loads such
 // directions from the model hub (nthngdy/<model>_qfilt, scoring -<k, filter>); kvslim computes
-// them on the user's model with `kvslim qfilter-calibrate` and stores them as GGUF.
+// them on the user's model with `kvslim qfilter-calibrate` (train/qfilter_calibrate.h) and stores
+// them as GGUF.
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,13 +34,5 @@ struct QFilters {
   /// Throws kvslim::Error unless the shapes fit the model.
   void check(const HParams& hp, const std::string& what) const;
 };
-
-/// Computes the filters: every document is run through the model (BOS added when the vocabulary
-/// wants it) and every token's queries (RoPE applied, all query heads of the KV head's GQA group
-/// stacked) feed C = sum q q^T per (layer, KV head) in float64; the direction is C's top
-/// eigenvector (LAPACK dsyevd), signed so that sum <q, u> >= 0. `progress(i, n)`
-/// after each document. Throws kvslim::Error when there are no tokens.
-QFilters qfilter_calibrate(const Model& model, const std::vector<std::vector<Token>>& docs,
-                           const std::function<void(size_t, size_t)>& progress = nullptr);
 
 }  // namespace kvslim

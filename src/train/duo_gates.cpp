@@ -1,7 +1,7 @@
 // DuoAttention's gate training (Xiao et al., arXiv 2410.10819; repository
 // github.com/mit-han-lab/duo-attention, duo_attn/train.py), linearised around the full model:
 // each head's streaming deviation at the labelled tokens, carried to the final norm, gives one
-// convex quadratic in the gates (see duo_attention.h), minimised exactly.
+// convex quadratic in the gates (see duo_calibrate.h), minimised exactly.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -15,7 +15,7 @@
 #include "kvslim/quant.h"
 #include "kvslim/session.h"
 #include "model/layer_hook.h"
-#include "press/duo_attention.h"
+#include "train/duo_calibrate.h"
 #include "press/recorders.h"
 
 namespace kvslim {

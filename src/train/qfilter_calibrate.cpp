@@ -1,4 +1,4 @@
-// Q-Filters: computing the directions on a model and a text, and their GGUF file (see qfilter.h).
+// Q-Filters: computing the directions on a model and a text (see press/qfilter.h).
 #include <algorithm>
 #include <cmath>
 
@@ -6,7 +6,7 @@
 
 #include "kvslim/gguf.h"
 #include "kvslim/session.h"
-#include "press/qfilter.h"
+#include "train/qfilter_calibrate.h"
 #include "press/recorders.h"
 
 extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
@@ -92,52 +92,6 @@ QFilters qfilter_calibrate(const Model& model, const std::vector<std::vector<Tok
     f.explained[i] = static_cast<float>(trace > 0 ? top / trace : 0.0);
   }
   return f;
-}
-
-void QFilters::save(const std::string& path) const {
-  GGUFWriter w;
-  w.set("general.architecture", GGUFValue::str("qfilter"));
-  w.set("qfilter.base_model", GGUFValue::str(base_model));
-  w.set("qfilter.n_layer", GGUFValue::u32(n_layer));
-  w.set("qfilter.n_head_kv", GGUFValue::u32(n_head_kv));
-  w.set("qfilter.head_dim", GGUFValue::u32(head_dim));
-  w.add_tensor_f32("qfilter.dir", GGMLType::F32, {head_dim, n_head_kv, n_layer}, dir);
-  w.add_tensor_f32("qfilter.explained", GGMLType::F32, {n_head_kv, n_layer}, explained);
-  w.write(path);
-}
-
-QFilters QFilters::load(const std::string& path) {
-  auto f = GGUFFile::open(path);
-  QFilters q;
-  if (f->get_string("general.architecture") != "qfilter")
-    throw Error(fmt::format("{}: not a Q-filters file (general.architecture is '{}'; write one with kvslim "
-                            "qfilter-calibrate)",
-                            path, f->get_string("general.architecture")));
-  q.n_layer = static_cast<int>(f->get_int("qfilter.n_layer"));
-  q.n_head_kv = static_cast<int>(f->get_int("qfilter.n_head_kv"));
-  q.head_dim = static_cast<int>(f->get_int("qfilter.head_dim"));
-  q.base_model = f->get_string("qfilter.base_model");
-  if (q.n_layer < 1 || q.n_head_kv < 1 || q.head_dim < 1)
-    throw Error(fmt::format("{}: bad Q-filters shape ({} layers, {} KV heads, head_dim {})", path, q.n_layer,
-                            q.n_head_kv, q.head_dim));
-  const TensorInfo& t = f->tensor("qfilter.dir");
-  const int64_t want = int64_t(q.n_layer) * q.n_head_kv * q.head_dim;
-  if (t.nelements() != want)
-    throw Error(fmt::format("{}: tensor qfilter.dir has {} values, expected {}", path, t.nelements(), want));
-  q.dir = f->tensor_f32(t);
-  const TensorInfo& e = f->tensor("qfilter.explained");
-  if (e.nelements() != int64_t(q.n_layer) * q.n_head_kv)
-    throw Error(fmt::format("{}: tensor qfilter.explained has {} values, expected {}", path, e.nelements(),
-                            int64_t(q.n_layer) * q.n_head_kv));
-  q.explained = f->tensor_f32(e);
-  return q;
-}
-
-void QFilters::check(const HParams& hp, const std::string& what) const {
-  if (n_layer != hp.n_layer || n_head_kv != hp.n_head_kv || head_dim != hp.head_dim)
-    throw Error(fmt::format("{}: Q-filters for {} layers x {} KV heads x head_dim {} do not fit the model ({} x {} x "
-                            "{})",
-                            what, n_layer, n_head_kv, head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
 }
 
 }  // namespace kvslim

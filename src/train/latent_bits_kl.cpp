@@ -11,7 +11,7 @@
 
 #include "kvslim/sampling.h"
 #include "kvslim/session.h"
-#include "press/latent.h"
+#include "train/latent_calibrate.h"
 
 namespace kvslim {
 

@@ -17,7 +17,7 @@
 #include "kernels/threads.h"
 #include "kvslim/session.h"
 #include "model/layer_hook.h"
-#include "press/fastkvzip.h"
+#include "train/fastkvzip_train.h"
 
 namespace kvslim {
 

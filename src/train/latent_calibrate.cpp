@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/session.h"
-#include "press/latent.h"
+#include "train/latent_calibrate.h"
 #include "press/latent_share.h"
 
 namespace kvslim {
