@@ -18,6 +18,7 @@
 #include "press/clusterkv.h"
 #include "press/duo_attention.h"
 #include "train/duo_calibrate.h"
+#include "train/kvzap_train.h"
 #include "press/kvzap.h"
 #include "press/kvzip.h"
 #include "press/recorders.h"

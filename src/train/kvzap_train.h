@@ -15,6 +15,46 @@
 
 namespace kvslim {
 
+/// Ridge regression with an intercept, closed form (centred normal equations solved by Cholesky in
+/// float64): minimises |Y - X W^T - b|^2 + alpha |W|^2. X [n][d], Y [n][k] -> W [k][d], b [k].
+/// Throws kvslim::Error when n == 0 or the system is not positive definite.
+void ridge_fit(const float* X, const float* Y, size_t n, int d, int k, double alpha, std::vector<float>& W,
+               std::vector<float>& b);
+
+/// MLP training options (kvpress's KVzap recipe: AdamW, cosine schedule per epoch, gradient-norm
+/// clipping at 1, MSE loss, batches of 512).
+struct MLPTrainOptions {
+  int hidden = 512;
+  int epochs = 15;
+  double lr = 5e-3;
+  int batch = 512;
+  double weight_decay = 0.01;
+  double clip = 1.0;
+  uint64_t seed = 42;
+};
+/// Trains a one-hidden-layer GELU MLP mapping X [n][d] to Y [n][k]. Outputs as in KVzapSurrogate.
+void mlp_fit(const float* X, const float* Y, size_t n, int d, int k, const MLPTrainOptions& opt,
+             std::vector<float>& W1, std::vector<float>& b1, std::vector<float>& W2, std::vector<float>& b2);
+
+/// Pearson correlation of a and b (float64); 0 when either is constant or n < 2.
+double pearson(const float* a, const float* b, size_t n);
+
+/// (attention input, log KVzip+ target) pairs, per layer: X[l] [n][n_embd], Y[l] [n][n_head_kv];
+/// doc[i] is the document row i came from (rows are aligned across layers).
+struct KVzapData {
+  std::vector<std::vector<float>> X, Y;
+  std::vector<int> doc;
+  size_t rows() const { return doc.size(); }
+};
+
+/// Collects training pairs: each document is prefilled (with BOS when the vocabulary wants it),
+/// scored with KVzip's replay (KVzip+; sinks not special-cased), and up to `per_doc` of its tokens
+/// are sampled (seeded). Targets are log(max(score, 1e-12)). `progress(i, n)` is called after each
+/// document when given.
+KVzapData collect_kvzap_data(const Model& model, const std::vector<std::vector<Token>>& docs, int per_doc,
+                             uint64_t seed, const KVzipOptions& kvzip,
+                             const std::function<void(size_t, size_t)>& progress = nullptr);
+
 /// Training documents: consecutive windows of `doc_tokens` tokens of each text (tokenized without
 /// BOS), each led by BOS when the vocabulary adds one; a window shorter than 16 tokens is dropped,
 /// and at most `max_docs` documents are made, in text order.
