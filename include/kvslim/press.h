@@ -41,6 +41,7 @@ struct ObservationNeeds;
 struct Observation;
 struct Target;
 class BudgetPolicy;
+class ScorerPress;
 
 /// Base of all presses. A press serves one request at a time; reset() (called by
 /// prefill_and_compress before the first chunk) forgets everything about the previous one.
@@ -97,6 +98,9 @@ class Press {
   /// entries during decode, or observes decode steps, keeps per-request state (accumulated scores,
   /// clusters, windows) that the stored cache does not carry, so it is refused.
   virtual std::string storage_refusal() const;
+  /// This press as a scorer (entries kept by score under a budget policy), or nullptr: budget
+  /// policies and wrappers reach their inner press's scores and policy through it.
+  virtual ScorerPress* scorer() { return nullptr; }
 };
 
 /// Parameters of a press as given on the command line: name -> value text.

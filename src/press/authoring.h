@@ -204,6 +204,7 @@ std::vector<int32_t> select_top(const std::vector<float>& scores, int keep);
 class ScorerPress : public Press {
  public:
   explicit ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy = nullptr);
+  ScorerPress* scorer() override { return this; }
   /// "<scorer>" under the uniform policy, "<policy>(<scorer>)" otherwise (policy parameters after
   /// the parentheses).
   std::string describe() const override;

@@ -160,7 +160,7 @@ PressRegistrar reg([] {
     if (sz < 1) throw Error(fmt::format("press cam: size={} must be >= 1", sz));
     if (mb < 1) throw Error(fmt::format("press cam: merge_budget={} must be >= 1", mb));
     if (seed < 0) throw Error(fmt::format("press cam: seed={} must be >= 0", seed));
-    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    auto* sp = inner->scorer();
     if (!sp) throw Error(fmt::format("press cam: the inner press {} is not a scorer press", inner->describe()));
     if (sp->needs().tokens)
       throw Error(fmt::format("press cam: the inner press {} scores by replaying the context, which decode-time "

@@ -111,7 +111,7 @@ PressRegistrar reg([] {
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
-    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    auto* sp = inner->scorer();
     if (!sp) throw Error(fmt::format("press critical_adakv needs a scorer press inside, got '{}'", inner->describe()));
     if (sp->policy().describe() != "uniform")
       throw Error(fmt::format("press critical_adakv: '{}' already has a budget policy ({}); critical_adakv brings "

@@ -83,7 +83,7 @@ PressRegistrar reg([] {
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
-    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    auto* sp = inner->scorer();
     if (!sp) throw Error(fmt::format("press criticalkv needs a scorer press inside, got '{}'", inner->describe()));
     // CriticalKV splits a ratio-sized budget in two stages; a press that decides by a threshold
     // (KVzap, threshold(...)) has no budget to split and would make it remove nothing.

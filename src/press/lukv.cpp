@@ -185,7 +185,7 @@ LUKVCurve lukv_profile(const Model& model, const std::vector<std::vector<Token>>
   if (!(context_fraction > 0 && context_fraction < 1))
     throw Error(fmt::format("lukv profile: context fraction {} must be in (0, 1)", context_fraction));
   std::unique_ptr<Press> p = make_press(scorer_spec, 0.0);
-  auto* scorer = dynamic_cast<ScorerPress*>(p.get());
+  auto* scorer = p->scorer();
   if (!scorer) throw Error(fmt::format("lukv profile: '{}' is not a scorer press", scorer_spec));
   std::vector<std::vector<std::vector<double>>> u(L, std::vector<std::vector<double>>(H, std::vector<double>(kSteps + 1)));
   int used = 0;

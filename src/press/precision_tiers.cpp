@@ -61,7 +61,7 @@ class PrecisionTiersPress : public Press {
   PrecisionTiersPress(std::unique_ptr<Press> inner, double low, KVCodec k_low, KVCodec v_low, double mass,
                       double mass_high)
       : inner_(std::move(inner)), low_(low), k_low_(k_low), v_low_(v_low), mass_(mass), mass_high_(mass_high) {
-    scorer_ = dynamic_cast<ScorerPress*>(inner_.get());
+    scorer_ = inner_->scorer();
     if (!scorer_)
       throw Error(fmt::format("press leankv: '{}' is not a scorer press (use e.g. leankv(snapkv))", inner_->describe()));
   }

@@ -259,7 +259,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
     }
     std::unique_ptr<Press> press = info->make(params);
     if (budget > 0) {
-      auto* sp = dynamic_cast<ScorerPress*>(press.get());
+      auto* sp = press->scorer();
       if (!sp) throw Error(fmt::format("press {} does not keep entries by score, so it takes no budget", name));
       sp->set_budget(budget);
     }
@@ -305,7 +305,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   }
   params.erase("ratio");
   if (info->kind == PressKind::Policy) {
-    auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+    auto* sp = inner->scorer();
     if (!sp)
       throw Error(fmt::format("press {}: a budget policy needs a scorer press inside, got '{}'", name,
                               inner->describe()));
@@ -323,7 +323,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   if (inner_used) ratio_used = true;
   // Wrappers that score through the inner press and choose entries themselves would ignore its
   // budget; the ones that run its apply() honour it.
-  if (auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+  if (auto* sp = inner->scorer();
       sp && sp->policy().budget() > 0 && name != "key_rerotation" && name != "decoding")
     throw Error(fmt::format("press {}: the inner press's budget={} would be ignored ({} chooses the entries itself); "
                             "give the budget to a press or policy outside it",

@@ -22,7 +22,7 @@ KVCache sub_cache(const KVCache& cache, const SegmentIndices& idx) {
 }
 
 std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::unique_ptr<Press> inner) {
-  auto* sp = dynamic_cast<ScorerPress*>(inner.get());
+  auto* sp = inner->scorer();
   if (!sp) throw Error(fmt::format("press {} needs a scorer press inside, got '{}'", wrapper, inner->describe()));
   if (sp->policy().describe() != "uniform")
     throw Error(fmt::format("press {}: '{}' has a budget policy ({}); {} scores parts of the cache with a plain "
