@@ -201,6 +201,7 @@ void Segment::drop_tiers() {
 
 void Segment::retain(const std::vector<int32_t>& idx) {
   check_indices(idx, "retain");
+  if (shares() && idx.size() == size()) return;  // keeps every entry: nothing to copy
   unshare();  // other caches read the shared entries: this segment drops its own copy's
   if (latent_) {
     lk_.retain(idx);

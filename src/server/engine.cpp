@@ -277,6 +277,7 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
       const RequestStats& st = a.req->stats();
       j.usage.completion_tokens = st.generated_tokens;
       j.usage.kv_bytes_final = st.final_kv_bytes;
+      j.usage.kv_bytes_shared = a.req->cache().shared_kv_bytes();
       j.usage.entries_now = st.entries_now;
       j.usage.entries_seen = st.entries_seen;
       if (!err) j.text = a.req->text();  // the final text, cut before a stop string

@@ -281,6 +281,9 @@ class Memory(unittest.TestCase):
             self.assertEqual([text(a) for a in answers], refs)
             for a in answers:
                 self.assertEqual(a["usage"]["prompt_tokens_details"]["cached_tokens"], c["tokens"])
+                self.assertGreater(a["usage"]["kv_bytes_shared"], 0)
+                self.assertLessEqual(a["usage"]["kv_bytes_shared"], c["kv_bytes"])
+                self.assertGreater(a["usage"]["kv_bytes_final"], a["usage"]["kv_bytes_shared"])
             busy = [x for x in samples if x[0] >= 2 and x[1] > 0]
             for n, shared, in_use in busy:
                 self.assertLessEqual(shared, c["kv_bytes"])  # once, however many requests read it
