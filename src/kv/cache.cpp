@@ -450,6 +450,7 @@ void Segment::unshare() {
     KVStore hi(*shared_[0]);
     for (size_t p = 1; p < shared_.size(); ++p) hi.append_store(*shared_[p]);
     hi.append_store(stores_[0]);
+    hi.shrink_to_fit();  // the parts' sizes are final: no growth room beyond the next append's
     own.push_back(std::move(hi));
   }
   if (shared_low_) own.push_back(*shared_low_);
