@@ -24,8 +24,10 @@ using press_test::same_cache;
 namespace {
 
 struct Layout {
+  Layout(std::string n, KVCodec key = KVCodec::F16, KVCodec value = KVCodec::F16)
+      : name(std::move(n)), k(key), v(value) {}
   std::string name;
-  KVCodec k = KVCodec::F16, v = KVCodec::F16;
+  KVCodec k, v;
   KVQuantOptions q;
   bool tiers = false;  ///< LeanKV split: every third entry to a q8_0 / q4_0 low tier
 };

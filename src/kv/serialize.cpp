@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
