@@ -304,6 +304,7 @@ void Segment::keys(size_t b, size_t e, float* out) const {
 }
 
 void Segment::values(size_t b, size_t e, float* out) const {
+  if (b >= e) return;  // nothing to decode (`out` may be null)
   if (!latent_ && low_.empty() && !shares() && stores_[0].group_entries() <= b) {
     const KVStore& st = stores_[0];
     kv::rows_decode(st.vc_, head_dim_, st.v_.data() + (b - st.n_group_) * st.vrow_, out, e - b);
