@@ -8,13 +8,18 @@
 // for the model tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "kernels/attention.h"
 #include "kv/store.h"
 #include "kvslim/context.h"
+#include "server/engine.h"
 #include "test_press_util.h"
 
 using namespace kvslim;
@@ -460,4 +465,63 @@ TEST(SharedContext, FourRequestsHoldTheContextOnce) {
   // Four copies would hold at least four times the context's entries; the forks hold under half of it.
   EXPECT_LT(own, 2 * cc.kv_bytes()) << "forks hold copies of the context";
   EXPECT_GT(cc.shared_allocated_bytes(), cc.allocated_bytes() / 2);
+}
+
+// ---- The server's engine: a stored context's shared parts count once against the KV budget ----
+
+namespace {
+
+/// The most requests the engine ran at once while answering `n` requests from `ctx` (60 tokens
+/// each) within `budget` bytes.
+int most_at_once(const Context& ctx, size_t budget, int n, size_t* reservation) {
+  server::EngineOptions eo;
+  eo.parallel = n;
+  eo.kv_budget = budget;
+  eo.session.n_ctx = 512;
+  server::Engine engine(bundled_model(), eo);
+  std::vector<std::shared_ptr<server::Job>> jobs;
+  for (int i = 0; i < n; ++i) {
+    auto j = std::make_shared<server::Job>();
+    j->context = ctx.tokens();
+    j->question = bundled_model().tokenizer().encode(kQuestions[i % 3], false, false);
+    j->max_tokens = 60;
+    j->sampling.temp = 0;
+    j->session = eo.session;
+    j->cached = ctx;
+    j->reservation = engine.estimate(*j);
+    *reservation = j->reservation;
+    jobs.push_back(j);
+  }
+  for (auto& j : jobs) engine.submit(j);
+  int most = 0;
+  for (;;) {
+    most = std::max(most, engine.metrics().active);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    bool all = true;
+    for (auto& j : jobs) {
+      std::lock_guard<std::mutex> lk(j->mu);
+      all = all && j->done;
+    }
+    if (all) break;
+  }
+  for (auto& j : jobs) EXPECT_FALSE(j->error) << (j->error ? j->error->what() : "");
+  return most;
+}
+
+}  // namespace
+
+TEST(SharedContext, TheKvBudgetCountsSharedEntriesOnce) {
+  const Context ctx = Context::build(bundled_model(), press_test::story_tokens(250), ContextOptions{});
+  const size_t shared = ctx.cache().shared_allocated_bytes();
+  size_t res = 0;
+  // Without a budget, to learn a request's reservation (its tail and room for 60 tokens).
+  most_at_once(ctx, 0, 1, &res);
+  ASSERT_GT(res, 0u);
+  ASSERT_LT(res, shared) << "a request reserves its own part, not the context";
+  // Room for the context once and four reservations (20% spare): all four run together. Counted
+  // once per request, the context would leave room for two.
+  EXPECT_EQ(most_at_once(ctx, shared + 4 * res * 6 / 5, 4, &res), 4);
+  // Room for the context once and two and a half reservations: at most two at once. Not counted
+  // at all, the context would let all four run.
+  EXPECT_LE(most_at_once(ctx, shared + res * 5 / 2, 4, &res), 2);
 }
