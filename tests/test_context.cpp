@@ -74,7 +74,15 @@ const CacheCheck kTiers = [](const KVCache& c) {
 };
 const CacheCheck kShared = [](const KVCache& c) { return c.shares_layers(); };
 const CacheCheck kKiviGroupsAndWindow = [](const KVCache& c) {
-  return any_segment(c, [](const Segment& s) { return s.store(0).group_entries() > 0 && s.store(0).row_entries() > 0; });
+  // Over every store: a request's cache reads the groups from the context's shared part.
+  return any_segment(c, [](const Segment& s) {
+    size_t groups = 0, rows = 0;
+    for (int i = 0; i < s.n_stores(); ++i) {
+      groups += s.store(i).group_entries();
+      rows += s.store(i).row_entries();
+    }
+    return groups > 0 && rows > 0;
+  });
 };
 const CacheCheck kMovedPositions = [](const KVCache& c) {
   // Re-rotation leaves positions contiguous up to the context's end, not the original ones.

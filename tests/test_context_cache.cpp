@@ -13,6 +13,7 @@
 #include "kvslim/context.h"
 #include "kvslim/error.h"
 #include "kvslim/model.h"
+#include "context/file.h"
 #include "server/context_cache.h"
 
 using namespace kvslim;
@@ -183,6 +184,45 @@ TEST(ContextCache, MemoryLimitDropsTheLeastRecentlyUsed) {
   ContextCache none(stories(), std::move(tiny));
   none.put("0000000000000000-30-a", a);
   EXPECT_EQ(none.memory_bytes(), 0u);
+}
+
+TEST(ContextCache, EntriesSharedByTwoContextsCountOnce) {
+  // A conversation's next turn is stored from a request that read the first turn's entries in
+  // place: the two contexts share those parts, and the memory tier counts them once.
+  const Context a = build(tokens(60, 1));
+  RequestOptions ro;
+  ro.n_predict = 3;
+  ro.sampling.temp = 0;
+  std::unique_ptr<Request> r = a.request(stories(), {5, 6, 7}, ro);
+  r->run();
+  const Context t = context::from_request(stories(), *r, "knorm", "", 0, true);
+  std::vector<SharedEntries> pa, pt;
+  a.cache().shared_parts(pa);
+  t.cache().shared_parts(pt);
+  size_t common = 0, all_a = 0;
+  for (const SharedEntries& p : pa) {
+    all_a += p.allocated_bytes;
+    for (const SharedEntries& q : pt)
+      if (q.id == p.id) common += p.allocated_bytes;
+  }
+  ASSERT_GT(common, 0u);
+  EXPECT_EQ(common, all_a) << "the next turn reads every shared part of the first";
+  ContextCache cc(stories(), {});
+  cc.put("0000000000000000-60-a", a);
+  cc.put("0000000000000000-63-t", t);
+  EXPECT_EQ(cc.memory_bytes(), a.info().held_bytes + t.info().held_bytes - common);
+  // Parts that running requests read count once, held or not.
+  EXPECT_EQ(cc.footprint(pa), cc.memory_bytes());
+  EXPECT_TRUE(cc.erase("0000000000000000-60-a"));
+  EXPECT_EQ(cc.memory_bytes(), t.info().held_bytes);
+  ContextCache empty(stories(), {});
+  EXPECT_EQ(empty.footprint(pa), all_a);
+  std::vector<SharedEntries> twice = pa;
+  twice.insert(twice.end(), pa.begin(), pa.end());
+  EXPECT_EQ(empty.footprint(twice), all_a);
+  // Evicting a context whose parts requests read frees only what they do not read.
+  EXPECT_EQ(cc.shrink_to(all_a, pa), t.info().held_bytes);
+  EXPECT_EQ(cc.memory_bytes(), 0u);
 }
 
 TEST(ContextCache, SingleFlightBuildsOnceAcrossThreads) {

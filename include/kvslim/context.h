@@ -100,13 +100,19 @@ class Context {
   static ContextInfo inspect(const std::string& path);
 
   ContextInfo info() const;
+  /// The stored cache (shared: see request()), read-only.
+  const KVCache& cache() const;
   const std::vector<Token>& tokens() const;
   /// The text the context was built from ("" when built from tokens).
   const std::string& text() const;
 
-  /// A request that answers `question` from this context: the question is prefilled on a copy of
-  /// the stored cache and decoding follows (run(), step(), step_batch()). opt.session.n_ctx and
-  /// batch apply; the cache codecs are the context's; opt.chunk_size and auto-budget must be off.
+  /// A request that answers `question` from this context: the question is prefilled on a cache
+  /// that reads the stored entries in place, read-only and shared by every request answering from
+  /// this context, and owns only its tail (KVCache::share: the question, the answer, and the
+  /// context's last partly filled key tile or KIVI residual window, copied); decoding follows
+  /// (run(), step(), step_batch()). The logits are bit for bit those of a full copy of the cache.
+  /// opt.session.n_ctx and batch apply; the cache codecs are the context's; opt.chunk_size and
+  /// auto-budget must be off.
   /// Throws kvslim::Error when the model is not the context's (fingerprint), the prompt does not fit
   /// the context size, or the options ask for what a stored context cannot do.
   std::unique_ptr<Request> request(const Model& model, std::vector<Token> question, RequestOptions opt = {}) const;

@@ -16,6 +16,7 @@
 // copy of the whole segment.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,15 @@ namespace kv {
 /// Writes and reads caches byte for byte (stored contexts): internal, in src/kv/serialize.h.
 struct CacheIO;
 }  // namespace kv
+
+/// A read-only part of a segment's entries that several caches read in place (Segment::share):
+/// `id` tells parts apart (the same id in two caches is the same memory), `bytes` its key and value
+/// payload (Segment::kv_bytes's measure), `allocated_bytes` the memory it holds.
+struct SharedEntries {
+  const void* id = nullptr;
+  size_t bytes = 0;
+  size_t allocated_bytes = 0;
+};
 
 /// Entries of one (layer, KV head): keys (RoPE applied) and values, head_dim each, plus the
 /// original token position of every entry. Entry order is insertion order. Entries live in tier 0
@@ -144,7 +154,8 @@ class Segment {
   /// / (2 * head_dim * size()).
   size_t kv_bytes() const;
   /// What keeping the segment costs: the heap bytes it holds (capacities, whole key tiles and
-  /// growth room included, where bytes() counts the entries) plus the object itself.
+  /// growth room included, where bytes() counts the entries) plus the object itself, the shared
+  /// parts it reads included (shared_parts: what it holds alone is the difference).
   size_t allocated_bytes() const;
   /// Gives the capacity past the entries back to the allocator (before a segment is kept long).
   void shrink_to_fit();
@@ -170,11 +181,33 @@ class Segment {
   void rotate(float* x) const;
   int n_stores() const;
   const KVStore& store(int s) const;
-  /// Logical index of every entry of store s, in store order; empty when store s holds exactly
-  /// the entries [0, size()) (a single tier).
+  /// Logical index of every entry of store s, in store order; empty when store s holds
+  /// consecutive entries from store_first(s) (a single tier).
   std::vector<int32_t> store_entries(int s) const;
   /// Store and store index of entry i.
   void locate(size_t i, int& s, size_t& j) const;
+  /// Logical index of store s's first entry when store_entries(s) is empty (the store holds the
+  /// consecutive entries [store_first(s), store_first(s) + store(s).size())); 0 otherwise.
+  size_t store_first(int s) const;
+
+  // ---- Sharing entries between caches (stored contexts answering several requests) ----
+  /// Makes the entries that appending never changes read-only and shared: copies of this segment
+  /// made afterwards (a copy of the cache: one per request answering from a stored context) read
+  /// them in place instead of copying them, and each copy appends to a private tail of its own.
+  /// The tail holds what appending would change: the last, partly filled key tile, or with KIVI
+  /// the residual window and its serials; attention reads the same blocks in the same order as
+  /// from an unshared segment (bit-identical results). Every operation that would change shared
+  /// entries (retain, retain_tiered, set_key(s), to_latent) first gives this segment its own copy
+  /// (unshare); clear() drops the reference. A latent segment is left as it is (not shared). May be
+  /// called again later (a request's cache stored as a new context): the tail's fixed part joins
+  /// the shared parts.
+  void share();
+  /// True when some entries are read from shared parts.
+  bool shares() const { return !shared_.empty() || shared_low_ != nullptr; }
+  /// Copies the shared parts into this segment's own storage (copy on write); no-op when none.
+  void unshare();
+  /// Appends the shared parts this segment reads to `out`.
+  void shared_parts(std::vector<SharedEntries>& out) const;
 
  private:
   void check_indices(const std::vector<int32_t>& idx, const char* what) const;
@@ -189,6 +222,13 @@ class Segment {
   // Latent mode: codes replace stores_ (which stay empty).
   bool latent_ = false;
   LatentCodes lk_, lv_;
+  // Shared, read-only parts (share()): the high tier's oldest entries, part after part, then
+  // stores_[0] (the private tail: the only store while shared); the low tier as a whole. The store
+  // order attention reads is shared_..., stores_[0], shared_low_.
+  std::vector<std::shared_ptr<const KVStore>> shared_;
+  std::shared_ptr<const KVStore> shared_low_;
+  std::vector<size_t> shared_start_;  ///< high-tier index of each shared part's first entry, and the total
+  size_t tier_size(int t) const;
   void set_tiers(const std::vector<uint8_t>& low);
   void drop_tiers();
   friend struct kv::CacheIO;
@@ -236,6 +276,17 @@ class KVCache {
   int32_t next_position() const;
   /// Empties every segment and ends every cross-layer sharing (source(l) == l again).
   void clear();
+
+  /// Segment::share on every segment: copies of this cache made afterwards read the entries in
+  /// place (one per request answering from a stored context) and own only their tails.
+  void share();
+  /// The shared parts the segments read (Segment::shared_parts), appended to `out`.
+  void shared_parts(std::vector<SharedEntries>& out) const;
+  /// Allocated bytes of the shared parts (included in allocated_bytes()): the memory this cache
+  /// reads but shares with others. allocated_bytes() - shared_allocated_bytes() is what it alone holds.
+  size_t shared_allocated_bytes() const;
+  /// Key and value bytes of the shared parts (included in bytes() and kv_bytes()).
+  size_t shared_kv_bytes() const;
 
   /// Cross-layer entry sharing, after training (CLA: Brandon et al., "Reducing Transformer
   /// Key-Value Cache Size with Cross-Layer Attention", arXiv 2405.12981; MiniCache, arXiv

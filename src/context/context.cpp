@@ -194,6 +194,7 @@ struct Context::Data {
       r.fail(fmt::format("{} context logits for a vocabulary of {}", d->logits.size(), d->fp.n_vocab));
     d->cache = kv::CacheIO::read(r, d->fp.n_layer, d->fp.n_head_kv, d->fp.head_dim, d->next_position);
     d->cache.shrink_to_fit();  // kept as read: no room to grow
+    d->cache.share();          // requests answering from it read its entries in place
     if (r.left()) r.fail(fmt::format("{} bytes after the cache", r.left()));
     const KVCache& c = d->cache;
     if (st.entries_total != n * static_cast<size_t>(c.n_layer()) * c.n_head_kv())
@@ -311,6 +312,7 @@ Context context::from_request(const Model& model, Request& req, const std::strin
   const RequestStats rs = req.stats();  // before the cache moves out: stats() reads it
   d->cache = take_cache ? std::move(req.session().cache()) : req.cache();
   d->cache.shrink_to_fit();  // a stored context is kept long: no room to grow
+  d->cache.share();          // requests answering from it read its entries in place
   d->tokens.shrink_to_fit();
   // Figures that follow from the cache are computed from it, as the reader does.
   RequestStats& st = d->stats;
@@ -387,6 +389,7 @@ ContextInfo Context::inspect(const std::string& path) {
 }
 
 ContextInfo Context::info() const { return d_->info(); }
+const KVCache& Context::cache() const { return d_->cache; }
 const std::vector<Token>& Context::tokens() const { return d_->tokens; }
 const std::string& Context::text() const { return d_->text; }
 

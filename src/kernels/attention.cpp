@@ -963,8 +963,9 @@ KV_INLINE void attend_body(const Segment& seg, const int32_t* sel, int n_sel, co
   };
   for (int s = 0; s < seg.n_stores(); ++s) {
     const KVStore& st = seg.store(s);
-    const std::vector<int32_t> lidx = seg.store_entries(s);  // empty: store index = segment index
-    auto logical = [&](size_t i) { return lidx.empty() ? static_cast<int32_t>(i) : lidx[i]; };
+    const std::vector<int32_t> lidx = seg.store_entries(s);  // empty: consecutive from store_first
+    const size_t first = lidx.empty() ? seg.store_first(s) : 0;
+    auto logical = [&](size_t i) { return lidx.empty() ? static_cast<int32_t>(first + i) : lidx[i]; };
     BlockRef blk;
     blk.st = &st;
     if (!sel) {

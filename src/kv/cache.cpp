@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kv/codec.h"
+#include "kv/store.h"
 #include "kvslim/kv_cache.h"
 
 namespace kvslim {
@@ -29,9 +30,31 @@ Segment& Segment::operator=(Segment&&) noexcept = default;
 
 KVCodec Segment::key_codec() const { return stores_[0].key_codec(); }
 KVCodec Segment::value_codec() const { return stores_[0].value_codec(); }
-size_t Segment::low_tier_size() const { return stores_.size() > 1 ? stores_[1].size() : 0; }
-int Segment::n_stores() const { return static_cast<int>(stores_.size()); }
-const KVStore& Segment::store(int s) const { return stores_[s]; }
+size_t Segment::low_tier_size() const { return tier_size(1); }
+
+size_t Segment::tier_size(int t) const {
+  if (t == 0) return (shared_start_.empty() ? 0 : shared_start_.back()) + stores_[0].size();
+  if (shared_low_) return shared_low_->size();
+  return stores_.size() > 1 ? stores_[1].size() : 0;
+}
+
+int Segment::n_stores() const {
+  if (!shares()) return static_cast<int>(stores_.size());
+  return static_cast<int>(shared_.size()) + 1 + (shared_low_ ? 1 : 0);
+}
+
+const KVStore& Segment::store(int s) const {
+  if (!shares()) return stores_[s];
+  const int k = static_cast<int>(shared_.size());
+  if (s < k) return *shared_[s];
+  if (s == k) return stores_[0];
+  return *shared_low_;
+}
+
+size_t Segment::store_first(int s) const {
+  if (!low_.empty() || !shares() || shared_start_.empty()) return 0;
+  return shared_start_[std::min<size_t>(static_cast<size_t>(s), shared_.size())];
+}
 
 void Segment::rotate(float* x) const {
   if (q_.hadamard) kv::hadamard_rotate(x, head_dim_);
@@ -60,8 +83,10 @@ void Segment::append(const float* k, const float* v, int32_t position) {
   }
   if (!low_.empty() && pos_.size() % 64 == 0) {  // a new word of tier bits (the entry is high: 0)
     low_.push_back(0);
-    low_rank_.push_back(static_cast<uint32_t>(stores_[1].size()));
+    low_rank_.push_back(static_cast<uint32_t>(tier_size(1)));
   }
+  // A fork's positions start as an exact copy of the context's: grown by an eighth, not doubled.
+  if (shares() && pos_.size() == pos_.capacity()) pos_.reserve(pos_.size() + pos_.size() / 8 + 16);
   pos_.push_back(position);
 }
 
@@ -128,15 +153,32 @@ void Segment::check_indices(const std::vector<int32_t>& idx, const char* what) c
 }
 
 void Segment::locate(size_t i, int& s, size_t& j) const {
-  if (low_.empty()) {
-    s = 0;
-    j = i;
+  int t = 0;
+  size_t ti = i;  // tier and index within the tier
+  if (!low_.empty()) {
+    const uint64_t w = low_[i / 64], below = w & ((uint64_t{1} << (i % 64)) - 1);
+    const size_t low_before = low_rank_[i / 64] + static_cast<size_t>(__builtin_popcountll(below));
+    t = static_cast<int>(w >> (i % 64) & 1);
+    ti = t ? low_before : i - low_before;
+  }
+  if (!shares()) {
+    s = t;
+    j = ti;
     return;
   }
-  const uint64_t w = low_[i / 64], below = w & ((uint64_t{1} << (i % 64)) - 1);
-  const size_t low_before = low_rank_[i / 64] + static_cast<size_t>(__builtin_popcountll(below));
-  s = static_cast<int>(w >> (i % 64) & 1);
-  j = s ? low_before : i - low_before;
+  const int k = static_cast<int>(shared_.size());
+  const size_t n_shared = shared_start_.empty() ? 0 : shared_start_.back();
+  if (t == 1) {
+    s = k + 1;
+    j = ti;
+  } else if (ti >= n_shared) {
+    s = k;
+    j = ti - n_shared;
+  } else {
+    const size_t p = std::upper_bound(shared_start_.begin(), shared_start_.end(), ti) - shared_start_.begin() - 1;
+    s = static_cast<int>(p);
+    j = ti - shared_start_[p];
+  }
 }
 
 void Segment::set_tiers(const std::vector<uint8_t>& low) {
@@ -159,6 +201,8 @@ void Segment::drop_tiers() {
 
 void Segment::retain(const std::vector<int32_t>& idx) {
   check_indices(idx, "retain");
+  if (shares() && idx.size() == size()) return;  // keeps every entry: nothing to copy
+  unshare();  // other caches read the shared entries: this segment drops its own copy's
   if (latent_) {
     lk_.retain(idx);
     lv_.retain(idx);
@@ -200,6 +244,7 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
                 "split by tier");
   if (!any_low && low_.empty()) return retain(idx);
   if (latent_) throw Error("precision tiers need row codecs: a latent segment stores codes in its bases");
+  unshare();
   const KVQuantOptions plain{};  // tiers hold row codecs only
   KVStore hi(head_dim_, stores_[0].key_codec(), stores_[0].value_codec(), plain);
   KVStore lo(head_dim_, low_key, low_value, plain);
@@ -225,6 +270,9 @@ void Segment::retain_tiered(const std::vector<int32_t>& idx, const std::vector<u
 }
 
 void Segment::clear() {
+  shared_.clear();
+  shared_low_.reset();
+  shared_start_.clear();
   latent_ = false;
   lk_ = LatentCodes();
   lv_ = LatentCodes();
@@ -239,7 +287,7 @@ void Segment::key(size_t i, float* out) const {
   int s;
   size_t j;
   locate(i, s, j);
-  stores_[s].key(j, out);
+  store(s).key(j, out);
   rotate(out);  // the rotation is its own inverse
 }
 
@@ -248,7 +296,7 @@ void Segment::value(size_t i, float* out) const {
   int s;
   size_t j;
   locate(i, s, j);
-  stores_[s].value(j, out);
+  store(s).value(j, out);
 }
 
 void Segment::keys(size_t b, size_t e, float* out) const {
@@ -256,7 +304,8 @@ void Segment::keys(size_t b, size_t e, float* out) const {
 }
 
 void Segment::values(size_t b, size_t e, float* out) const {
-  if (!latent_ && low_.empty() && stores_[0].group_entries() <= b) {
+  if (b >= e) return;  // nothing to decode (`out` may be null)
+  if (!latent_ && low_.empty() && !shares() && stores_[0].group_entries() <= b) {
     const KVStore& st = stores_[0];
     kv::rows_decode(st.vc_, head_dim_, st.v_.data() + (b - st.n_group_) * st.vrow_, out, e - b);
     return;
@@ -266,7 +315,8 @@ void Segment::values(size_t b, size_t e, float* out) const {
 
 const float* Segment::values_f32() const {
   const KVStore& st = stores_[0];
-  if (latent_ || stores_.size() > 1 || st.group_entries() > 0 || st.value_codec() != KVCodec::F32) return nullptr;
+  if (latent_ || shares() || stores_.size() > 1 || st.group_entries() > 0 || st.value_codec() != KVCodec::F32)
+    return nullptr;
   return reinterpret_cast<const float*>(st.v_.data());
 }
 
@@ -279,31 +329,41 @@ void Segment::set_keys(size_t b, size_t e, const float* rows) {
     for (size_t i = b; i < e; ++i) lk_.set(i, rows + (i - b) * head_dim_);
     return;
   }
+  // Keys in shared parts are other caches' too: re-encoding one needs this segment's own copy.
+  for (size_t i = b; i < e && shares(); ++i) {
+    int s;
+    size_t j;
+    locate(i, s, j);
+    if (&store(s) != &stores_[0]) unshare();
+  }
   std::vector<float> r;
   if (q_.hadamard) {
     r.assign(rows, rows + (e - b) * head_dim_);
     for (size_t i = 0; i < e - b; ++i) kv::hadamard_rotate(r.data() + i * head_dim_, head_dim_);
     rows = r.data();
   }
-  if (low_.empty()) return stores_[0].set_keys(b, e, rows);
+  // Still sharing: every key set is in the private tail, stores_[0], after the shared parts.
+  const size_t n_shared = shares() && !shared_start_.empty() ? shared_start_.back() : 0;
+  if (low_.empty()) return stores_[0].set_keys(b - n_shared, e - n_shared, rows);
   for (size_t i = b; i < e; ++i) {
     int s;
     size_t j;
     locate(i, s, j);
-    stores_[s].set_keys(j, j + 1, rows + (i - b) * head_dim_);
+    (shares() ? stores_[0] : stores_[s]).set_keys(j, j + 1, rows + (i - b) * head_dim_);
   }
 }
 
 size_t Segment::kv_bytes() const {
   size_t n = lk_.bytes() + lv_.bytes();
-  for (const KVStore& s : stores_) n += s.kv_bytes();
+  for (int s = 0; s < n_stores(); ++s) n += store(s).kv_bytes();
   return n;
 }
 
 size_t Segment::allocated_bytes() const {
   size_t n = sizeof(Segment) + pos_.capacity() * sizeof(int32_t) + low_.capacity() * sizeof(uint64_t) +
-             low_rank_.capacity() * sizeof(uint32_t) + lk_.allocated_bytes() + lv_.allocated_bytes();
-  for (const KVStore& s : stores_) n += s.allocated_bytes();
+             low_rank_.capacity() * sizeof(uint32_t) + lk_.allocated_bytes() + lv_.allocated_bytes() +
+             shared_.capacity() * sizeof(shared_[0]) + shared_start_.capacity() * sizeof(size_t);
+  for (int s = 0; s < n_stores(); ++s) n += store(s).allocated_bytes();
   return n;
 }
 
@@ -319,7 +379,7 @@ void Segment::shrink_to_fit() {
 size_t Segment::bytes() const {
   size_t n = pos_.size() * sizeof(int32_t) + low_.size() * sizeof(uint64_t) + low_rank_.size() * sizeof(uint32_t) +
              lk_.bytes() + lv_.bytes();
-  for (const KVStore& s : stores_) n += s.kv_bytes() + s.meta_bytes();
+  for (int s = 0; s < n_stores(); ++s) n += store(s).kv_bytes() + store(s).meta_bytes();
   return n;
 }
 
@@ -340,6 +400,9 @@ void Segment::to_latent(std::shared_ptr<const LatentBasis> kb, int key_bits, std
   lk_ = std::move(nk);
   lv_ = std::move(nv);
   latent_ = true;
+  shared_.clear();  // the codes replace the entries: nothing is read from shared parts any more
+  shared_low_.reset();
+  shared_start_.clear();
   stores_.erase(stores_.begin() + 1, stores_.end());
   stores_[0].clear();
   drop_tiers();
@@ -348,10 +411,59 @@ void Segment::to_latent(std::shared_ptr<const LatentBasis> kb, int key_bits, std
 std::vector<int32_t> Segment::store_entries(int s) const {
   std::vector<int32_t> out;
   if (low_.empty()) return out;
-  out.reserve(stores_[s].size());
-  for (size_t i = 0; i < size(); ++i)
-    if (static_cast<int>(is_low(i)) == s) out.push_back(static_cast<int32_t>(i));
+  out.reserve(store(s).size());
+  if (!shares()) {
+    for (size_t i = 0; i < size(); ++i)
+      if (static_cast<int>(is_low(i)) == s) out.push_back(static_cast<int32_t>(i));
+    return out;
+  }
+  for (size_t i = 0; i < size(); ++i) {
+    int si;
+    size_t j;
+    locate(i, si, j);
+    if (si == s) out.push_back(static_cast<int32_t>(i));
+  }
   return out;
+}
+
+void Segment::share() {
+  if (latent_) return;
+  KVStore fixed = stores_[0].split_fixed();
+  if (fixed.size() > 0) {
+    if (shared_start_.empty()) shared_start_.push_back(0);
+    shared_start_.push_back(shared_start_.back() + fixed.size());
+    shared_.push_back(std::make_shared<const KVStore>(std::move(fixed)));
+  }
+  if (stores_.size() > 1) {
+    // Appends never reach the low tier: all of it is shared.
+    shared_low_ = std::make_shared<const KVStore>(std::move(stores_[1]));
+    stores_.pop_back();
+  }
+  pos_.shrink_to_fit();
+}
+
+void Segment::unshare() {
+  if (!shares()) return;
+  std::vector<KVStore> own;
+  if (shared_.empty()) {
+    own.push_back(std::move(stores_[0]));
+  } else {
+    KVStore hi(*shared_[0]);
+    for (size_t p = 1; p < shared_.size(); ++p) hi.append_store(*shared_[p]);
+    hi.append_store(stores_[0]);
+    hi.shrink_to_fit();  // the parts' sizes are final: no growth room beyond the next append's
+    own.push_back(std::move(hi));
+  }
+  if (shared_low_) own.push_back(*shared_low_);
+  stores_.swap(own);
+  shared_.clear();
+  shared_low_.reset();
+  shared_start_.clear();
+}
+
+void Segment::shared_parts(std::vector<SharedEntries>& out) const {
+  for (const auto& p : shared_) out.push_back({p.get(), p->kv_bytes(), p->allocated_bytes()});
+  if (shared_low_) out.push_back({shared_low_.get(), shared_low_->kv_bytes(), shared_low_->allocated_bytes()});
 }
 
 // ---- KVCache ----
@@ -453,6 +565,30 @@ int32_t KVCache::next_position() const {
 void KVCache::clear() {
   for (Segment& s : segs_) s.clear();
   source_.clear();
+}
+
+void KVCache::share() {
+  for (Segment& s : segs_) s.share();
+}
+
+void KVCache::shared_parts(std::vector<SharedEntries>& out) const {
+  for (const Segment& s : segs_) s.shared_parts(out);
+}
+
+size_t KVCache::shared_allocated_bytes() const {
+  std::vector<SharedEntries> parts;
+  shared_parts(parts);
+  size_t n = 0;
+  for (const SharedEntries& p : parts) n += p.allocated_bytes;
+  return n;
+}
+
+size_t KVCache::shared_kv_bytes() const {
+  std::vector<SharedEntries> parts;
+  shared_parts(parts);
+  size_t n = 0;
+  for (const SharedEntries& p : parts) n += p.bytes;
+  return n;
 }
 
 void KVCache::share_layer(int layer, int src) {

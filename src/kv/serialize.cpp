@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -83,7 +84,14 @@ void CacheIO::write(ByteWriter& w, const KVCache& cache) {
     w.vec(b->scale);
     w.u8(b->shared ? 1 : 0);
   }
-  for (const Segment& s : cache.segs_) {
+  for (const Segment& seg : cache.segs_) {
+    // A segment that reads shared parts is written as one that owns its entries (the same bytes).
+    std::optional<Segment> own;
+    if (seg.shares()) {
+      own.emplace(seg);
+      own->unshare();
+    }
+    const Segment& s = own ? *own : seg;
     w.vec(s.pos_);
     w.u8(s.latent_ ? 1 : 0);
     if (s.latent_) {

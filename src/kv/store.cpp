@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kv/codec.h"
+#include "kvslim/error.h"
 
 namespace kvslim {
 using namespace kv;
@@ -95,6 +96,76 @@ void KVStore::clear() {
   gstart_.assign(1, 0);
   n_row_ = n_group_ = gbytes_ = 0;
   appended_ = 0;
+}
+
+namespace {
+KVQuantOptions options_of(int bits, int G, int R) {
+  KVQuantOptions q;
+  q.kivi_bits = bits;
+  q.kivi_group = G;
+  q.kivi_residual = R;
+  return q;
+}
+}  // namespace
+
+KVStore KVStore::split_fixed() {
+  KVStore fixed(hd_, kc_, vc_, options_of(bits_, G_, R_));
+  if (bits_) {
+    // The groups are never requantized by appends; the residual window and its serials are.
+    fixed.g_.swap(g_);
+    fixed.gofs_.swap(gofs_);
+    fixed.gn_.swap(gn_);
+    fixed.gstart_.swap(gstart_);
+    fixed.n_group_ = n_group_;
+    fixed.gbytes_ = gbytes_;
+    gstart_.assign(1, 0);
+    n_group_ = gbytes_ = 0;
+  } else {
+    // Whole key tiles are never written again; the last, partly filled one is.
+    const size_t p = n_row_ / kKVTile * kKVTile, tiles = p / kKVTile;
+    if (p == 0) return fixed;
+    fixed.row_resize(p);
+    std::memcpy(fixed.kt_.data(), kt_.data(), tiles * tile_bytes_);
+    std::memcpy(fixed.v_.data(), v_.data(), p * vrow_);
+    KVStore tail(hd_, kc_, vc_, options_of(bits_, G_, R_));
+    tail.row_resize(n_row_ - p);
+    if (n_row_ > p) {
+      std::memcpy(tail.kt_.data(), kt_.data() + tiles * tile_bytes_, tile_bytes_);
+      std::memcpy(tail.v_.data(), v_.data() + p * vrow_, (n_row_ - p) * vrow_);
+    }
+    *this = std::move(tail);
+  }
+  fixed.shrink_to_fit();
+  shrink_to_fit();
+  return fixed;
+}
+
+void KVStore::append_store(const KVStore& o) {
+  if (n_row_ % kKVTile != 0 || (bits_ && n_row_ != 0) || o.hd_ != hd_ || o.kc_ != kc_ || o.vc_ != vc_ ||
+      o.bits_ != bits_)
+    throw Error("KVStore::append_store: the stores differ in codecs, or this one does not end where appends begin");
+  if (o.n_group_) {
+    g_.resize(gbytes_);  // drop the slack, append, restore it
+    g_.insert(g_.end(), o.g_.begin(), o.g_.begin() + o.gbytes_);
+    for (size_t g = 0; g < o.gn_.size(); ++g) {
+      gofs_.push_back(gbytes_ + o.gofs_[g]);
+      gn_.push_back(o.gn_[g]);
+    }
+    gbytes_ += o.gbytes_;
+    g_.resize(gbytes_ + kPad);
+    n_group_ += o.n_group_;
+    rebuild_group_starts();
+  }
+  if (o.n_row_) {
+    const size_t r = n_row_, tiles = r / kKVTile, o_tiles = (o.n_row_ + kKVTile - 1) / kKVTile;
+    row_resize(r + o.n_row_);
+    std::memcpy(kt_.data() + tiles * tile_bytes_, o.kt_.data(), o_tiles * tile_bytes_);
+    std::memcpy(v_.data() + r * vrow_, o.v_.data(), o.n_row_ * vrow_);
+  }
+  if (bits_) {
+    serial_ = o.serial_;
+    appended_ = o.appended_;
+  }
 }
 
 size_t KVStore::group_of(size_t i) const {

@@ -55,6 +55,19 @@ class KVStore {
   void retain(const std::vector<int32_t>& idx);
   void clear();
 
+  /// Splits off the part of this store that appending never changes and returns it; this store
+  /// keeps the rest (its tail) with the state appends read and write. Without KIVI the returned
+  /// part holds the whole key tiles (a multiple of kKVTile entries) and the tail the entries of the
+  /// last, partly filled tile; with KIVI the returned part holds the KIVI groups and the tail the
+  /// whole residual window (row part, append serial numbers). Reading the returned part followed
+  /// by the tail gives the same attention blocks, bit for bit, as reading the store before the split.
+  KVStore split_fixed();
+  /// Appends the entries of `o` after this store's, byte for byte, as if they had been appended
+  /// here: the inverse of split_fixed (this = the part it returned, o = its tail, or a tail's own
+  /// split_fixed part). Requires that this store's row part is a multiple of kKVTile entries and,
+  /// with KIVI, empty (what split_fixed returns); throws kvslim::Error otherwise.
+  void append_store(const KVStore& o);
+
   void key(size_t i, float* out) const;
   void value(size_t i, float* out) const;
   /// Re-encodes keys [b, e) from rows[(e-b) * head_dim]; entries in a KIVI group requantize their

@@ -212,6 +212,7 @@ json usage_json(const Usage& u) {
   // Measured from the request's cache after compressing its context.
   j["kv_bytes"] = u.kv_bytes;
   j["kv_bytes_final"] = u.kv_bytes_final;
+  j["kv_bytes_shared"] = u.kv_bytes_shared;
   j["kv_full_f16_bytes"] = u.full_f16_bytes;
   j["entries_kept"] = u.entries_kept;
   j["entries_total"] = u.entries_total;

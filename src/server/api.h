@@ -74,6 +74,7 @@ struct Usage {
   int completion_tokens = 0;
   size_t kv_bytes = 0;         ///< cache bytes after compressing the context (measured)
   size_t kv_bytes_final = 0;   ///< cache bytes when the request ended
+  size_t kv_bytes_shared = 0;  ///< of those, a stored context's entries read in place (shared, not held alone)
   size_t full_f16_bytes = 0;   ///< a full f16 cache of the context
   int cached_tokens = 0;       ///< prompt tokens taken from a stored context, not prefilled
   /// The whole request when it ended: entries the cache held, and entries a full cache would hold

@@ -200,22 +200,55 @@ void ContextCache::insert_locked(const std::string& id, const Context& context, 
   }
   const size_t bytes = held_bytes(context);
   if (bytes > opt_.memory_bytes) return;
-  lru_.push_front(Entry{id, spec, context, bytes, n});
+  Entry e{id, spec, context, bytes, bytes, {}, n};
+  context.cache().shared_parts(e.parts);
+  for (const SharedEntries& p : e.parts) e.own_bytes -= std::min(e.own_bytes, p.allocated_bytes);
+  bytes_ += e.own_bytes;
+  for (const SharedEntries& p : e.parts) {
+    auto& [refs, b] = parts_[p.id];
+    if (refs++ == 0) {
+      b = p.allocated_bytes;
+      bytes_ += b;
+    }
+  }
+  lru_.push_front(std::move(e));
   by_id_[id] = lru_.begin();
-  bytes_ += bytes;
   evict_locked(opt_.memory_bytes);
   m_.tiers[0].bytes = bytes_;
   m_.entries = lru_.size();
 }
 
-void ContextCache::evict_locked(size_t limit) {
-  // Requests answering from a context hold their own handle (and their own cache), so dropping the
-  // entry here never takes anything from under a running request.
-  while (bytes_ > limit && !lru_.empty()) {
-    Entry& e = lru_.back();
-    bytes_ -= e.bytes;
-    by_id_.erase(e.id);
-    lru_.pop_back();
+void ContextCache::drop_locked(std::list<Entry>::iterator it) {
+  bytes_ -= it->own_bytes;
+  for (const SharedEntries& p : it->parts) {
+    auto at = parts_.find(p.id);
+    if (--at->second.first == 0) {
+      bytes_ -= at->second.second;
+      parts_.erase(at);
+    }
+  }
+  by_id_.erase(it->id);
+  lru_.erase(it);
+  m_.tiers[0].bytes = bytes_;
+  m_.entries = lru_.size();
+}
+
+size_t ContextCache::footprint_locked(const std::vector<SharedEntries>& in_use) const {
+  size_t n = bytes_;
+  std::vector<const void*> seen;
+  for (const SharedEntries& p : in_use) {
+    if (parts_.count(p.id) || std::find(seen.begin(), seen.end(), p.id) != seen.end()) continue;
+    seen.push_back(p.id);
+    n += p.allocated_bytes;
+  }
+  return n;
+}
+
+void ContextCache::evict_locked(size_t limit, const std::vector<SharedEntries>& in_use) {
+  // Requests answering from a context hold the shared parts of its cache they read (shared
+  // pointers), so dropping the entry here never takes anything from under a running request.
+  while (!lru_.empty() && footprint_locked(in_use) > limit) {
+    drop_locked(std::prev(lru_.end()));
     ++m_.evictions;
   }
   m_.tiers[0].bytes = bytes_;
@@ -238,11 +271,7 @@ bool ContextCache::erase(const std::string& id) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = by_id_.find(id);
     if (it != by_id_.end()) {
-      bytes_ -= it->second->bytes;
-      lru_.erase(it->second);
-      by_id_.erase(it);
-      m_.tiers[0].bytes = bytes_;
-      m_.entries = lru_.size();
+      drop_locked(it->second);
       had = true;
     }
   }
@@ -257,16 +286,21 @@ bool ContextCache::erase(const std::string& id) {
   return had;
 }
 
-size_t ContextCache::shrink_to(size_t bytes) {
+size_t ContextCache::shrink_to(size_t bytes, const std::vector<SharedEntries>& in_use) {
   std::lock_guard<std::mutex> lk(mu_);
   const size_t before = bytes_;
-  evict_locked(bytes);
+  evict_locked(bytes, in_use);
   return before - bytes_;
 }
 
 size_t ContextCache::memory_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   return bytes_;
+}
+
+size_t ContextCache::footprint(const std::vector<SharedEntries>& in_use) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return footprint_locked(in_use);
 }
 
 std::vector<std::pair<std::string, ContextInfo>> ContextCache::list() const {

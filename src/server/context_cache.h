@@ -91,10 +91,16 @@ class ContextCache {
   /// Drops `id` from memory and every tier. Returns whether memory or any tier had it (tier errors
   /// count as not found and are logged).
   bool erase(const std::string& id);
-  /// Evicts least recently used memory entries until at most `bytes` are held; returns bytes freed.
-  size_t shrink_to(size_t bytes);
-  /// Bytes of the contexts held in memory.
+  /// Evicts least recently used memory entries until footprint(in_use) <= `bytes`; returns the
+  /// bytes of memory_bytes() freed. Parts in `in_use` (read by running requests) are not freed by
+  /// evicting the contexts that hold them, so they count whether the memory tier holds them or not.
+  size_t shrink_to(size_t bytes, const std::vector<SharedEntries>& in_use = {});
+  /// Bytes of the contexts held in memory: each context's own allocations, plus every shared part
+  /// of their caches (KVCache::share) once however many contexts hold it.
   size_t memory_bytes() const;
+  /// memory_bytes() plus the allocated bytes of the parts of `in_use` (distinct ids) that no held
+  /// context holds: the memory the stored contexts and the running requests' shared entries take.
+  size_t footprint(const std::vector<SharedEntries>& in_use) const;
 
   /// Ids and figures of the contexts in memory, most recently used first.
   std::vector<std::pair<std::string, ContextInfo>> list() const;
@@ -121,7 +127,9 @@ class ContextCache {
   struct Entry {
     std::string id, spec;
     Context context;
-    size_t bytes = 0;
+    size_t bytes = 0;      ///< held bytes of the context, shared parts included
+    size_t own_bytes = 0;  ///< bytes minus its shared parts
+    std::vector<SharedEntries> parts;
     size_t n = 0;
   };
   struct Pending {
@@ -150,7 +158,10 @@ class ContextCache {
   /// Whether `tokens` hash to the key `id`.
   static bool key_matches(const std::string& id, const std::vector<Token>& tokens);
   void insert_locked(const std::string& id, const Context& context, const std::string& spec, size_t n);
-  void evict_locked(size_t limit);
+  void evict_locked(size_t limit, const std::vector<SharedEntries>& in_use = {});
+  /// Drops entry `it` from memory and from the byte counts.
+  void drop_locked(std::list<Entry>::iterator it);
+  size_t footprint_locked(const std::vector<SharedEntries>& in_use) const;
   void writer();
   void tier_error(size_t t, const std::string& what);
 
@@ -160,7 +171,8 @@ class ContextCache {
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first
   std::map<std::string, std::list<Entry>::iterator> by_id_;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;      // own bytes of the entries plus the distinct parts of parts_
+  std::map<const void*, std::pair<size_t, size_t>> parts_;  // shared part -> (entries holding it, allocated bytes)
   std::map<std::string, std::shared_ptr<Pending>> flights_;
   std::map<std::string, size_t> locked_;  // ids whose shared lock this process holds
   std::deque<Write> writes_;

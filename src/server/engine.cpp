@@ -17,7 +17,33 @@ struct Engine::Active {
   bool building = false;        // prefilling the context alone, to store it (Job::store_id)
   std::string press_name;       // the press as described before it ran (what the stored contexts' spec names)
   size_t reservation = 0;
+  std::vector<SharedEntries> parts;  // shared parts of stored contexts its cache reads (under mu_)
 };
+
+namespace {
+
+// Adds the parts of `from` not yet in `out` (by id).
+void add_distinct(std::vector<SharedEntries>& out, const std::vector<SharedEntries>& from) {
+  for (const SharedEntries& p : from)
+    if (std::none_of(out.begin(), out.end(), [&](const SharedEntries& q) { return q.id == p.id; })) out.push_back(p);
+}
+
+size_t allocated(const std::vector<SharedEntries>& parts) {
+  size_t n = 0;
+  for (const SharedEntries& p : parts) n += p.allocated_bytes;
+  return n;
+}
+
+size_t payload(const std::vector<SharedEntries>& parts) {
+  size_t n = 0;
+  for (const SharedEntries& p : parts) n += p.bytes;
+  return n;
+}
+
+// What a request's cache holds alone: its entries minus those it reads from shared parts.
+size_t own_bytes(const KVCache& c) { return c.bytes() - c.shared_kv_bytes(); }
+
+}  // namespace
 
 Engine::Engine(const Model& model, EngineOptions opt, ContextCache* contexts)
     : model_(model), opt_(std::move(opt)), contexts_(contexts) {
@@ -79,9 +105,10 @@ size_t Engine::estimate(const Job& job) const {
     const size_t gen = job.max_tokens >= 0 ? static_cast<size_t>(job.max_tokens)
                                            : static_cast<size_t>(std::max<int64_t>(0, n_ctx - int64_t(n_prompt)));
     SessionOptions s = job.session;
-    const ContextInfo info = job.cached->info();
+    // The context's shared parts count apart (once, however many requests read them): here only
+    // the tail each request copies.
     const size_t per_seg = std::max<size_t>(1, job.question.size() + gen);
-    return info.kv_bytes + static_cast<size_t>(hp.n_layer) * hp.n_head_kv * segment_bytes(s, per_seg);
+    return own_bytes(job.cached->cache()) + static_cast<size_t>(hp.n_layer) * hp.n_head_kv * segment_bytes(s, per_seg);
   }
   const size_t n_ctx_tokens = job.context.size();
   const double r = job.press ? std::clamp(job.press->ratio(), 0.0, 1.0) : 0.0;
@@ -109,14 +136,15 @@ size_t Engine::growth_bytes(const Active& a) const {
 void Engine::submit(const std::shared_ptr<Job>& job) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) throw ApiError(503, "the server is shutting down", "", "server_error", "shutting_down");
-  if (opt_.kv_budget && job->reservation > opt_.kv_budget) {
+  const size_t need = job->reservation + (job->cached ? job->cached->cache().shared_allocated_bytes() : 0);
+  if (opt_.kv_budget && need > opt_.kv_budget) {
     ++m_.requests_rejected;
     throw ApiError(503,
                    fmt::format("the request needs {} bytes of KV cache ({} prompt tokens, up to {} more) but the "
                                "server's whole KV budget is {} bytes; use fewer tokens, a cheaper cache type, or a "
                                "press (it lowers the peak only for prompts longer than the server's --chunk-size, "
                                "{} tokens: each chunk is held uncompressed until the press acts)",
-                               job->reservation, job->context.size() + job->question.size(),
+                               need, job->context.size() + job->question.size(),
                                job->max_tokens < 0 ? std::string("context-size") : std::to_string(job->max_tokens),
                                opt_.kv_budget, opt_.chunk_size),
                    "", "server_error", "kv_budget_exceeded");
@@ -139,12 +167,24 @@ EngineMetrics Engine::metrics() const {
   return m_;
 }
 
+std::vector<SharedEntries> Engine::in_use_locked(const Job* next) const {
+  std::vector<SharedEntries> out;
+  for (const auto& a : active_) add_distinct(out, a->parts);
+  if (next && next->cached) {
+    std::vector<SharedEntries> p;
+    next->cached->cache().shared_parts(p);
+    add_distinct(out, p);
+  }
+  return out;
+}
+
 bool Engine::can_admit_locked() const {
   if (static_cast<int>(active_.size()) >= opt_.parallel) return false;
   if (queue_.empty()) return true;
-  // Stored contexts in memory are not counted here: admit_locked evicts them to make room.
+  // Stored contexts in memory that no request reads are not counted here: admit_locked evicts them
+  // to make room. The shared parts requests read cannot be freed: they count, once each.
   const Job& j = *queue_.front();
-  return !opt_.kv_budget || reserved_ + j.reservation <= opt_.kv_budget;
+  return !opt_.kv_budget || reserved_ + j.reservation + allocated(in_use_locked(&j)) <= opt_.kv_budget;
 }
 
 void Engine::admit_locked() {
@@ -166,13 +206,17 @@ void Engine::admit_locked() {
     }
     // First in, first out: a large request at the head is not overtaken by smaller ones.
     if (static_cast<int>(active_.size()) >= opt_.parallel) break;
-    if (opt_.kv_budget && reserved_ + j->reservation > opt_.kv_budget) break;
-    // Stored contexts not in use give way to a request before it would wait.
-    if (opt_.kv_budget && contexts_) contexts_->shrink_to(opt_.kv_budget - reserved_ - j->reservation);
+    if (opt_.kv_budget) {
+      const std::vector<SharedEntries> in_use = in_use_locked(j.get());
+      if (reserved_ + j->reservation + allocated(in_use) > opt_.kv_budget) break;
+      // Stored contexts not in use give way to a request before it would wait.
+      if (contexts_) contexts_->shrink_to(opt_.kv_budget - reserved_ - j->reservation, in_use);
+    }
     queue_.pop_front();
     auto a = std::make_unique<Active>();
     a->job = j;
     a->reservation = j->reservation;
+    if (j->cached) j->cached->cache().shared_parts(a->parts);
     reserved_ += a->reservation;
     {
       std::lock_guard<std::mutex> jl(j->mu);
@@ -216,11 +260,16 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
     a.reservation = 0;
     m_.kv_bytes_reserved = reserved_;
     if (a.req) {
-      const size_t bytes = a.req->cache().bytes();
+      const size_t bytes = own_bytes(a.req->cache());
       const size_t full = a.req->cache().full_f16_bytes(static_cast<size_t>(a.req->position()));
       m_.kv_bytes_in_use -= std::min(m_.kv_bytes_in_use, bytes);
       m_.kv_bytes_full_f16 -= std::min(m_.kv_bytes_full_f16, full);
     }
+    // Its shared parts stop counting unless another running request reads them too.
+    a.parts.clear();
+    const size_t shared = payload(in_use_locked(nullptr));
+    m_.kv_bytes_in_use -= std::min(m_.kv_bytes_in_use, m_.kv_bytes_shared - std::min(m_.kv_bytes_shared, shared));
+    m_.kv_bytes_shared = std::min(m_.kv_bytes_shared, shared);
   }
   {
     std::lock_guard<std::mutex> lk(j.mu);
@@ -228,6 +277,7 @@ void Engine::finish(Active& a, const std::string& reason, std::optional<ApiError
       const RequestStats& st = a.req->stats();
       j.usage.completion_tokens = st.generated_tokens;
       j.usage.kv_bytes_final = st.final_kv_bytes;
+      j.usage.kv_bytes_shared = a.req->cache().shared_kv_bytes();
       j.usage.entries_now = st.entries_now;
       j.usage.entries_seen = st.entries_seen;
       if (!err) j.text = a.req->text();  // the final text, cut before a stop string
@@ -324,11 +374,14 @@ void Engine::prefill_step(Active& a) {
       j.usage.full_f16_bytes = st.full_f16_bytes;
     }
     a.decoding = true;
-    // From now on the request holds what its cache measures plus room to generate.
-    const size_t now = a.req->cache().bytes() + growth_bytes(a);
+    // From now on the request holds what its cache measures plus room to generate (the shared
+    // parts it reads count apart, once).
+    const size_t now = own_bytes(a.req->cache()) + growth_bytes(a);
     std::lock_guard<std::mutex> lk(mu_);
     reserved_ = reserved_ - a.reservation + now;
     a.reservation = now;
+    a.parts.clear();
+    a.req->cache().shared_parts(a.parts);
     m_.prompt_tokens += st.context_tokens + st.question_tokens - static_cast<size_t>(j.usage.cached_tokens);
   }
   std::lock_guard<std::mutex> lk(mu_);
@@ -447,11 +500,15 @@ void Engine::loop() {
     int prefilling = 0;
     for (auto& a : active_) {
       if (!a->req) continue;
-      in_use += a->req->cache().bytes();
+      // A copy on write (a press evicting at decode) leaves fewer parts shared: read them again.
+      a->parts.clear();
+      a->req->cache().shared_parts(a->parts);
+      in_use += own_bytes(a->req->cache());
       full += a->req->cache().full_f16_bytes(static_cast<size_t>(a->req->position()));
       prefilling += a->decoding ? 0 : 1;
     }
-    m_.kv_bytes_in_use = in_use;
+    m_.kv_bytes_shared = payload(in_use_locked(nullptr));
+    m_.kv_bytes_in_use = in_use + m_.kv_bytes_shared;
     m_.kv_bytes_full_f16 = full;
     m_.active = static_cast<int>(active_.size());
     m_.prefilling = prefilling;

@@ -11,6 +11,14 @@
 // a scratch segment with its codecs); once its context is compressed the reservation becomes the
 // cache's measured bytes plus room for the tokens it may still generate. Nothing is ever evicted
 // from a running request's cache to make room.
+//
+// Stored contexts: a request answering from one reads the context's entries in place (shared,
+// read-only: KVCache::share) and reserves only its own part (its tail, the question and the answer,
+// anything it had to copy). The shared parts count once against the budget, however many requests
+// read them and whether the memory tier still holds their context or not (a context evicted while
+// requests read it stays in memory until the last of them ends): a request is admitted when its
+// reservation, the running requests' and the distinct shared parts they and it read fit the budget;
+// the memory tier is then emptied down to what is left (ContextCache::shrink_to).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -90,7 +98,8 @@ struct EngineMetrics {
   uint64_t decode_steps = 0, decode_rows = 0;  ///< forward passes of the decode step, and tokens in them
   double prefill_seconds = 0, decode_seconds = 0;
   int active = 0, queued = 0, prefilling = 0;
-  size_t kv_bytes_in_use = 0;      ///< measured bytes of every running request's cache
+  size_t kv_bytes_in_use = 0;      ///< measured bytes of every running request's cache (shared parts once)
+  size_t kv_bytes_shared = 0;      ///< of which stored contexts' entries read in place, each part once
   size_t kv_bytes_full_f16 = 0;    ///< what those caches would take in full f16
   size_t kv_bytes_reserved = 0;
   size_t kv_budget = 0;
@@ -138,6 +147,8 @@ class Engine {
   /// Stores everything `a` ran as a context (multi-turn reuse); the request must not run again.
   void store_conversation(Active& a);
   size_t segment_bytes(const SessionOptions& s, size_t n) const;
+  /// The distinct shared parts the running requests read, and those of `next`'s stored context.
+  std::vector<SharedEntries> in_use_locked(const Job* next) const;
   size_t growth_bytes(const Active& a) const;
 
   const Model& model_;

@@ -47,6 +47,9 @@ std::string prometheus_text(const EngineMetrics& m, const std::vector<Refusals>&
   put("kv_bytes_in_use", "gauge", "Measured KV cache bytes of the running requests.", double(m.kv_bytes_in_use));
   put("kv_bytes_saved", "gauge", "Full f16 cache bytes of the running requests' tokens minus kv_bytes_in_use.",
       m.kv_bytes_full_f16 > m.kv_bytes_in_use ? double(m.kv_bytes_full_f16 - m.kv_bytes_in_use) : 0.0);
+  put("kv_bytes_shared", "gauge",
+      "Stored contexts' KV bytes the running requests read in place, each once (part of kv_bytes_in_use).",
+      double(m.kv_bytes_shared));
   put("kv_bytes_reserved", "gauge", "KV bytes reserved by the running requests (admission).", double(m.kv_bytes_reserved));
   put("kv_budget_bytes", "gauge", "KV budget over all requests (EngineOptions::kv_budget; 0 = none).", double(m.kv_budget));
   if (!contexts) return out;

@@ -253,6 +253,46 @@ class Memory(unittest.TestCase):
         finally:
             srv.close()
 
+    def test_requests_from_one_context_count_it_once(self):
+        """Four requests answering from one stored context read its entries in place: each answer is
+        the uncached run's, and while they run the shared entries count once in kv_bytes_in_use."""
+        srv = ServerProc("--temp", 0, "-c", 512, "--parallel", 4)
+        try:
+            p = srv.port
+            doc = " ".join([DOC] * 6)
+            s, c = post(p, "/v1/contexts", {"prompt": doc})
+            self.assertEqual(s, 200, c)
+            questions = [" Lily said", " The ball was", " Her friends", " One day"]
+            refs = [text(complete(p, prompt=doc, question=q, cache_prompt=False, max_tokens=40)) for q in questions]
+            samples = []
+            done = []
+
+            def poll():
+                while not done:
+                    m = srv.metrics()
+                    samples.append((m["kvslim_requests_processing"], m["kvslim_kv_bytes_shared"],
+                                    m["kvslim_kv_bytes_in_use"]))
+
+            with ThreadPoolExecutor(5) as ex:
+                poller = ex.submit(poll)
+                answers = list(ex.map(lambda q: complete(p, context_id=c["id"], question=q, max_tokens=40), questions))
+                done.append(True)
+                poller.result()
+            self.assertEqual([text(a) for a in answers], refs)
+            for a in answers:
+                self.assertEqual(a["usage"]["prompt_tokens_details"]["cached_tokens"], c["tokens"])
+                self.assertGreater(a["usage"]["kv_bytes_shared"], 0)
+                self.assertLessEqual(a["usage"]["kv_bytes_shared"], c["kv_bytes"])
+                self.assertGreater(a["usage"]["kv_bytes_final"], a["usage"]["kv_bytes_shared"])
+            busy = [x for x in samples if x[0] >= 2 and x[1] > 0]
+            for n, shared, in_use in busy:
+                self.assertLessEqual(shared, c["kv_bytes"])  # once, however many requests read it
+                self.assertLess(in_use, n * c["kv_bytes"])   # n copies would hold n times it
+            m = srv.metrics()
+            self.assertEqual((m["kvslim_kv_bytes_shared"], m["kvslim_kv_bytes_in_use"]), (0, 0))
+        finally:
+            srv.close()
+
     def test_off(self):
         srv = ServerProc("--temp", 0, "-c", 256, "--context-cache", "0")
         try:
