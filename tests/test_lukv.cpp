@@ -17,6 +17,7 @@
 
 #include "kvslim/error.h"
 #include "press/lukv.h"
+#include "train/lukv_profile.h"
 #include "support/files.h"
 #include "test_press_util.h"
 

@@ -14,6 +14,7 @@
 #include "kernels/threads.h"
 #include "train/kvzap_train.h"
 #include "press/lukv.h"
+#include "train/lukv_profile.h"
 
 namespace kvslim::cli {
 
