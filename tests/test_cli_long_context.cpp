@@ -387,6 +387,19 @@ TEST(CliMemory, RefusesARunThatDoesNotFit) {
   EXPECT_TRUE(contains(ok.err, "memory: weights")) << ok.err;
 }
 
+// bench's estimate counts the decode tests' cache as the press leaves it: the depth compressed to the
+// budget (64 entries, and one chunk of 64 while prefilling), then 2 decoded tokens and the first
+// sampled one (regression: it counted the whole depth, 2,051 tokens, whatever the press).
+TEST(CliMemory, BenchEstimateHonoursTheBudget) {
+  const Result r = run_cli("bench -m " + quote(kModel) +
+                           " -p 0 -n 2 -r 1 -d 2048 --press snapkv:budget=64 --chunk-size 64 --no-progress");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "(f16, 128 tokens,")) << r.err;
+  const Result full = run_cli("bench -m " + quote(kModel) + " -p 0 -n 2 -r 1 -d 2048 --no-progress");
+  EXPECT_EQ(full.rc, 0) << full.err;
+  EXPECT_TRUE(contains(full.err, "(f16, 2051 tokens,")) << full.err;
+}
+
 // Llama 3.2 1B's shape is trained for 131072 tokens: -c 131072 runs without a warning and without
 // the cache allocated up front (a full f16 cache of one layer would be 256 MiB); -c above it warns
 // naming both figures, as llama.cpp does.

@@ -295,15 +295,19 @@ int run(BenchArgs a) {
   {
     // The largest cache a test reaches: depth and prompt, or depth and the decode repetitions, as
     // the press (under chunked prefill) bounds it.
+    // The decode tests' tokens come after the depth the press has compressed (a budget or chunked
+    // ratio bounds it; counting the whole depth asked for a 4 GiB cache at 131,072 tokens under
+    // snapkv:budget=2048, which holds 65 MiB).
     size_t entries = 0;
-    for (const std::unique_ptr<Press>& press : presses)
-      entries = std::max(entries, kv_entries(press.get(), static_cast<size_t>(max_depth + max_prompt), 0, a.chunk_size,
-                                             static_cast<size_t>(so.n_ctx)));
-    entries = std::max(entries, std::min(static_cast<size_t>(so.n_ctx), static_cast<size_t>(max_depth + max_gen * a.reps + 1)));
-    // --parallel: that many caches at once, each filled anew per repetition.
-    for (int n_par : a.parallel)
-      entries = std::max(entries, static_cast<size_t>(n_par) *
-                                      std::min(static_cast<size_t>(so.n_ctx), static_cast<size_t>(max_depth + max_gen + 1)));
+    const size_t n_ctx = static_cast<size_t>(so.n_ctx), depth = static_cast<size_t>(max_depth);
+    for (const std::unique_ptr<Press>& press : presses) {
+      entries = std::max(entries, kv_entries(press.get(), depth + static_cast<size_t>(max_prompt), 0, a.chunk_size, n_ctx));
+      entries = std::max(entries, kv_entries(press.get(), depth, static_cast<size_t>(max_gen) * a.reps + 1, a.chunk_size, n_ctx));
+      // --parallel: that many caches at once, each filled anew per repetition.
+      for (int n_par : a.parallel)
+        entries = std::max(entries, static_cast<size_t>(n_par) *
+                                        kv_entries(press.get(), depth, static_cast<size_t>(max_gen) + 1, a.chunk_size, n_ctx));
+    }
     report_memory(estimate_memory(*model, so.key_codec, so.value_codec, so.kv_quant, entries, so.batch), available,
                   !a.no_memory_check);
   }
