@@ -575,21 +575,20 @@ void KVCache::shared_parts(std::vector<SharedEntries>& out) const {
   for (const Segment& s : segs_) s.shared_parts(out);
 }
 
-size_t KVCache::shared_allocated_bytes() const {
+namespace {
+// One field of every shared part of `c`, summed.
+size_t sum_shared(const KVCache& c, size_t SharedEntries::*field) {
   std::vector<SharedEntries> parts;
-  shared_parts(parts);
+  c.shared_parts(parts);
   size_t n = 0;
-  for (const SharedEntries& p : parts) n += p.allocated_bytes;
+  for (const SharedEntries& p : parts) n += p.*field;
   return n;
 }
+}  // namespace
 
-size_t KVCache::shared_kv_bytes() const {
-  std::vector<SharedEntries> parts;
-  shared_parts(parts);
-  size_t n = 0;
-  for (const SharedEntries& p : parts) n += p.bytes;
-  return n;
-}
+size_t KVCache::shared_allocated_bytes() const { return sum_shared(*this, &SharedEntries::allocated_bytes); }
+
+size_t KVCache::shared_kv_bytes() const { return sum_shared(*this, &SharedEntries::bytes); }
 
 void KVCache::share_layer(int layer, int src) {
   if (!(src >= 0 && src < layer && layer < n_layer_))
