@@ -8,8 +8,6 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
-#include <numeric>
-#include <random>
 
 #include <fmt/format.h>
 
@@ -18,9 +16,6 @@
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
 #include "press/param_file.h"
-#include "kvslim/session.h"
-#include "press/kvzip.h"
-#include "press/recorders.h"
 
 namespace kvslim {
 

@@ -7,8 +7,6 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <numeric>
-#include <random>
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -17,7 +15,6 @@
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
 #include "press/param_file.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
 

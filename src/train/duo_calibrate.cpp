@@ -5,19 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <mutex>
-#include <numeric>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "kernels/attention.h"
 #include "kernels/threads.h"
-#include "kvslim/gguf.h"
 #include "press/authoring.h"
-#include "press/param_file.h"
-#include "kvslim/session.h"
 #include "press/kvzip.h"
+#include "kvslim/session.h"
 #include "press/recorders.h"
 
 namespace kvslim {
