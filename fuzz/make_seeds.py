@@ -108,7 +108,7 @@ def main():
     for i, (sel, body) in enumerate(requests):
         write("server_request", f"request{i:02d}", bytes([sel]) + body.encode())
     # Findings, kept as seeds (each has a regression test in tests/).
-    write("task_text", "regression-number-overflow.json",  # tests/test_input_limits.cpp TaskTextJson
+    write("task_text", "regression-number-overflow.json",  # tests/press/test_input_limits.cpp TaskTextJson
           base64.b64decode("eyJrZXlfa2V5cyI6IFs2Njg4NjY2ODhlODg4ODguODg2NjY4OGV5X2s2Njb/DQAbAGEAAAB0cw=="))
 
 

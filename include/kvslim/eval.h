@@ -29,7 +29,8 @@ struct CacheCheck {
   std::vector<double> needle_kept;
   /// Per needle, per layer: the fraction of its entries (tokens x KV heads) in that layer kept.
   std::vector<std::vector<double>> needle_kept_per_layer;
-  /// The measured compression ratio is within tolerance() of the requested one.
+  /// The measured compression ratio is within tolerance() of the requested one (always true when
+  /// none was requested, ratio 0: a budget or threshold press).
   bool as_configured = true;
   double compression_ratio() const { return entries_total ? 1.0 - double(entries_kept) / entries_total : 0.0; }
   double memory_ratio() const { return full_f16_bytes ? double(kv_bytes) / full_f16_bytes : 0.0; }
@@ -155,7 +156,8 @@ struct PressRun {
 };
 
 /// The runs of a sweep: the full-cache baseline ("none" at 0) first when `baseline`, then every
-/// press at every ratio ("none" is not repeated). Throws kvslim::Error for an unknown press or a
+/// press at every ratio ("none" is not repeated; a press that does not keep its entries by a ratio,
+/// such as one with a per-head `budget`, runs once at ratio 0). Throws kvslim::Error for an unknown press or a
 /// ratio outside [0, 1) (via make_press).
 std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const std::vector<double>& ratios,
                                   bool baseline);

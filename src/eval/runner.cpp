@@ -12,6 +12,7 @@
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/request.h"
+#include "press/ratio_use.h"
 #include "press/recording_press.h"
 #include "kvslim/sampling.h"
 #include "util/clock.h"
@@ -107,8 +108,9 @@ CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double reques
     c.needle_kept.push_back(double(kept) / (double(e - b) * L * H));
     c.needle_kept_per_layer.push_back(std::move(per_layer));
   }
+  // Ratio 0 asks for no ratio: a budget or threshold press removes what its own parameters say.
   c.as_configured = c.entries_kept <= c.entries_total &&
-                    std::fabs(c.compression_ratio() - requested_ratio) <= c.tolerance();
+                    (requested_ratio <= 0.0 || std::fabs(c.compression_ratio() - requested_ratio) <= c.tolerance());
   return c;
 }
 
@@ -292,7 +294,14 @@ std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const
     }
     for (double r : ratios) {
       check_ratio(r, spec);
-      make_press(spec, r);  // unknown presses and bad parameters fail before any work
+      bool ratio_used = false;
+      make_press(spec, r, ratio_used);  // unknown presses and bad parameters fail before any work
+      if (!ratio_used) {
+        // A budget or threshold press keeps what its own parameters say: one run, not one per ratio
+        // with the same result.
+        runs.push_back({spec, 0.0});
+        break;
+      }
       runs.push_back({spec, r});
     }
   }

@@ -21,7 +21,7 @@
 // The added error is that of 16-bit operands: a score moves by at most
 // (max_d |q_d| / 65534) * sum_d |k_d| (k: the dequantized key), an output by at most
 // (max_j |p_j dv_j| / 65534) * sum_j |code_j| per value block and pair of tiles, far below what
-// the 8-bit (or 4-bit) codes of the cache already change (tests/test_kv_attention.cpp bounds both).
+// the 8-bit (or 4-bit) codes of the cache already change (tests/kv/test_kv_attention.cpp bounds both).
 #include <cstddef>
 #include <cstdint>
 

@@ -6,7 +6,7 @@
 // OPENBLAS_NUM_THREADS=1, it starts none; a command that needs no product (--version aside) never
 // loads it. The symbols below are the only ones the engine uses; each forwards to the library.
 // Debian's single-threaded build is not an alternative: it returns wrong products when called from
-// several threads at once (tests/test_blas_threads.cpp).
+// several threads at once (tests/kernels/test_blas_threads.cpp).
 #include <cblas.h>
 #include <dlfcn.h>
 

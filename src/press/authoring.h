@@ -241,6 +241,9 @@ class ScorerPress : public Press {
   /// `t` with the policy's per-head budget (the target apply() and kept_after() work toward); under
   /// a budget its ratio is the share that leaves N of n_context.
   Target budgeted(Target t) const;
+  /// describe() of a press whose default policy is its own (KVzip's global, Fast KVzip's,
+  /// RestoreKV's): the scorer's spec plus the per-head budget, when there is one.
+  std::string describe_with_budget() const;
   double ratio_;
   std::unique_ptr<BudgetPolicy> policy_;
   int decode_steps_ = 0;

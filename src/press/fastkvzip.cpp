@@ -238,10 +238,9 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
         revisit_(revisit) {}
 
   std::string describe_scorer() const override { return params(); }
-  // The budget is FastKVzip's own: the spec stays "fastkvzip:..." so that it parses back.
+  // The budget policy is Fast KVzip's own: the spec stays "fastkvzip:..." so that it parses back.
   std::string describe() const override {
-    if (policy().describe() != default_policy_) return ScorerPress::describe();
-    return params();
+    return policy().describe() != default_policy_ ? ScorerPress::describe() : describe_with_budget();
   }
   ObservationNeeds scorer_needs() const override {
     ObservationNeeds r;

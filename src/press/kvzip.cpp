@@ -105,7 +105,7 @@ size_t lower_index(const Segment& s, int32_t pos) {
 }  // namespace
 
 Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
-                           const KVzipOptions& opt) {
+                           const KVzipOptions& opt, const std::vector<Token>& before) {
   const Model& model = session.model();
   const HParams& hp = model.hparams();
   const Tokenizer& tok = model.tokenizer();
@@ -147,10 +147,17 @@ Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& token
 
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int c1 = std::min(N, c0 + chunk);
-    std::vector<Token> replay = c0 == 0 ? first_instr : later_instr;
-    if (c0 > 0)
+    // A chunk that follows context tokens (an earlier chunk, or `before`) quotes their tail.
+    const bool later = c0 > 0 || !before.empty();
+    std::vector<Token> replay = later ? later_instr : first_instr;
+    if (c0 > 0) {
       for (int i = std::max(0, c0 - opt.prev_tokens); i < c0; ++i)
         if (replayable(i)) replay.push_back(tokens[i]);
+    } else if (later) {
+      const size_t n_before = std::min(before.size(), static_cast<size_t>(opt.prev_tokens));
+      for (size_t i = before.size() - n_before; i < before.size(); ++i)
+        if (before[i] != tok.bos()) replay.push_back(before[i]);
+    }
     replay.insert(replay.end(), newline.begin(), newline.end());
     for (int i = c0; i < c1; ++i)
       if (replayable(i)) replay.push_back(tokens[i]);
@@ -251,9 +258,10 @@ std::string KVzipPress::describe_scorer() const {
   return fmt::format("kvzip:ratio={},chunk={},n_sink={},plus={}", ratio_, opt_.chunk, opt_.n_sink, opt_.plus ? 1 : 0);
 }
 
-// The global policy is KVzip's own: the spec stays "kvzip:..." so that it parses back.
+// The global policy is KVzip's own: the spec stays "kvzip:..." (with the budget, when there is one)
+// so that it parses back.
 std::string KVzipPress::describe() const {
-  return policy().describe() == "global" ? describe_scorer() : ScorerPress::describe();
+  return policy().describe() == "global" ? describe_with_budget() : ScorerPress::describe();
 }
 
 ObservationNeeds KVzipPress::scorer_needs() const {
@@ -265,6 +273,8 @@ ObservationNeeds KVzipPress::scorer_needs() const {
 void KVzipPress::reset() {
   ScorerPress::reset();
   stored_.clear();
+  tail_.clear();
+  tail_end_ = -1;
 }
 
 void KVzipPress::observe(const KVCache& cache, const Model& model, const Observation& obs) {
@@ -273,7 +283,14 @@ void KVzipPress::observe(const KVCache& cache, const Model& model, const Observa
   if (!obs.runner || &obs.runner->cache() != &cache)
     throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
   const int L = cache.n_layer(), H = cache.n_head_kv();
-  Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, obs.token_positions.front(), opt_);
+  // A chunk of a chunked prefill continues the previous one: its replay quotes that chunk's tail, as
+  // KVzip's own later chunks do.
+  const int32_t first = obs.token_positions.front();
+  const std::vector<Token> none;
+  Scores fresh = kvzip_replay_scores(*obs.runner, obs.tokens, first, opt_, first == tail_end_ ? tail_ : none);
+  const size_t keep = std::min(obs.tokens.size(), static_cast<size_t>(opt_.prev_tokens));
+  tail_.assign(obs.tokens.end() - static_cast<std::ptrdiff_t>(keep), obs.tokens.end());
+  tail_end_ = obs.token_positions.back() + 1;
   stored_.shape(L, H);
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {

@@ -48,9 +48,11 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
 /// each chunk the replay's entries are discarded and the position counter restored. Returns
 /// scores[layer][kv head][entry] aligned with the segments: the (KVzip+) score of entries in the
 /// range, NaN elsewhere. Chunks are shortened when the context size would be exceeded; throws
-/// kvslim::Error when not even 16 replay tokens fit.
+/// kvslim::Error when not even 16 replay tokens fit. `before`: the context tokens just before
+/// `tokens` (an earlier chunk of a chunked prefill); when given, the first chunk is replayed as a
+/// later one, quoting their last prev_tokens tokens.
 Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
-                           const KVzipOptions& opt);
+                           const KVzipOptions& opt, const std::vector<Token>& before = {});
 
 /// The `kvzip` press (kvpress's KVzipPress): replay scores of every prefill step stored by
 /// position, sinks and entries no replay scored (a question, RestoreKV's restore entries) never
@@ -80,6 +82,8 @@ class KVzipPress : public ScorerPress {
  private:
   KVzipOptions opt_;
   PositionScores stored_;  // replay scores of the entries still in the cache
+  std::vector<Token> tail_;  // the last observed step's last prev_tokens tokens
+  int32_t tail_end_ = -1;    // the position after them
 };
 
 }  // namespace kvslim

@@ -210,6 +210,12 @@ std::string ScorerPress::describe() const {
   return name + "(" + describe_scorer() + ")" + rest;
 }
 
+std::string ScorerPress::describe_with_budget() const {
+  const std::string s = describe_scorer();
+  if (!policy_->budget()) return s;
+  return fmt::format("{}{}budget={}", s, s.find(':') == std::string::npos ? ":" : ",", policy_->budget());
+}
+
 ObservationNeeds ScorerPress::needs() const { return merge_needs(scorer_needs(), policy_->needs()); }
 
 ObservationNeeds ScorerPress::decode_needs() const {

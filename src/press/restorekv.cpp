@@ -68,8 +68,8 @@ class RestoreKVPress : public KVzipPress {
     return fmt::format("restorekv:ratio={},file={},chunk={},n_sink={},plus={}", ratio_, path_, options().chunk,
                        options().n_sink, options().plus ? 1 : 0);
   }
-  // The budget is RestoreKV's own: the spec stays "restorekv:..." so that it parses back.
-  std::string describe() const override { return describe_scorer(); }
+  // The budget policy is RestoreKV's own: the spec stays "restorekv:..." so that it parses back.
+  std::string describe() const override { return describe_with_budget(); }
   void reset() override {
     KVzipPress::reset();
     restored_ = false;

@@ -7,7 +7,7 @@
 // next-token distributions. Every backward takes dy (the loss gradient of the output) and ADDS
 // the gradients of its inputs into the given buffers (so a value used twice accumulates).
 // Row-major; shapes in the comments. Tested against central finite differences
-// (tests/test_train_ops.cpp). Internal.
+// (tests/train/test_train_ops.cpp). Internal.
 #include <vector>
 
 namespace kvslim::grad {

@@ -1,7 +1,7 @@
 #pragma once
 // XXH64 (Yann Collet's xxHash, 64-bit variant): a fast non-cryptographic digest for checksums of
 // stored files and fingerprints of model data. Written out here (a page of code) rather than
-// linked, with the reference's test vectors in tests/test_context.cpp.
+// linked, with the reference's test vectors in tests/context/test_context.cpp.
 #include <cstddef>
 #include <cstdint>
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/gguf.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

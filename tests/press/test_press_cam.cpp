@@ -7,7 +7,7 @@
 
 #include "kvslim/request.h"
 #include "press/cam.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -24,7 +24,7 @@
 #include "press/fastkvzip.h"
 #include "train/fastkvzip_train.h"
 #include "support/files.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

@@ -19,7 +19,7 @@
 #include "press/lukv.h"
 #include "train/lukv_profile.h"
 #include "support/files.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

@@ -7,7 +7,7 @@
 
 #include "kvslim/eval.h"
 #include "kvslim/request.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

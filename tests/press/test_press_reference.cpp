@@ -8,7 +8,7 @@
 #include "train/duo_calibrate.h"
 #include "press/kvpress_names.h"
 #include "press/recorders.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "kvslim/request.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

@@ -23,7 +23,7 @@
 #include "model/layer_hook.h"
 #include "press/duo_attention.h"
 #include "train/duo_calibrate.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

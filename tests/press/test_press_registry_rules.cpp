@@ -13,7 +13,7 @@
 #include "kvslim/request.h"
 #include "press/ratio_use.h"
 #include "press/wrappers.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;
@@ -22,7 +22,7 @@ using press_test::same_cache;
 namespace {
 
 // Presses whose default spec needs a file the test data does not hold (covered elsewhere with a
-// file made in the test: test_seedpapers.cpp).
+// file made in the test: test_press_replay_gates_clusters.cpp).
 const std::set<std::string> kNeedsFile = {"kvzap", "duo_attention", "qfilter", "fastkvzip", "lukv", "restorekv"};
 // Presses that do not remove a ratio of the context in prefill, so "measured == requested" does
 // not apply: the reason is the press's documented behaviour.

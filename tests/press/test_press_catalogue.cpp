@@ -23,7 +23,7 @@
 #include "train/qfilter_calibrate.h"
 #include "kvslim/quant.h"
 #include "press/recorders.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -22,7 +22,7 @@
 #include "model/lora.h"
 #include "press/restorekv.h"
 #include "support/files.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

@@ -6,7 +6,7 @@
 
 #include "kvslim/request.h"
 #include "press/ratio_use.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 
@@ -114,7 +114,7 @@ TEST(PressBudget, CapsAThresholdPolicy) {
 
 TEST(PressBudget, SpecsRoundTripAndRefusals) {
   for (const char* spec : {"snapkv:budget=4096", "adakv(snapkv):budget=4096", "adakv(snapkv:budget=4096)",
-                           "knorm:budget=7+snapkv:budget=9"}) {
+                           "knorm:budget=7+snapkv:budget=9", "kvzip:budget=4096", "global(snapkv):budget=4096"}) {
     auto p = make_press(spec, 0.0);
     EXPECT_NE(p->describe().find("budget="), std::string::npos) << spec << " -> " << p->describe();
     EXPECT_EQ(make_press(p->describe(), 0.0)->describe(), p->describe()) << spec;

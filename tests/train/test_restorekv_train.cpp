@@ -12,7 +12,7 @@
 #include "kvslim/request.h"
 #include "press/restorekv.h"
 #include "support/files.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 #include "train/restorekv_train.h"
 
 using namespace kvslim;

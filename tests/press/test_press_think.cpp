@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "kernels/attention.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -1,7 +1,7 @@
 // Budget policies on hand-made scores whose keep-counts are derived by hand.
 #include <numeric>
 
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "press/recorders.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -20,7 +20,7 @@
 #include "kv/store.h"
 #include "kvslim/context.h"
 #include "server/engine.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace kvslim;
 using press_test::bundled_model;

@@ -9,7 +9,7 @@
 
 #include "press/latent.h"
 #include "train/latent_calibrate.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -19,7 +19,7 @@
 #include "kvslim/gguf.h"
 #include "support/files.h"
 #include "support/shell.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 #include "util/hash64.h"
 
 using namespace kvslim;

@@ -1,5 +1,5 @@
-// The seed papers' methods: KVzip (replay scores), KVzap (surrogate training and the threshold
-// press), DuoAttention, ClusterKV, and ZigZagKV's attention statistics.
+// KVzip (replay scores), KVzap (surrogate training and the threshold press), DuoAttention,
+// ClusterKV, and ZigZagKV's attention statistics.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,7 +83,7 @@ int run_cli(const std::string& args, std::string* output) {
 
 // ---------------------------------------------------------------- ZigZagKV statistics
 
-TEST(SeedAttentionStats, MinimumBudgetOfHandMadeRows) {
+TEST(ZigZagAttentionStats, MinimumBudgetOfHandMadeRows) {
   const float row[] = {0.05f, 0.4f, 0.1f, 0.3f, 0.15f};
   // Sorted: 0.4, 0.3, 0.15, 0.1, 0.05 -> cumulative 0.4, 0.7, 0.85, 0.95, 1.0.
   EXPECT_EQ(minimum_budget(row, 5, 0.9), 4);
@@ -100,7 +100,7 @@ TEST(SeedAttentionStats, MinimumBudgetOfHandMadeRows) {
   EXPECT_THROW(minimum_budget(row, 5, 1.5), Error);
 }
 
-TEST(SeedAttentionStats, LayerBudgetsAreConsistent) {
+TEST(ZigZagAttentionStats, LayerBudgetsAreConsistent) {
   std::vector<Token> t = story_tokens();
   LayerBudgetOptions o;
   o.window = 8;
@@ -129,7 +129,7 @@ TEST(SeedAttentionStats, LayerBudgetsAreConsistent) {
 
 // ---------------------------------------------------------------- session hooks
 
-TEST(SeedSession, RewindForgetsTheReplay) {
+TEST(ReplaySession, RewindForgetsTheReplay) {
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
   Session a(model(), exact_f32()), b(model(), exact_f32());
@@ -146,7 +146,7 @@ TEST(SeedSession, RewindForgetsTheReplay) {
   EXPECT_THROW(b.rewind(b.next_position() + 1), Error);
 }
 
-TEST(SeedSession, SubsetAttentionMatchesFullAndGatheredSegments) {
+TEST(ReplaySession, SubsetAttentionMatchesFullAndGatheredSegments) {
   const int hd = 8, n = 37, rows = 3;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
@@ -183,7 +183,7 @@ TEST(SeedSession, SubsetAttentionMatchesFullAndGatheredSegments) {
 
 // ---------------------------------------------------------------- KVzip
 
-TEST(SeedKVzip, SegmentScoresMatchFloat64Recomputation) {
+TEST(KVzipReplay, SegmentScoresMatchFloat64Recomputation) {
   const int hd = 8, G = 2, n_q = 5;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
@@ -235,7 +235,7 @@ TEST(SeedKVzip, SegmentScoresMatchFloat64Recomputation) {
                Error);  // sinks overlapping the chunk
 }
 
-TEST(SeedKVzip, ReplayScoresMatchIndependentRecomputation) {
+TEST(KVzipReplay, ReplayScoresMatchIndependentRecomputation) {
   const Model& m = model();
   const HParams& hp = m.hparams();
   const Tokenizer& tok = m.tokenizer();
@@ -318,7 +318,62 @@ TEST(SeedKVzip, ReplayScoresMatchIndependentRecomputation) {
   }
 }
 
-TEST(SeedKVzip, PressKeepsGlobalTopKAndDiscardsTheReplay) {
+// A chunk of a chunked prefill is replayed as KVzip's own later chunks are: the instruction quotes
+// the previous chunk's last prev_tokens tokens. Its scores are then those of the second chunk of one
+// replay over both, bit for bit; before, the chunk was replayed as a first chunk ("Repeat the
+// previous context exactly." with no quote).
+TEST(KVzipReplay, ALaterPrefillChunkQuotesTheChunkBefore) {
+  const HParams& hp = model().hparams();
+  const std::vector<Token> ctx = story_tokens();
+  const int n = static_cast<int>(ctx.size()), c = (n + 1) / 2;
+  ASSERT_GE(n - c, 16);
+  KVzipOptions ko;
+  ko.chunk = c;  // the one replay's chunks are [0, c) and [c, n): the prefill is split the same way
+  const std::vector<Token> a(ctx.begin(), ctx.begin() + c), b(ctx.begin() + c, ctx.end());
+  Session s(model(), exact_f32());
+  s.forward(a);  // two forward calls, as the press's session below runs them
+  s.forward(b);
+  const Scores whole = kvzip_replay_scores(s, ctx, 0, ko);
+  const Scores quoted = kvzip_replay_scores(s, b, c, ko, a);
+  const Scores unquoted = kvzip_replay_scores(s, b, c, ko);
+  bool differs = false;
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h)
+      for (int i = 0; i < n; ++i) {
+        if (i < c) {
+          EXPECT_TRUE(std::isnan(quoted[l][h][i]));
+          continue;
+        }
+        ASSERT_EQ(quoted[l][h][i], whole[l][h][i]) << l << "," << h << "," << i;
+        differs |= unquoted[l][h][i] != whole[l][h][i];
+      }
+  EXPECT_TRUE(differs) << "the quote should change the replay";
+
+  // The press quotes the previous step's tail itself: two observed prefill steps score the second
+  // chunk as the one replay does.
+  auto press = make_press("kvzip:plus=1,chunk=" + std::to_string(c), 0.5);  // KVzipOptions: KVzip+
+  press->reset();
+  Session t(model(), exact_f32());
+  Observation obs;
+  obs.runner = &t;
+  t.forward(a);
+  obs.tokens = a;
+  for (int i = 0; i < c; ++i) obs.token_positions.push_back(i);
+  press->observe(t.cache(), model(), obs);
+  t.forward(b);
+  obs.tokens = b;
+  obs.token_positions.clear();
+  for (int i = c; i < n; ++i) obs.token_positions.push_back(i);
+  press->observe(t.cache(), model(), obs);
+  auto* scorer = press->scorer();
+  ASSERT_NE(scorer, nullptr);
+  const Scores stored = scorer->score_all(t.cache(), model(), obs, Target{0.5, size_t(n)});
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (int h = 0; h < hp.n_head_kv; ++h)
+      for (int i = c; i < n; ++i) ASSERT_EQ(stored[l][h][i], whole[l][h][i]) << l << "," << h << "," << i;
+}
+
+TEST(KVzipReplay, PressKeepsGlobalTopKAndDiscardsTheReplay) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
@@ -348,7 +403,7 @@ TEST(SeedKVzip, PressKeepsGlobalTopKAndDiscardsTheReplay) {
 
 // ---------------------------------------------------------------- KVzap
 
-TEST(SeedKVzap, RidgeAndMLPRecoverAKnownLinearTarget) {
+TEST(KVzapThreshold, RidgeAndMLPRecoverAKnownLinearTarget) {
   const int n = 3000, d = 12, k = 3;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
@@ -402,7 +457,7 @@ TEST(SeedKVzap, RidgeAndMLPRecoverAKnownLinearTarget) {
   EXPECT_NEAR(pearson(a, c, 4), -1.0, 1e-12);
 }
 
-TEST(SeedKVzap, ThresholdPressScoresAtCreationInPrefillAndDecode) {
+TEST(KVzapThreshold, ThresholdPressScoresAtCreationInPrefillAndDecode) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
@@ -454,7 +509,7 @@ TEST(SeedKVzap, ThresholdPressScoresAtCreationInPrefillAndDecode) {
   EXPECT_THROW(make_press("kvzap:surrogate=/nonexistent/kvzap.gguf", 0.0), Error);
 }
 
-TEST(SeedKVzap, TrainingDataComeFromKVzipScores) {
+TEST(KVzapThreshold, TrainingDataComeFromKVzipScores) {
   std::vector<Token> ctx = story_tokens();
   KVzipOptions ko;
   KVzapData data = collect_kvzap_data(model(), {ctx, ctx}, 10, 1, ko);
@@ -472,7 +527,7 @@ TEST(SeedKVzap, TrainingDataComeFromKVzipScores) {
 
 // ---------------------------------------------------------------- DuoAttention
 
-TEST(SeedDuoAttention, AllRetrievalHeadsEqualNoPress) {
+TEST(DuoAttentionHeads, AllRetrievalHeadsEqualNoPress) {
   const HParams& hp = model().hparams();
   DuoLabels labels;
   labels.sink = 2;
@@ -522,7 +577,7 @@ TEST(SeedDuoAttention, AllRetrievalHeadsEqualNoPress) {
   EXPECT_THROW(labels.streaming(1.5), Error);
 }
 
-TEST(SeedDuoAttention, CalibrationScoresEveryHead) {
+TEST(DuoAttentionHeads, CalibrationScoresEveryHead) {
   DuoCalibration cal;
   cal.samples = 1;
   cal.length = 120;
@@ -549,7 +604,7 @@ TEST(SeedDuoAttention, CalibrationScoresEveryHead) {
 
 // ---------------------------------------------------------------- ClusterKV
 
-TEST(SeedClusterKV, KMeansRecoversSeparatedDirections) {
+TEST(ClusterKVSelection, KMeansRecoversSeparatedDirections) {
   const int d = 6, per = 10;
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 0.05f);
@@ -568,7 +623,7 @@ TEST(SeedClusterKV, KMeansRecoversSeparatedDirections) {
     for (int j = 0; j < 3 * per; ++j) EXPECT_EQ(truth[i] == truth[j], assign[i] == assign[j]);
 }
 
-TEST(SeedClusterKV, BudgetCoveringTheSequenceIsExactlyFullAttention) {
+TEST(ClusterKVSelection, BudgetCoveringTheSequenceIsExactlyFullAttention) {
   std::vector<Token> ctx = story_tokens();
   auto none = make_press("none", 0.0);
   auto ckv = make_press("clusterkv:budget=100000,sink=4,full_layers=0", 0.0);
@@ -576,7 +631,7 @@ TEST(SeedClusterKV, BudgetCoveringTheSequenceIsExactlyFullAttention) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << i;
 }
 
-TEST(SeedClusterKV, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
+TEST(ClusterKVSelection, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
@@ -627,7 +682,7 @@ TEST(SeedClusterKV, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
 // ClusterKV's selection by the reference rule, recomputed here: per query head, clusters ranked by
 // q . centroid (centroids = mean key of each cluster), their members in index order, cut at budget
 // - sinks; sinks first.
-TEST(SeedClusterKV, PerQueryHeadSelectionMatchesTheReferenceRule) {
+TEST(ClusterKVSelection, PerQueryHeadSelectionMatchesTheReferenceRule) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size()), sink = 4, budget = 20, k = 6;
@@ -671,7 +726,7 @@ TEST(SeedClusterKV, PerQueryHeadSelectionMatchesTheReferenceRule) {
 
 // ---------------------------------------------------------------- CLI
 
-TEST(SeedCLI, AttentionStatsPrintsTableAndPlot) {
+TEST(AttentionStatsAndKVzapCli, AttentionStatsPrintsTableAndPlot) {
   const std::string plot = temp_path("lmba.svg");
   std::string out;
   int rc = run_cli(fmt::format("attention-stats -m {} -p \"{}\" --window 8 --plot {}", kModel, kStory, plot), &out);
@@ -686,7 +741,7 @@ TEST(SeedCLI, AttentionStatsPrintsTableAndPlot) {
   EXPECT_NE(out.find("window 50"), std::string::npos) << out;
 }
 
-TEST(SeedCLI, KVzapTrainReportsCorrelationRatioAndCost) {
+TEST(AttentionStatsAndKVzapCli, KVzapTrainReportsCorrelationRatioAndCost) {
   const std::string corpus = temp_path("corpus.txt"), out_path = temp_path("kvzap.gguf");
   {
     std::ofstream f(corpus);
@@ -709,7 +764,7 @@ TEST(SeedCLI, KVzapTrainReportsCorrelationRatioAndCost) {
   std::remove(out_path.c_str());
 }
 
-TEST(SeedRegistry, SpecsParseBackAndBadParametersAreNamed) {
+TEST(ReplayPressSpecs, SpecsParseBackAndBadParametersAreNamed) {
   DuoLabels labels;
   labels.score.assign(model().hparams().n_layer, std::vector<float>(model().hparams().n_head_kv, 0.5f));
   const std::string duo = temp_path("duo_rt.gguf");

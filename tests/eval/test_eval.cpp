@@ -318,6 +318,18 @@ TEST(EvalSweep, ExpandRuns) {
   EXPECT_THROW(expand_runs({}, {0.5}, false), Error);
 }
 
+// A press with a budget keeps N entries per KV head whatever the ratio: the sweep runs it once, at
+// ratio 0, instead of once per ratio with identical results.
+TEST(EvalSweep, ExpandRunsRunsABudgetPressOnce) {
+  auto runs = expand_runs({"snapkv:budget=64", "knorm"}, {0.5, 0.75, 0.9}, true);
+  ASSERT_EQ(runs.size(), 5u);
+  EXPECT_EQ(runs[1].spec, "snapkv:budget=64");
+  EXPECT_DOUBLE_EQ(runs[1].ratio, 0.0);
+  EXPECT_EQ(runs[2].spec, "knorm");
+  EXPECT_DOUBLE_EQ(runs[2].ratio, 0.5);
+  EXPECT_THROW(expand_runs({"snapkv:budget=64"}, {1.0}, true), Error);
+}
+
 TEST(EvalReport, InspectCacheCountsTheNeedleEntries) {
   // 2 layers x 2 KV heads over 10 positions; the needle spans positions [3, 6).
   KVCache cache(2, 2, 4, KVCodec::F32, KVCodec::F32);
@@ -341,6 +353,8 @@ TEST(EvalReport, InspectCacheCountsTheNeedleEntries) {
   EXPECT_EQ(c.kept_per_layer, (std::vector<size_t>{13, 5}));
   EXPECT_TRUE(c.as_configured);  // 0.55 removed against 0.5 asked: within 0.01 + 1/10
   EXPECT_FALSE(inspect_cache(cache, 10, 0.3).as_configured);
+  // Ratio 0: no ratio was asked for (a budget or threshold press), so nothing can miss it.
+  EXPECT_TRUE(inspect_cache(cache, 10, 0.0).as_configured);
 }
 
 TEST(EvalReport, SummariesAverageSamples) {

@@ -8,7 +8,7 @@
 
 #include "press/kvcompose.h"
 #include "press/recorders.h"
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 

@@ -6,7 +6,7 @@
 
 #include <unistd.h>
 
-#include "test_press_util.h"
+#include "support/press_util.h"
 
 using namespace press_test;
 
