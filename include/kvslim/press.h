@@ -42,6 +42,7 @@ struct Observation;
 struct Target;
 class BudgetPolicy;
 class ScorerPress;
+class LatentBitsControl;
 
 /// Base of all presses. A press serves one request at a time; reset() (called by
 /// prefill_and_compress before the first chunk) forgets everything about the previous one.
@@ -101,6 +102,10 @@ class Press {
   /// This press as a scorer (entries kept by score under a budget policy), or nullptr: budget
   /// policies and wrappers reach their inner press's scores and policy through it.
   virtual ScorerPress* scorer() { return nullptr; }
+  /// The code bits and ranks this press's latent stage lets a caller choose (the auto-budget's
+  /// second axis, press/latent_bits_control.h), or nullptr: the `latent` press itself, a
+  /// composition its first stage that has them.
+  virtual LatentBitsControl* latent_bits() { return nullptr; }
 };
 
 /// Parameters of a press as given on the command line: name -> value text.

@@ -13,6 +13,9 @@ namespace kvslim {
 /// Called by Session::forward at fixed points of every layer; declared in src/model/layer_hook.h
 /// (for press authors and the request runner).
 class LayerHook;
+/// Input rows run instead of token ids; declared in src/model/input_override.h (RestoreKV's
+/// restore pass).
+class InputOverride;
 
 /// The narrow interface through which a press runs the model on the cache it compresses (KVzip's
 /// replay): run tokens after what is cached with a hook, read the cache, rewind. The request
@@ -29,6 +32,9 @@ class ModelRunner {
   /// Runs `tokens` at next_position().. (their entries are appended) with `hook` (may be nullptr);
   /// returns the last token's logits [n_vocab]. Throws kvslim::Error when the context is full.
   virtual std::vector<float> run(const std::vector<Token>& tokens, LayerHook* hook) = 0;
+  /// The same with input rows instead of tokens' embeddings (input.n() positions; the hook sees
+  /// token id 0 for each). Throws kvslim::Error as run, or when the rows' width is not n_embd.
+  virtual std::vector<float> run_inputs(const InputOverride& input, LayerHook* hook) = 0;
   /// Drops every entry at position >= `position` and continues there.
   virtual void rewind(int32_t position) = 0;
 };
@@ -64,6 +70,15 @@ class Session : public ModelRunner {
   std::vector<float> run(const std::vector<Token>& tokens, LayerHook* hook) override {
     return forward(tokens, false, hook);
   }
+  /// forward() over input rows instead of tokens' embeddings (model/input_override.h): row i at
+  /// position next_position() + i, with the rows' LoRA adapter on the seven projections of every
+  /// layer for these rows only. Throws kvslim::Error for no rows, rows whose width is not n_embd,
+  /// or as forward().
+  std::vector<float> forward_inputs(const InputOverride& input, bool all_logits = false, LayerHook* hook = nullptr);
+  /// ModelRunner: forward_inputs(input, false, hook).
+  std::vector<float> run_inputs(const InputOverride& input, LayerHook* hook) override {
+    return forward_inputs(input, false, hook);
+  }
 
   /// One decode step for several sessions in one pass over the weights (continuous batching):
   /// tokens[i] runs at sessions[i]->next_position() on sessions[i]'s cache. Returns logits
@@ -97,6 +112,9 @@ class Session : public ModelRunner {
   void restore(KVCache cache, int32_t next_position);
 
  private:
+  /// forward() and forward_inputs(): the tokens (or input rows) in batches of opt_.batch.
+  std::vector<float> forward_batches(const std::vector<Token>& tokens, bool all_logits, LayerHook* hook,
+                                     const InputOverride* input);
   /// One session's consecutive rows of a forward batch (session.cpp).
   struct Rows;
   /// The transformer layers over a batch of rows from one or more sessions (the only forward pass:

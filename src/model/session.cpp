@@ -27,6 +27,8 @@ struct Session::Rows {
   const Token* tokens = nullptr;  ///< [n]
   int n = 0;
   LayerHook* hook = nullptr;      ///< called for these rows only; nullptr in a decode batch
+  const InputOverride* input = nullptr;  ///< the rows' inputs instead of the tokens' embeddings
+  int input_first = 0;            ///< the input row of this run's first row
   bool all_logits = false;        ///< logits of every row, else of the last
   float* logits = nullptr;        ///< [n or 1][n_vocab], or nullptr for none
   // Filled by forward_rows:
@@ -100,6 +102,20 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
 }  // namespace
 
 std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_logits, LayerHook* hook) {
+  return forward_batches(tokens, all_logits, hook, nullptr);
+}
+
+std::vector<float> Session::forward_inputs(const InputOverride& input, bool all_logits, LayerHook* hook) {
+  if (input.n_embd() != model_.hparams().n_embd)
+    throw Error(fmt::format("input override: rows of {} values, the model's n_embd is {}", input.n_embd(),
+                            model_.hparams().n_embd));
+  if (input.n() < 1) throw Error("forward: no input rows to process");
+  // Token ids the hook sees: placeholders, the inputs are the rows.
+  return forward_batches(std::vector<Token>(input.n(), 0), all_logits, hook, &input);
+}
+
+std::vector<float> Session::forward_batches(const std::vector<Token>& tokens, bool all_logits, LayerHook* hook,
+                                            const InputOverride* input) {
   const HParams& hp = model_.hparams();
   if (tokens.empty()) throw Error("forward: no tokens to process");
   if (next_pos_ + static_cast<int64_t>(tokens.size()) > n_ctx_)
@@ -119,6 +135,8 @@ std::vector<float> Session::forward(const std::vector<Token>& tokens, bool all_l
     r.tokens = tokens.data() + b;
     r.n = n;
     r.hook = hook;
+    r.input = input;
+    r.input_first = static_cast<int>(b);
     r.all_logits = all_logits;
     r.logits = all_logits ? logits.data() + b * nv : (last ? logits.data() : nullptr);
     forward_rows(runs);
@@ -370,20 +388,18 @@ void Session::forward_rows(std::vector<Rows>& runs) {
   S.size_for(hp, n);
   std::vector<float>&x = S.x, &xn = S.xn, &tmp = S.tmp, &q = S.q, &k = S.k, &v = S.v, &att = S.att, &g = S.g, &u = S.u;
 
-  // Token embeddings: the residual stream x, [n][d]. An InputOverride hook (model/input_override.h:
-  // RestoreKV's restore pass) gives its run's rows itself and may switch a LoRA adapter on.
-  std::vector<const InputOverride*> over(runs.size(), nullptr);
+  // Token embeddings: the residual stream x, [n][d]. A run with input rows (model/input_override.h:
+  // RestoreKV's restore pass) gives them itself and may switch a LoRA adapter on.
   std::vector<const LoraAdapter*> lora(runs.size(), nullptr);
   const WeightView& emb = model.token_embd();
   for (size_t ri = 0; ri < runs.size(); ++ri) {
     Rows& r = runs[ri];
-    over[ri] = r.hook ? dynamic_cast<const InputOverride*>(r.hook) : nullptr;
-    lora[ri] = over[ri] ? over[ri]->lora() : nullptr;
+    lora[ri] = r.input ? r.input->lora() : nullptr;
     r.n_old.assign(nkv, 0);
     for (int t = 0; t < r.n; ++t) {
       float* row = x.data() + static_cast<size_t>(r.first + t) * d;
-      if (over[ri])
-        std::memcpy(row, over[ri]->row(pos[r.first + t], d), static_cast<size_t>(d) * sizeof(float));
+      if (r.input)
+        std::memcpy(row, r.input->row(r.input_first + t), static_cast<size_t>(d) * sizeof(float));
       else
         dequantize_row(emb.type, emb.row(r.tokens[t]), row, d);
     }

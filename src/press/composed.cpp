@@ -13,6 +13,12 @@ namespace kvslim {
 
 ComposedPress::ComposedPress(std::vector<std::unique_ptr<Press>> presses) : p_(std::move(presses)) {}
 
+LatentBitsControl* ComposedPress::latent_bits() {
+  for (auto& p : p_)
+    if (LatentBitsControl* c = p->latent_bits()) return c;
+  return nullptr;
+}
+
 std::string ComposedPress::describe() const {
   std::string s;
   for (const auto& p : p_) s += (s.empty() ? "" : "+") + p->describe();

@@ -21,7 +21,6 @@
 #include "press/param_file.h"
 #include "press/latent_bits_control.h"
 #include "press/latent_share.h"
-#include "press/wrappers.h"
 
 namespace kvslim {
 
@@ -156,6 +155,7 @@ class LatentPress : public Press, public LatentBitsControl {
         per_layer_(per_layer) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
+  LatentBitsControl* latent_bits() override { return this; }
   std::string describe() const override {
     const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
     if (!file_.empty()) {
@@ -469,13 +469,5 @@ PressRegistrar reg([] {
 }());
 
 }  // namespace
-
-LatentBitsControl* latent_bits_control(Press& press) {
-  if (auto* c = dynamic_cast<LatentBitsControl*>(&press)) return c;
-  if (auto* comp = dynamic_cast<ComposedPress*>(&press))
-    for (size_t i = 0; i < comp->stages(); ++i)
-      if (LatentBitsControl* c = latent_bits_control(comp->stage(i))) return c;
-  return nullptr;
-}
 
 }  // namespace kvslim

@@ -1,8 +1,8 @@
 #pragma once
 // The code bits of a press's latent stage, chosen per request: the second axis of the
 // auto-budget (run/auto_budget.cpp) next to the compression ratio. The spec lists the candidates
-// (`latent:...,k_bits=8/4,v_bits=8/4/2`); the auto-budget tries them through this internal
-// interface, so that Press (include/kvslim/press.h) keeps only set_ratio.
+// (`latent:...,k_bits=8/4,v_bits=8/4/2`); the auto-budget finds this internal interface through
+// Press::latent_bits() and tries them, so that Press (include/kvslim/press.h) keeps only set_ratio.
 #include <vector>
 
 #include "kvslim/press.h"
@@ -42,9 +42,5 @@ class LatentBitsControl {
   /// auto-budget must choose).
   virtual void clear_latent_bits() = 0;
 };
-
-/// The latent stage of `press`: the press itself, or the first stage of a composition (nested
-/// compositions searched in spec order) that is one; nullptr when there is none.
-LatentBitsControl* latent_bits_control(Press& press);
 
 }  // namespace kvslim

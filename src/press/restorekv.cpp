@@ -119,7 +119,7 @@ class RestoreKVPress : public KVzipPress {
                               "n_ctx {}; raise n_ctx",
                               R, p, p + R - 1, runner.n_ctx()));
     InputOverride over(w_->embeddings.data(), R, w_->n_embd, w_->lora.rank > 0 ? &w_->lora : nullptr);
-    runner.run(std::vector<Token>(R, 0), &over);  // placeholder ids: the override gives the inputs
+    runner.run_inputs(over, nullptr);
   }
 
   std::shared_ptr<const RestoreKVWeights> w_;

@@ -31,9 +31,8 @@ class ComposedPress : public Press {
   bool evicts_in_decode() const override;
   bool selects_in_decode() const override;
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override;
-  /// The stages, in spec order (e.g. to find the latent stage, press/latent_bits_control.h).
-  size_t stages() const { return p_.size(); }
-  Press& stage(size_t i) { return *p_[i]; }
+  /// The first stage's (nested compositions searched in spec order), or nullptr.
+  LatentBitsControl* latent_bits() override;
 
  private:
   std::vector<std::unique_ptr<Press>> p_;

@@ -67,7 +67,7 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
 
   // The latent stage's code bits, when its spec lists candidates (k_bits=8/4, ...): each
   // (key, value) pair is a setting with its own ratio; (-1, -1) is the press as specified.
-  LatentBitsControl* bits = latent_bits_control(press);
+  LatentBitsControl* bits = press.latent_bits();
   std::vector<std::pair<int, int>> settings;
   if (bits && (bits->key_bit_choices().size() > 1 || bits->value_bit_choices().size() > 1 ||
                bits->key_rank_choices().size() > 1 || bits->value_rank_choices().size() > 1)) {

@@ -238,7 +238,7 @@ TEST(RestoreKVForward, TokenEmbeddingRowsEqualTheTokenPath) {
       b.forward(ctx);
       const std::vector<float> la = a.forward(tail, true);
       InputOverride over(rows.data(), static_cast<int>(tail.size()), hp.n_embd, lora);
-      const std::vector<float> lb = b.forward(std::vector<Token>(tail.size(), 0), true, &over);
+      const std::vector<float> lb = b.forward_inputs(over, true);
       ASSERT_EQ(la.size(), lb.size());
       for (size_t i = 0; i < la.size(); ++i) ASSERT_EQ(la[i], lb[i]) << "logit " << i << " exact " << exact;
       EXPECT_EQ(a.next_position(), b.next_position());
@@ -275,7 +275,7 @@ TEST(RestoreKVForward, EmbeddingsWithLoraMatchFloat64) {
   Session s(m, f32_session(true));
   s.forward(ctx);
   InputOverride over(emb.data(), R, hp.n_embd, &lora);
-  const std::vector<float> logits = s.forward(std::vector<Token>(R, 0), true, &over);
+  const std::vector<float> logits = s.forward_inputs(over, true);
   EXPECT_EQ(s.next_position(), n + R);
 
   std::vector<std::vector<double>> in;
@@ -344,10 +344,11 @@ TEST(RestoreKVForward, OverrideErrors) {
   const std::vector<float> emb = random_rows(2, hp.n_embd, 3, 1.0f);
   Session s(m, f32_session(false));
   s.forward(story_tokens(m, 8));
-  InputOverride two(emb.data(), 2, hp.n_embd, nullptr);
-  EXPECT_THROW(s.forward(std::vector<Token>(3, 0), false, &two), Error);  // 3 tokens, 2 rows
+  InputOverride none(emb.data(), 0, hp.n_embd, nullptr);
+  EXPECT_THROW(s.forward_inputs(none), Error);
   InputOverride narrow(emb.data(), 2, hp.n_embd - 1, nullptr);
-  EXPECT_THROW(s.forward(std::vector<Token>(2, 0), false, &narrow), Error);
+  EXPECT_THROW(s.forward_inputs(narrow), Error);
+  EXPECT_EQ(s.next_position(), 8);  // nothing ran
 }
 
 // ---- the file ----
@@ -487,7 +488,7 @@ TEST(RestoreKVPress, BudgetAndPositionsAsTheReference) {
   Session full(m, press_options().session);
   full.forward(ctx);
   InputOverride over(w.embeddings.data(), 8, hp.n_embd, &w.lora);
-  full.forward(std::vector<Token>(8, 0), false, &over);
+  full.forward_inputs(over);
   std::vector<float> k1, v1, k2, v2;
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h)
