@@ -12,17 +12,14 @@
 
 namespace kvslim {
 
-struct GenerateOptions {
+/// A request's options (session, chunking, generation length, sampling, stop strings,
+/// auto-budget) and the job's text.
+struct GenerateOptions : RequestOptions {
   std::string context;      ///< compressed by the press
   /// When not empty, the context as tokens, used instead of tokenizing `context` (a chat
   /// template's output, whose special tokens the plain tokenization would not parse).
   std::vector<Token> context_tokens;
   std::string question;     ///< appended after compression, never compressed (may be empty)
-  int n_predict = 64;       ///< tokens to generate; stops early at end-of-generation; < 0: until the context is full
-  SamplingParams sampling;
-  int chunk_size = 0;       ///< > 0: the press acts after every chunk of this many context tokens
-  SessionOptions session;
-  AutoBudget auto_budget;   ///< the press's ratio chosen per request (see request.h); off by default
 };
 
 /// Measured from the cache, never computed from the request.

@@ -21,16 +21,6 @@ std::vector<float> prefill_and_compress(Session& session, Press& press, const st
 
 namespace run {
 
-RequestOptions request_options(const GenerateOptions& opt) {
-  RequestOptions ro;
-  ro.session = opt.session;
-  ro.chunk_size = opt.chunk_size;
-  ro.n_predict = opt.n_predict;
-  ro.sampling = opt.sampling;
-  ro.auto_budget = opt.auto_budget;
-  return ro;
-}
-
 GenerateResult run_to_end(Request& req, const std::function<void(const std::string&)>& on_text) {
   TokenCallback cb;
   if (on_text) cb = [&](const TokenEvent& e) {
@@ -50,7 +40,7 @@ GenerateResult run_to_end(Request& req, const std::function<void(const std::stri
 
 GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
                         const std::function<void(const std::string&)>& on_text) {
-  Request req(model, press, run::request_options(opt));
+  Request req(model, press, static_cast<const RequestOptions&>(opt));
   if (opt.context_tokens.empty())
     req.set_prompt(opt.context, opt.question);
   else

@@ -22,8 +22,6 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
 /// hooks: decode-time scoring, attention selection), then press.after_decode(). Returns the logits.
 std::vector<float> decode_step(Session& session, Press& press, Token token);
 
-/// The RequestOptions `opt` asks for (session, chunking, generation length, sampling, auto-budget).
-RequestOptions request_options(const GenerateOptions& opt);
 
 /// Runs `req` to its end, passing each released piece of text to `on_text` (may be empty); returns
 /// its text, tokens, statistics and finish reason (generate(), and generate() from a stored context).
