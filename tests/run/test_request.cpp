@@ -142,6 +142,25 @@ TEST(Request, UnlimitedGenerationStopsWhenTheContextIsFull) {
   }
 }
 
+// generate() takes every request option, stop strings included: the text ends before the first
+// stop string that the same run without it generates.
+TEST(Request, GenerateHonoursStopStrings) {
+  auto press = make_press("none", 0.0);
+  GenerateOptions o;
+  o.context = kStory;
+  o.n_predict = 24;
+  o.sampling.temp = 0.0f;
+  const GenerateResult full = generate(bundled_model(), *press, o);
+  ASSERT_GE(full.text.size(), 8u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  const size_t at = full.text.find(stop);
+  ASSERT_GT(at, 0u);
+  o.stop = {stop};
+  const GenerateResult cut = generate(bundled_model(), *press, o);
+  EXPECT_EQ(cut.text, full.text.substr(0, at));
+  EXPECT_EQ(cut.finish, FinishReason::Stop);
+}
+
 TEST(Request, PromptLongerThanTheContextIsRefused) {
   RequestOptions o = greedy(4);
   o.session.n_ctx = 8;
