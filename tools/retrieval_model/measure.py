@@ -27,13 +27,15 @@ def run(kvslim, model, context, question, press, ratio, n_predict, threads):
         path = f.name
     try:
         cmd = [kvslim, "generate", "-m", model, "-f", path, "--question", question, "--temp", "0",
-               "-n", str(n_predict), "-t", str(threads), "--press", press, "--compression-ratio", str(ratio)]
+               "-n", str(n_predict), "-t", str(threads), "--no-display-prompt"]
+        if press != "none":  # the CLI refuses a ratio without a press
+            cmd += ["--press", press, "--compression-ratio", str(ratio)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
-    echo = context + question
-    assert out.startswith(echo), "unexpected CLI output"
-    return out[len(echo):out.index("\n\n--- kvslim ---")]
+    # stdout: the generated text and a newline (statistics go to stderr)
+    assert out.endswith("\n"), "unexpected CLI output"
+    return out[:-1]
 
 
 def split(prompt, marker):
