@@ -59,6 +59,7 @@ struct BenchArgs {
   std::vector<int> parallel;  // --parallel: requests decoding at once (empty: the single-request tests)
   int threads = 0;
   int reps = 5;  // llama-bench's default
+  int ctx = 0;   // -c: 0 = the positions the tests reach
   std::string output = "md";
   int batch = 512;
   int chunk_size = 0;
@@ -286,6 +287,13 @@ int run(BenchArgs a) {
   for (int n : a.n_gens) max_gen = std::max(max_gen, n);
   SessionOptions so;
   so.n_ctx = std::max(max_depth + max_prompt, max_depth + max_gen * a.reps + 1);
+  if (a.ctx > 0) {
+    if (a.ctx < so.n_ctx)
+      throw Error(fmt::format("bench: -c {} is smaller than the {} positions the tests reach (depth {} plus the "
+                              "prompt, or plus the decode repetitions)",
+                              a.ctx, so.n_ctx, max_depth));
+    so.n_ctx = a.ctx;
+  }
   warn_context_size(*model, so.n_ctx);
   so.batch = a.batch;
   so.key_codec = parse_codec(a.cache_type_k);
@@ -649,6 +657,12 @@ void add_bench(CLI::App& app, Action& action) {
   sub->add_option("-r,--repetitions", a->reps, "repetitions of each test (llama-bench's default)")
       ->capture_default_str()
       ->check(int_range(1, 1 << 20));
+  sub->add_option("-c,--ctx-size", a->ctx,
+                  "context size in tokens (0 = the positions the tests reach: depth + prompt, or depth + the decode "
+                  "repetitions); more leaves room for a press that runs the model after the context, such as "
+                  "KVzip's replay")
+      ->capture_default_str()
+      ->check(int_range(0, 1 << 24));
   sub->add_option("-o,--output", a->output,
                   "stdout format: md (the table), csv, json or jsonl (one JSON row a line); other than md, the "
                   "table's lines go to stderr")

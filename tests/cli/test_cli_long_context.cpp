@@ -400,6 +400,21 @@ TEST(CliMemory, BenchEstimateHonoursTheBudget) {
   EXPECT_TRUE(contains(full.err, "(f16, 2051 tokens,")) << full.err;
 }
 
+// KVzip replays each chunk at the positions after it, which bench's context (depth + decode tests)
+// does not leave; -c gives the room, and a -c below what the tests reach names both figures.
+TEST(CliLongContext, BenchContextSizeLeavesRoomForTheReplay) {
+  const std::string base = "bench -m " + quote(kModel) + " -p 0 -n 2 -r 1 -d 256 --press kvzip:budget=32 --chunk-size 64 --no-progress";
+  const Result tight = run_cli(base);
+  EXPECT_NE(tight.rc, 0);
+  EXPECT_TRUE(contains(tight.err, "raise -c")) << tight.err;
+  const Result roomy = run_cli(base + " -c 512");
+  EXPECT_EQ(roomy.rc, 0) << roomy.err;
+  const Result small = run_cli(base + " -c 100");
+  EXPECT_NE(small.rc, 0);
+  EXPECT_TRUE(contains(small.err, "-c 100")) << small.err;
+  EXPECT_TRUE(contains(small.err, "259")) << small.err;
+}
+
 // Llama 3.2 1B's shape is trained for 131072 tokens: -c 131072 runs without a warning and without
 // the cache allocated up front (a full f16 cache of one layer would be 256 MiB); -c above it warns
 // naming both figures, as llama.cpp does.
