@@ -8,7 +8,7 @@ extended to match n-grams instead of single tokens:
 
   layer 0  five previous-token heads. Query and key are constant vectors in the fast RoPE
            pairs, chosen so that the rotary score peaks at relative offset k (k = 1..5) and is
-           far lower at every other offset up to 32K. Each head copies the token code of
+           far lower at every other offset up to 131,072. Each head copies the token code of
            position n-k into its own residual subspace S_k.
   layer 1  induction heads (five identical query heads sharing one KV head, GQA). The query
            holds the codes of tokens n, n-1, ..., n-4 (S_0..S_4), the key holds the codes of
@@ -38,12 +38,12 @@ import sys
 import numpy as np
 
 # ---------------------------------------------------------------- hyper-parameters
-HEAD_DIM = 192
+HEAD_DIM = 224
 N_HEAD = 5            # query heads per layer
 N_HEAD_KV = 1         # GQA: all five query heads share one KV head
 N_LAYER = 2
 N_FF = 32             # FFN width (weights are zero)
-CTX = 16384           # llama.context_length
+CTX = 131072          # llama.context_length
 RMS_EPS = 1e-5
 ROPE_BASE = float(np.float32(1e32))  # stored as f32: build with the value engines read back
 WINDOW = 5            # tokens matched by the induction head (current + 4 previous)
@@ -51,10 +51,10 @@ CODE = 32             # code dimensions per subspace (64 matchable tokens as +-e
 SUB = CODE + 1        # + the generic-token flag
 GAMMA = 1.0           # constant component of every embedding (the "bias" input)
 
-N_FAST = 15           # RoPE pairs 0..14 (omega >= 2e-5) form the previous-token kernel
-REC_PAIR = 13         # omega = 4.6e-5: recency tie-break in layer 1 (monotone up to ~34K)
-CONTENT_PAIR0 = 16    # pairs 16..95 (omega <= 4.6e-6) carry the n-gram codes
-KERNEL_RANGE = 32768  # offsets over which the previous-token kernel is optimised
+N_FAST = 18           # RoPE pairs 0..17 (omega >= 1.4e-5) form the previous-token kernel
+REC_PAIR = 18         # omega = 7.2e-6: recency tie-break in layer 1 (monotone up to ~218K)
+CONTENT_PAIR0 = 32    # pairs 32..111 (omega <= 7e-10) carry the n-gram codes
+KERNEL_RANGE = 131072 # offsets over which the previous-token kernel is optimised
 
 L0_MARGIN = 40.0      # logits between offset k and the best other offset (layer 0)
 MATCH = 300.0         # logits per matched token of the window (layer 1)
