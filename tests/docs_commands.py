@@ -5,9 +5,9 @@ A command in a fenced or indented code block of README.md, docs/**/*.md or model
 starts with `kvslim`, `build/kvslim`, `./build/kvslim` or `mpirun ... kvslim` is run from a
 scratch directory that links the repository's models/, tools/ and build/ (so relative paths
 resolve as in a checkout and outputs land in the scratch directory). Sizes are cut so the
-whole check takes seconds: one sample, the smallest length, the first depth/ratio/task, at most
-two presses, short fidelity texts, a few generated tokens. A command passes when it exits 0 and,
-for a task sweep, its full cache did not score 0 (the bug this check exists for: commands that
+whole check takes seconds: one sample, the smallest length (at most 2,048 tokens), the first
+depth/ratio/task, at most two presses, short fidelity texts, a few generated tokens. A command
+passes when it exits 0 and, for a task sweep, its full cache did not score 0 (the bug this check exists for: commands that
 ran on the story model without -m and scored 0 silently).
 
 Synopses (placeholders such as MODEL or FILE, alternatives with |, optional [parts]) and
@@ -25,6 +25,8 @@ import time
 
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]{1,}(\.[a-z]+)?(,[A-Z0-9_]+)*$")
 STARTS = ("kvslim ", "build/kvslim ", "./build/kvslim ", "mpirun ")
+# Longest eval context run: a sweep documented only at 131,072 tokens runs here at this length.
+MAX_LENGTH = 2048
 
 
 def code_lines(text):
@@ -116,7 +118,7 @@ def shrink(tokens):
             while j < len(tokens) and not tokens[j].startswith("-"):
                 vals += tokens[j].split(",")
                 j += 1
-            keep = vals[0] if t in first else str(min(int(x) for x in vals))
+            keep = vals[0] if t in first else str(min(min(int(x) for x in vals), MAX_LENGTH))
             out += [t, keep]
             i = j
         elif t in single and v is not None:
@@ -126,7 +128,7 @@ def shrink(tokens):
             out += [t, v.split(",")[0]]
             i += 2
         elif t == "--lengths" and v is not None:
-            out += [t, str(min(int(x) for x in v.split(",")))]
+            out += [t, str(min(min(int(x) for x in v.split(",")), MAX_LENGTH))]
             i += 2
         elif t in ("--context-tokens",) and v is not None:
             out += [t, str(min(int(v), 64))]
