@@ -291,9 +291,12 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
       }
     for (const auto& s : rep.task_coarse)
       if (s.press_spec == spec && s.ratio == ratio) achieved = s.compression_ratio;
-    const std::string tail =
-        fmt::format("{:.2f} (achieved {:.2f}), {}, {} per cell", ratio, achieved, model_name(res.info),
-                    n_text(cells, [](const TaskSummary& s) { return s.n; }));
+    // A run at ratio 0 that removed entries kept them by its own parameters (a budget): no ratio
+    // was asked for, only the achieved one is shown.
+    const std::string asked = ratio > 0 || achieved == 0 ? fmt::format(" at ratio {:.2f} (achieved {:.2f})", ratio, achieved)
+                                                         : fmt::format(" (achieved ratio {:.2f})", achieved);
+    const std::string tail = fmt::format("{}, {}, {} per cell", asked, model_name(res.info),
+                                         n_text(cells, [](const TaskSummary& s) { return s.n; }));
     const std::string name = fmt::format("{}_{:.2f}", file_safe(spec), ratio);
     auto heat_map = [&](const std::vector<std::vector<double>>& z, const std::string& title, const std::string& key) {
       draw(key + "_" + name, [&](const std::string& path, const std::string& format, std::string* why) {
@@ -301,10 +304,10 @@ void task_plots(const SweepResults& res, const ResultsOptions& opt, Dir& dir, Re
                             key == "niah" ? "score" : "kept");
       });
     };
-    heat_map(score, fmt::format("NIAH: {} at ratio {}{}", spec, tail, flag), "niah");
+    heat_map(score, fmt::format("NIAH: {}{}{}", spec, tail, flag), "niah");
     // What the press left of the needle: explains the score map, and is meaningful even for a
     // model that cannot retrieve.
-    heat_map(kept, fmt::format("needle entries kept: {} at ratio {}", spec, tail), "needle_kept");
+    heat_map(kept, fmt::format("needle entries kept: {}{}", spec, tail), "needle_kept");
   }
 }
 

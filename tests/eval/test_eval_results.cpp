@@ -176,6 +176,25 @@ TEST(EvalResults, DecodingPressIsMeasuredAtTheEnd) {
   EXPECT_DOUBLE_EQ(sum[0].prefill_memory_ratio, 1.0);
 }
 
+// Regression: a budget press runs at ratio 0 and its heat map said "at ratio 0.00" over a cache
+// that kept 4% of the context; the title now gives only the achieved ratio.
+TEST(EvalResults, BudgetHeatMapTitleHasNoRequestedRatio) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not on PATH";
+  SweepResults res;
+  res.info.kind = "niah";
+  res.info.model = "m.gguf";
+  res.tasks = {task_rec("none", 0.0, 1.0, 100, 0), task_rec("snapkv:budget=4", 0.0, 1.0, 4, 1)};
+  ResultsOptions o;
+  o.dir = temp_dir("budget_plots");
+  const ResultsReport rep = write_results(res, o);
+  EXPECT_EQ(rep.plot_problem, "");
+  const std::string gp = read(o.dir + "/niah_snapkv_budget_4_0.00.svg.gp");
+  EXPECT_NE(gp.find("NIAH: snapkv:budget=4 (achieved ratio 0.96)"), std::string::npos) << gp;
+  EXPECT_EQ(gp.find("at ratio"), std::string::npos) << gp;
+  // The full cache removed nothing: its title still says so.
+  EXPECT_NE(read(o.dir + "/niah_none_0.00.svg.gp").find("at ratio 0.00 (achieved 0.00)"), std::string::npos);
+}
+
 // Regression: points were drawn at the requested ratio (SnapKV at 0.9 with its 0.75 result), with
 // no baseline, n, error bars or model in the title; KL was on a linear axis.
 TEST(EvalResults, PlotsUseTheAchievedRatioWithBaselineAndIntervals) {
