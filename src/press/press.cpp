@@ -198,15 +198,11 @@ void ScorerPress::set_ratio(double r) {
 
 std::string ScorerPress::describe() const {
   std::string pol = policy_->describe();
-  const std::string budget = policy_->budget() ? fmt::format("budget={}", policy_->budget()) : "";
-  if (pol == "uniform") {
-    const std::string s = describe_scorer();
-    return budget.empty() ? s : s + (s.find(':') == std::string::npos ? ":" : ",") + budget;
-  }
+  if (pol == "uniform") return describe_with_budget();
   // "adakv:alpha=0.2" -> "adakv(<scorer>):alpha=0.2"
   auto c = pol.find(':');
   std::string name = pol.substr(0, c), rest = c == std::string::npos ? "" : pol.substr(c);
-  if (!budget.empty()) rest += (rest.empty() ? ":" : ",") + budget;
+  if (policy_->budget()) rest += fmt::format("{}budget={}", rest.empty() ? ":" : ",", policy_->budget());
   return name + "(" + describe_scorer() + ")" + rest;
 }
 
