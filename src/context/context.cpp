@@ -417,7 +417,7 @@ GenerateResult generate(const Model& model, const Context& context, const Genera
     throw Error("generate from a stored context: the context is the stored one; give only the question");
   std::vector<Token> q;
   if (!opt.question.empty()) q = model.tokenizer().encode(opt.question, false, false);
-  std::unique_ptr<Request> req = context.request(model, std::move(q), static_cast<const RequestOptions&>(opt));
+  std::unique_ptr<Request> req = context.request(model, std::move(q), opt);
   return run::run_to_end(*req, on_text);
 }
 

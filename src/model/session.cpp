@@ -109,7 +109,6 @@ std::vector<float> Session::forward_inputs(const InputOverride& input, bool all_
   if (input.n_embd() != model_.hparams().n_embd)
     throw Error(fmt::format("input override: rows of {} values, the model's n_embd is {}", input.n_embd(),
                             model_.hparams().n_embd));
-  if (input.n() < 1) throw Error("forward: no input rows to process");
   // Token ids the hook sees: placeholders, the inputs are the rows.
   return forward_batches(std::vector<Token>(input.n(), 0), all_logits, hook, &input);
 }

@@ -40,7 +40,7 @@ GenerateResult run_to_end(Request& req, const std::function<void(const std::stri
 
 GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
                         const std::function<void(const std::string&)>& on_text) {
-  Request req(model, press, static_cast<const RequestOptions&>(opt));
+  Request req(model, press, opt);
   if (opt.context_tokens.empty())
     req.set_prompt(opt.context, opt.question);
   else
