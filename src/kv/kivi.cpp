@@ -213,6 +213,76 @@ void shrink_group(const uint8_t* grp, int n, const std::vector<int>& keep, int h
 }
 }  // namespace
 
+namespace {
+// Decodes the keys of a group of n tokens as stored into keys[n][hd].
+void decode_group_keys(const uint8_t* grp, int n, int hd, int bits, float* keys) {
+  const auto* zero = reinterpret_cast<const uint16_t*>(grp);
+  const auto* step = zero + hd;
+  const uint8_t* codes = grp + static_cast<size_t>(hd) * 4;
+  const size_t cs = code_stride(n, bits);
+  for (int c = 0; c < hd; ++c) {
+    const float z = fp16_to_fp32(zero[c]), s = fp16_to_fp32(step[c]);
+    for (int t = 0; t < n; ++t) keys[static_cast<size_t>(t) * hd + c] = get_code(codes + c * cs, t, bits) * s + z;
+  }
+}
+}  // namespace
+
+void KVStore::compact_groups() {
+  // A group at most half full is sparse: its key zero points and steps (4 bytes a channel) cost as
+  // much as many tokens' codes, and attention blocks never cross a group. Runs of adjacent sparse
+  // groups are merged while the merged group stays within G, so a retain that keeps scattered
+  // entries of many groups (a budget press after each prefill chunk) does not leave one group per
+  // kept entry. Afterwards no two sparse groups are adjacent, so there are at most
+  // 2 * n_group_ / (G / 2) + 1 groups. A merged group's keys are requantized over the run's
+  // per-channel range (each key moves by at most half of the new step); values are per token
+  // records and move byte for byte. Groups that are not merged keep their bytes.
+  const int sparse = G_ / 2;
+  bool any = false;
+  for (size_t g = 0; g + 1 < gn_.size() && !any; ++g) any = gn_[g] <= sparse && gn_[g + 1] <= sparse;
+  if (!any) return;
+  const size_t vrec = static_cast<size_t>(hd_ / gv_) * 4 + static_cast<size_t>(hd_) * bits_ / 8;
+  std::vector<uint8_t> ng;
+  std::vector<size_t> nofs;
+  std::vector<int> nn;
+  std::vector<float> keys;
+  for (size_t g = 0; g < gn_.size();) {
+    size_t e = g;
+    int n = 0;
+    while (e < gn_.size() && gn_[e] <= sparse && n + gn_[e] <= G_) n += gn_[e++];
+    if (e <= g + 1) {  // not part of a run of sparse groups: copied as it is
+      e = g + 1;
+      n = gn_[g];
+      nofs.push_back(ng.size());
+      ng.insert(ng.end(), g_.begin() + gofs_[g], g_.begin() + gofs_[g] + group_bytes(n));
+    } else {
+      keys.resize(static_cast<size_t>(n) * hd_);
+      int t = 0;
+      for (size_t h = g; h < e; ++h) {
+        decode_group_keys(g_.data() + gofs_[h], gn_[h], hd_, bits_, keys.data() + static_cast<size_t>(t) * hd_);
+        t += gn_[h];
+      }
+      const size_t at = ng.size();
+      nofs.push_back(at);
+      ng.resize(at + group_bytes(n));
+      encode_group_keys(keys.data(), n, hd_, bits_, ng.data() + at);
+      uint8_t* recs = ng.data() + at + static_cast<size_t>(hd_) * 4 + hd_ * code_stride(n, bits_);
+      for (size_t h = g; h < e; ++h) {
+        const uint8_t* src = g_.data() + gofs_[h] + static_cast<size_t>(hd_) * 4 + hd_ * code_stride(gn_[h], bits_);
+        std::memcpy(recs, src, gn_[h] * vrec);
+        recs += gn_[h] * vrec;
+      }
+    }
+    nn.push_back(n);
+    g = e;
+  }
+  gbytes_ = ng.size();
+  if (gbytes_) ng.resize(gbytes_ + kPad);
+  g_.swap(ng);
+  gofs_.swap(nofs);
+  gn_.swap(nn);
+  rebuild_group_starts();
+}
+
 void KVStore::retain_groups(const std::vector<int32_t>& idx, size_t& used) {
   // idx[0, used) are the kept group entries (store indices < n_group_).
   std::vector<uint8_t> ng;
@@ -245,6 +315,7 @@ void KVStore::retain_groups(const std::vector<int32_t>& idx, size_t& used) {
   gn_.swap(nn);
   n_group_ = total;
   rebuild_group_starts();
+  compact_groups();
 }
 
 void KVStore::rebuild_group_starts() {

@@ -51,7 +51,8 @@ class KVStore {
   /// appends are quantized G at a time.
   void append(const float* k, const float* v);
   /// Keeps entries `idx` (strictly increasing, in range; checked by Segment). KIVI groups lose the
-  /// dropped tokens' codes without requantizing the kept ones.
+  /// dropped tokens' codes; adjacent groups left at most half full are then merged (their keys
+  /// requantized over the merged group), so scattered survivors do not each keep a group's scales.
   void retain(const std::vector<int32_t>& idx);
   void clear();
 
@@ -147,6 +148,7 @@ class KVStore {
   void group_block_values(size_t g, int t0, int nb, float* out) const;
   void set_group_keys(size_t g, const std::vector<std::pair<int, const float*>>& rows);
   void retain_groups(const std::vector<int32_t>& idx, size_t& used);
+  void compact_groups();
   void rebuild_group_starts();
 
   int hd_;

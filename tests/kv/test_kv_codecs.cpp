@@ -231,6 +231,86 @@ TEST(KVCodec, KiviGroupLayout) {
   }
 }
 
+TEST(KVCodec, KiviRetainOfScatteredEntriesMergesSparseGroups) {
+  // A budget press keeps scattered entries of every group. Without merging, 64 groups of 4 tokens
+  // would each keep 64 channels of key zero points and steps; merged, they are 8 full groups.
+  const int hd = 64, G = 32, n = 64 * G;
+  for (int bits : {2, 4}) {
+    KVQuantOptions q;
+    q.kivi_bits = bits;
+    q.kivi_group = G;
+    q.kivi_residual = 0;
+    Segment s(hd, KVCodec::F32, KVCodec::F32, q);
+    auto k = sample(static_cast<size_t>(n) * hd, 31), v = sample(static_cast<size_t>(n) * hd, 32);
+    for (int i = 0; i < n; ++i) s.append(&k[i * hd], &v[i * hd], i);
+    ASSERT_EQ(s.store(0).group_entries(), static_cast<size_t>(n));
+    std::vector<int32_t> keep;
+    for (int i = 0; i < n; i += 8) keep.push_back(i);
+    const size_t m = keep.size();
+    std::vector<float> kb(m * hd), vb(m * hd);
+    for (size_t j = 0; j < m; ++j) {
+      s.key(keep[j], &kb[j * hd]);
+      s.value(keep[j], &vb[j * hd]);
+    }
+    s.retain(keep);
+    const KVStore& st = s.store(0);
+    ASSERT_EQ(st.group_sizes(), std::vector<int>(m / G, G)) << "bits " << bits;
+    // Layout (kv/kivi.cpp): key zero points and steps (f16 per channel), key codes, and per token a
+    // value record of hd / G (f16 zero, f16 step) pairs and hd codes.
+    const size_t group = hd * 4 + hd * (G * bits / 8) + G * ((hd / G) * 4 + hd * bits / 8);
+    EXPECT_EQ(st.kv_bytes(), m / G * group) << "bits " << bits;
+    // Values move byte for byte; keys are requantized once over the merged group's range of the
+    // keys as stored before, so each moves by at most half of the new step.
+    std::vector<float> got(hd);
+    for (size_t j = 0; j < m; ++j) {
+      s.value(j, got.data());
+      for (int c = 0; c < hd; ++c) ASSERT_EQ(got[c], vb[j * hd + c]) << "bits " << bits << " value " << j;
+      s.key(j, got.data());
+      const size_t g0 = j / G * G;
+      for (int c = 0; c < hd; ++c) {
+        double mn = 1e30, mx = -1e30;
+        for (size_t t = g0; t < g0 + G; ++t) mn = std::min(mn, double(kb[t * hd + c])), mx = std::max(mx, double(kb[t * hd + c]));
+        ASSERT_LE(std::fabs(double(got[c]) - kb[j * hd + c]), kivi_bound(mn, mx, bits)) << "bits " << bits << " key " << j << " ch " << c;
+      }
+    }
+  }
+}
+
+TEST(KVCodec, KiviGroupsStayBoundedUnderRepeatedBudgetRetains) {
+  // The pattern of a per-head budget during chunked prefill: append a chunk, keep a scattered
+  // subset of at most B entries. The groups must not outnumber what the kept entries need: no two
+  // adjacent groups at most half full, so at most 2 * entries / (G / 2) + 1 groups.
+  const int hd = 32, G = 16, R = 32, B = 300;
+  KVQuantOptions q;
+  q.kivi_bits = 4;
+  q.kivi_group = G;
+  q.kivi_residual = R;
+  Segment s(hd, KVCodec::F16, KVCodec::F16, q);
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int pos = 0;
+  size_t max_bytes = 0;
+  for (int chunk = 0; chunk < 40; ++chunk) {
+    for (int j = 0; j < 128; ++j, ++pos) {
+      auto kv = sample(2 * hd, rng());
+      s.append(kv.data(), kv.data() + hd, pos);
+    }
+    std::vector<int32_t> keep;
+    const double p = std::min(1.0, double(B) / s.size());
+    for (size_t i = 0; i < s.size(); ++i)
+      if (u(rng) < p && keep.size() < static_cast<size_t>(B)) keep.push_back(static_cast<int32_t>(i));
+    s.retain(keep);
+    const KVStore& st = s.store(0);
+    const std::vector<int> sizes = st.group_sizes();
+    for (size_t g = 0; g + 1 < sizes.size(); ++g)
+      ASSERT_FALSE(sizes[g] <= G / 2 && sizes[g + 1] <= G / 2) << "chunk " << chunk << " groups " << g << ", " << g + 1;
+    ASSERT_LE(sizes.size(), 4 * st.group_entries() / G + 1) << "chunk " << chunk;
+    max_bytes = std::max(max_bytes, st.kv_bytes());
+  }
+  // B entries of f16 keys and values are the ceiling a 4-bit cache must stay well under.
+  EXPECT_LT(max_bytes, static_cast<size_t>(B) * hd * 2 * 2 / 2);
+}
+
 TEST(KVCodec, KiviResidualWindowStaysFullPrecisionThroughAppendsAndRetains) {
   const int hd = 16, G = 8, R = 16;
   struct Entry {
