@@ -11,6 +11,7 @@
 #include "kvslim/eval_metrics.h"
 #include "kvslim/eval_tasks.h"
 #include "kvslim/press.h"
+#include "kvslim/request.h"
 #include "kvslim/session.h"
 
 namespace kvslim {
@@ -70,11 +71,13 @@ EndCheck inspect_end(const KVCache& cache, int context_tokens, int tokens);
 CacheCheck inspect_cache(const KVCache& cache, int context_tokens, double requested_ratio,
                          const std::vector<std::pair<int, int>>& spans = {});
 
-/// How a sample is run.
-struct RunOptions {
-  SessionOptions session;
-  int chunk_size = 0;  ///< > 0: the press acts after every chunk of this many context tokens
-  int n_predict = 0;   ///< tokens to decode for a task answer; 0 = the sample's own suggestion
+/// How a sample is run: the request options of every request a sample makes (session, chunked
+/// compression), greedy whatever `sampling` says (answers are scored by string match), and two
+/// settings of evaluation's own.
+struct RunOptions : RequestOptions {
+  /// n_predict here is the tokens to decode for a task answer; 0 (the default) = the sample's own
+  /// suggestion.
+  RunOptions() { n_predict = 0; }
   /// Task samples only: each context, once compressed, is written as a stored context's bytes and
   /// read back (kvslim/context.h), and the question is answered from the loaded context. Scores
   /// must equal those of the in-memory run; a press that cannot be stored is an error.

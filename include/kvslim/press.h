@@ -118,17 +118,28 @@ enum class PressKind {
   Wrapper,  ///< a press around another press (make_wrapper)
 };
 
+/// One parameter of a registered press, declared once with the press: the spec parser, `kvslim
+/// presses`, kvpress's names and the Python classes all read it.
+struct PressParam {
+  std::string name;           ///< kvslim's key in a spec ("window")
+  std::string default_value;  ///< the value when a spec leaves it out ("" = none)
+  std::string kvpress;        ///< kvpress's field name where it differs ("window_size"), else ""
+};
+
 /// A registered press: its parameters with defaults, its source, and a factory.
 struct PressInfo {
   std::string name;
   std::string summary;
   std::string source;  ///< paper and arXiv id
-  std::vector<std::pair<std::string, std::string>> params;  ///< name, default value
+  std::vector<PressParam> params;
   std::function<std::unique_ptr<Press>(const PressParams&)> make;
   PressKind kind = PressKind::Scorer;
   std::function<std::unique_ptr<BudgetPolicy>(const PressParams&)> make_policy = {};
   std::function<std::unique_ptr<Press>(const PressParams&, std::unique_ptr<Press> inner)> make_wrapper = {};
   std::string default_inner = {};  ///< Policy / Wrapper written without parentheses wrap this spec
+  /// kvpress's class names for this press ("SnapKVPress"), the first the one `kvslim presses`
+  /// shows; empty when kvpress has none.
+  std::vector<std::string> kvpress = {};
 };
 
 /// All presses, by name.

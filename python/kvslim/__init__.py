@@ -60,12 +60,12 @@ def __getattr__(name: str):
     # kvpress's class names for the engine's presses that have no hand-written class in
     # kvslim.presses (ChunkKVPress, LagKVPress, FinchPress, ...), made from the engine's registry.
     for info in _kvslim.presses():
-        if info["kvpress"] == name:
+        if name in info["kvpress_classes"]:
             cls = kvpress_class(name, info)
             globals()[name] = cls
             return cls
     raise AttributeError(f"module 'kvslim' has no attribute {name!r} (kvpress presses kvslim has: "
-                         f"{', '.join(sorted(i['kvpress'] for i in _kvslim.presses() if i['kvpress']))})")
+                         f"{', '.join(sorted(c for i in _kvslim.presses() for c in i['kvpress_classes']))})")
 
 
 def available_presses() -> List[dict]:

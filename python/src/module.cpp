@@ -21,7 +21,6 @@
 #include "kvslim/press.h"
 #include "kvslim/threads.h"
 #include "kvslim/version.h"
-#include "press/kvpress_names.h"
 
 namespace py = pybind11;
 using namespace kvslim;
@@ -170,12 +169,16 @@ py::list presses() {
     d["summary"] = p->summary;
     d["source"] = p->source;
     py::dict params;
-    for (const auto& [k, v] : p->params) params[py::str(k)] = v;
+    for (const PressParam& pp : p->params) params[py::str(pp.name)] = pp.default_value;
     d["params"] = params;
     d["default_inner"] = p->default_inner;
-    d["kvpress"] = kvpress_class_of(p->name);  // "" when kvpress has no such press
+    d["kvpress"] = p->kvpress.empty() ? std::string() : p->kvpress.front();  // "" when kvpress has no such press
+    py::list classes;
+    for (const std::string& c : p->kvpress) classes.append(c);
+    d["kvpress_classes"] = classes;
     py::dict aliases;
-    for (const auto& [theirs, ours] : kvpress_params_of(p->name)) aliases[py::str(theirs)] = ours;
+    for (const PressParam& pp : p->params)
+      if (!pp.kvpress.empty()) aliases[py::str(pp.kvpress)] = pp.name;
     d["kvpress_params"] = aliases;
     out.append(d);
   }

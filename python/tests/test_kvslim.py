@@ -110,8 +110,12 @@ def test_every_kvpress_press_of_the_engine_has_its_class(pipe):
     # FinchPress... raised AttributeError. Each press the engine names after a kvpress class is now
     # a class of the package, and runs as the engine's own spec does (same kept entries, answer).
     for info in kvslim.available_presses():
-        if info["kvpress"]:
-            assert issubclass(getattr(kvslim, info["kvpress"]), kvslim.BasePress), info["kvpress"]
+        for cls in info["kvpress_classes"]:
+            assert issubclass(getattr(kvslim, cls), kvslim.BasePress), cls
+    # Regression: a second kvpress class of one press (ExpectedAttentionStatsPress, beside
+    # ExpectedAttentionPress) raised AttributeError; the engine accepts its spec with kvpress's names.
+    stats = kvslim.ExpectedAttentionStatsPress(0.5, stats_folder="stats.json")
+    assert stats.spec() == "ExpectedAttentionStatsPress:stats_folder=stats.json,compression_ratio=0.5"
     assert (kvslim.ChunkKVPress(P.SnapKVPress(0.5), chunk_length=20).spec() ==
             "ChunkKVPress(snapkv:ratio=0.5,window=64,kernel=5,chunk_length=20)")
     assert kvslim.ChunkKVPress(P.SnapKVPress(0.5)).compression_ratio == 0.5

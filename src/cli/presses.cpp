@@ -8,7 +8,6 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "kvslim/press.h"
-#include "press/kvpress_names.h"
 
 namespace kvslim::cli {
 
@@ -63,20 +62,21 @@ void print_group(PressKind kind, const char* title) {
   for (const PressInfo* p : PressRegistry::instance().all()) {
     if (p->kind != kind) continue;
     std::string params;
-    for (auto& [k, v] : p->params) params += fmt::format("{}{}={}", params.empty() ? "" : ",", k, v);
+    for (const auto& pp : p->params) params += fmt::format("{}{}={}", params.empty() ? "" : ",", pp.name, pp.default_value);
     fmt::print("  {:<20} {}\n", p->name, p->summary);
     fmt::print("  {:<20} parameters: {}\n", "", params.empty() ? "none" : params);
     if (!p->default_inner.empty()) fmt::print("  {:<20} default inner press: {}\n", "", p->default_inner);
     fmt::print("  {:<20} source: {}\n", "", p->source);
     fmt::print("  {:<20} stored context: {}\n", "", storage_line(*p));
-    const std::string cls = kvslim::kvpress_class_of(p->name);
-    if (!cls.empty()) {
+    if (!p->kvpress.empty()) {
       std::string names;
-      if (std::any_of(p->params.begin(), p->params.end(), [](auto& kv) { return kv.first == "ratio"; }))
+      if (std::any_of(p->params.begin(), p->params.end(), [](const auto& pp) { return pp.name == "ratio"; }))
         names = "compression_ratio=ratio";
-      for (const auto& [theirs, ours] : kvslim::kvpress_params_of(p->name))
-        names += fmt::format("{}{}={}", names.empty() ? "" : ", ", theirs, ours);
-      fmt::print("  {:<20} kvpress name: {}{}\n", "", cls, names.empty() ? "" : " (" + names + ")");
+      for (const auto& pp : p->params)
+        if (!pp.kvpress.empty()) names += fmt::format("{}{}={}", names.empty() ? "" : ", ", pp.kvpress, pp.name);
+      std::string classes;
+      for (const auto& c : p->kvpress) classes += (classes.empty() ? "" : " / ") + c;
+      fmt::print("  {:<20} kvpress name: {}{}\n", "", classes, names.empty() ? "" : " (" + names + ")");
     }
   }
 }
@@ -110,7 +110,7 @@ void add_presses(CLI::App& app, Action& action) {
         nlohmann::ordered_json list = nlohmann::ordered_json::array();
         for (const PressInfo* p : PressRegistry::instance().all()) {
           nlohmann::ordered_json params = nlohmann::ordered_json::object();
-          for (auto& [k, v] : p->params) params[k] = v;
+          for (const auto& pp : p->params) params[pp.name] = pp.default_value;
           list.push_back({{"name", p->name},
                           {"kind", kind_name(p->kind)},
                           {"summary", p->summary},

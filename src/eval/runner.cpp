@@ -63,9 +63,9 @@ std::vector<float> feed_stepwise(Request& req, const std::vector<Token>& tokens)
 }
 
 RequestOptions request_options(const RunOptions& opt, const SessionOptions& session) {
-  RequestOptions ro;
+  RequestOptions ro = opt;
   ro.session = session;
-  ro.chunk_size = opt.chunk_size;
+  ro.sampling = SamplingParams{};
   ro.sampling.temp = 0.0f;  // greedy: answers are scored by string match
   return ro;
 }

@@ -252,6 +252,11 @@ class ScorerPress : public Press {
 /// Registers a press at static-initialization time: `static PressRegistrar r({...});`.
 struct PressRegistrar {
   explicit PressRegistrar(PressInfo info) { PressRegistry::instance().add(std::move(info)); }
+  /// With kvpress's class names for the press (PressInfo::kvpress).
+  PressRegistrar(PressInfo info, std::vector<std::string> kvpress) {
+    info.kvpress = std::move(kvpress);
+    PressRegistry::instance().add(std::move(info));
+  }
 };
 
 /// Typed parameter readers for factories; errors name the press, the key and the value.

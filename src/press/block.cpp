@@ -69,11 +69,12 @@ class BlockPress : public SubsetScoringPress {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "block";
+  i.kvpress = {"BlockPress"};
   i.summary = "wrapper over a scorer: keeps the budget while scanning the context block by block";
   i.source = "Park et al. 2025, KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in "
              "Resource-Constrained Environments, arXiv 2504.15364; reference: kvpress/presses/block_press.py "
              "(BlockPress)";
-  i.params = {{"block", "128"}};
+  i.params = {{"block", "128", "block_size"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "keydiff";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

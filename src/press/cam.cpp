@@ -146,11 +146,12 @@ class CAMPress : public DecodeTimeWrapper<ScorerPress> {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "cam";
+  i.kvpress = {"CAMPress"};
   i.summary = "wrapper: during decode, every `interval` tokens, keep `size` entries per layer by the inner scores "
               "(mean over KV heads) and merge the best evicted values into the next kept ones (CaM)";
   i.source = "Zhang et al. 2024, CaM: Cache Merging for Memory-efficient LLMs Inference, ICML 2024 "
              "(openreview.net/forum?id=LCTmppB165); reference: kvpress/presses/cam_press.py (CAMPress)";
-  i.params = {{"interval", "512"}, {"size", "2048"}, {"merge_budget", "32"}, {"seed", "42"}};
+  i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}, {"merge_budget", "32"}, {"seed", "42"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

@@ -163,9 +163,10 @@ class CapPress : public ScorerPress, private LayerHook {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "cap";
+  i.kvpress = {"CapPress"};
   i.summary = "query relevance exp(tau cos(anchor, key)) x value leverage v^T (I + sum w v v^T)^-1 v (CAPKV)";
   i.source = "CAPKV, arXiv 2604.25975; reference: kvpress/presses/cap_press.py (CapPress)";
-  i.params = {{"ratio", "0"}, {"tau", "5"}, {"n_future", "512"}, {"n_sink", "4"}, {"epsilon", "1e-06"},
+  i.params = {{"ratio", "0"}, {"tau", "5"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"epsilon", "1e-06"},
               {"protect", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const char* n = "cap";

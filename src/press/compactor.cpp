@@ -70,10 +70,10 @@ PressRegistrar reg({"compactor", "blends leverage (geometry) and non-causal chun
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: kvpress/presses/compactor_press.py "
                     "(CompactorPress)",
                     {{"ratio", "0"},
-                     {"sink_start", "8"},
-                     {"sink_end", "4"},
-                     {"chunk", "256"},
-                     {"sketch", "48"},
+                     {"sink_start", "8", "sink_size_start"},
+                     {"sink_end", "4", "sink_size_end"},
+                     {"chunk", "256", "chunk_size"},
+                     {"sketch", "48", "sketch_dimension"},
                      {"blending", "ratio"},
                      {"seed", "42"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
@@ -87,7 +87,7 @@ PressRegistrar reg({"compactor", "blends leverage (geometry) and non-causal chun
                       const double w = bl == "ratio" || bl == "None" ? NAN : param_double(p, "compactor", "blending");
                       return std::make_unique<CompactorPress>(param_double(p, "compactor", "ratio"), s, e, c, k, w,
                                                               param_int(p, "compactor", "seed"));
-                    }});
+                    }}, {"CompactorPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -104,10 +104,11 @@ class CriticalAdaKVPress : public ScorerPress {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "critical_adakv";
+  i.kvpress = {"CriticalAdaKVPress"};
   i.summary = "wrapper over a scorer: CriticalKV's two stages inside AdaKV's head-adaptive budgets";
   i.source = "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation "
              "Perspective, arXiv 2502.03805; reference: kvpress/presses/criticalkv_press.py (CriticalAdaKVPress)";
-  i.params = {{"alpha", "0.2"}, {"epsilon", "1e-4"}, {"first_stage", "0.5"}};
+  i.params = {{"alpha", "0.2", "alpha_safeguard"}, {"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

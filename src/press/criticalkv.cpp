@@ -75,11 +75,12 @@ class CriticalKVPress : public ScorerPress {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "criticalkv";
+  i.kvpress = {"CriticalKVPress"};
   i.summary = "wrapper over a scorer: stage 1 keeps first_stage of the budget by its scores, stage 2 reweights "
               "by ||W_o v||_1";
   i.source = "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation "
              "Perspective, arXiv 2502.03805";
-  i.params = {{"epsilon", "1e-4"}, {"first_stage", "0.5"}};
+  i.params = {{"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

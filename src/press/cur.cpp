@@ -121,11 +121,11 @@ PressRegistrar reg({"cur", "approximate CUR leverage: local-window-normalised ||
                     "Sengupta et al. 2025, Value-Guided KV Compression for LLMs via Approximated CUR Decomposition "
                     "(CurDKV), arXiv 2509.15038; reference: kvpress/presses/cur_press.py (CURPress)",
                     {{"ratio", "0"},
-                     {"n_sink", "4"},
-                     {"leverage", "kv_product"},
-                     {"local", "1"},
-                     {"window", "16"},
-                     {"random_projection", "0"},
+                     {"n_sink", "4", "num_sinks"},
+                     {"leverage", "kv_product", "leverage_type"},
+                     {"local", "1", "use_local_approximation"},
+                     {"window", "16", "local_window_size"},
+                     {"random_projection", "0", "use_random_leverage"},
                      {"seed", "42"},
                      {"protect", "0"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
@@ -146,7 +146,7 @@ PressRegistrar reg({"cur", "approximate CUR leverage: local-window-normalised ||
                                                         param_bool(p, "cur", "local"), w,
                                                         param_bool(p, "cur", "random_projection"),
                                                         static_cast<uint32_t>(seed), param_bool(p, "cur", "protect"));
-                    }});
+                    }}, {"CURPress"});
 
 }  // namespace
 }  // namespace kvslim

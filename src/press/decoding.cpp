@@ -46,10 +46,11 @@ class DecodingPress : public DecodeTimeWrapper<Press> {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "decoding";
+  i.kvpress = {"DecodingPress"};
   i.summary = "wrapper: during decode, every `interval` tokens, compress to `size` entries per KV head "
               "(or, size=0, to the inner press's ratio of all tokens seen)";
   i.source = "kvpress DecodingPress (kvpress/presses/decoding_press.py)";
-  i.params = {{"interval", "512"}, {"size", "2048"}};
+  i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
@@ -79,10 +80,12 @@ namespace {
 PressRegistrar reg_ratio([] {
   PressInfo i;
   i.name = "compression_ratio_decoding";
+  i.kvpress = {"CompressionRatioDecodingPress"};
   i.summary = "wrapper: during decode, every `interval` tokens, compress to the inner press's ratio of all tokens "
               "seen (decoding with size=0)";
   i.source = "kvpress CompressionRatioDecodingPress (kvpress/presses/compression_ratio_decoding_press.py)";
-  i.params = {{"interval", "512"}};
+  // kvpress's target ratio is the wrapper's `ratio`, which every wrapper takes (it sets the inner press's).
+  i.params = {{"interval", "512", "compression_interval"}, {"ratio", "", "target_compression_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {

@@ -201,6 +201,7 @@ class DuoAttentionPress : public Press {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "duo_attention";
+  i.kvpress = {"DuoAttentionPress"};
   i.summary = "retrieval heads keep every entry, streaming heads keep sinks + recent; the head_ratio lowest "
               "gates stream (gates fitted by `kvslim duo-calibrate` to the paper's objective, linearised; or "
               "fitted on first use)";
@@ -208,7 +209,7 @@ PressRegistrar reg([] {
              "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention (duo_attn/train.py for the "
              "gates) and kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
   // head_ratio 0 by default: kvpress's head_compression_ratio default (no head streams).
-  i.params = {{"labels", ""}, {"head_ratio", "0"}, {"sink", "0"}, {"recent", "0"}};
+  i.params = {{"labels", ""}, {"head_ratio", "0", "head_compression_ratio"}, {"sink", "0"}, {"recent", "0"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     std::string path = param_file(p, "duo_attention", "labels");
     double r = param_double(p, "duo_attention", "head_ratio");

@@ -260,8 +260,8 @@ PressRegistrar reg({"expected_attention",
                     "Devoto, Jeblick, Jegou 2025, Expected Attention: KV Cache Compression by Estimating Attention "
                     "from Future Queries Distribution, arXiv 2510.00636; reference: "
                     "kvpress/presses/expected_attention_press.py (ExpectedAttentionPress)",
-                    {{"ratio", "0"}, {"window", "0"}, {"n_future", "512"}, {"n_sink", "4"}, {"covariance", "1"},
-                     {"vnorm", "1"}, {"epsilon", "0"}, {"protect", "0"}, {"stats", ""}},
+                    {{"ratio", "0"}, {"window", "0"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"covariance", "1", "use_covariance"},
+                     {"vnorm", "1", "use_vnorm"}, {"epsilon", "0"}, {"protect", "0"}, {"stats", "", "stats_folder"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       const char* n = "expected_attention";
                       int w = param_int(p, n, "window"), f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");
@@ -276,7 +276,7 @@ PressRegistrar reg({"expected_attention",
                                                                       v == 1, param_double(p, n, "epsilon"),
                                                                       param_bool(p, n, "protect"),
                                                                       param_file(p, n, "stats"));
-                    }});
+                    }}, {"ExpectedAttentionPress", "ExpectedAttentionStatsPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -339,6 +339,7 @@ class FastKVzipPress : public ScorerPress, private LayerHook {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "fastkvzip";
+  i.kvpress = {"FastKVzipPress"};
   i.summary = "gate-predicted KVzip scores from each token's attention input (gates from `kvslim fastkvzip-train`); "
               "sinks and the last window_ratio of the context chosen first; one bottom-k over all layers and heads; "
               "with chunked prefill each chunk's entries are decided once, as the authors' chunked prefill "

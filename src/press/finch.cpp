@@ -99,7 +99,7 @@ class FinchPress : public ScorerPress {
 PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, normalised per row, kept keys re-rotated",
                     "Corallo & Papotti 2024, FINCH: Prompt-guided Key-Value Cache Compression for Large Language "
                     "Models, TACL (doi 10.1162/tacl_a_00716); reference: kvpress/presses/finch_press.py (FinchPress)",
-                    {{"ratio", "0"}, {"window", "0"}, {"normalize", "1"}, {"chunk", "0"}, {"rerotate", "1"}},
+                    {{"ratio", "0"}, {"window", "0", "window_size"}, {"normalize", "1", "normalize_scores"}, {"chunk", "0", "chunk_length"}, {"rerotate", "1", "rerotate_keys"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       const int w = param_int(p, "finch", "window"), c = param_int(p, "finch", "chunk");
                       if (w < 1)
@@ -116,7 +116,7 @@ PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, no
                       const PressInfo* rr = PressRegistry::instance().find("key_rerotation");
                       if (!rr) throw Error("press finch: key_rerotation is not registered");
                       return rr->make_wrapper({}, std::move(f));
-                    }});
+                    }}, {"FinchPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -74,6 +74,7 @@ class KeyRerotationPress : public Press {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "key_rerotation";
+  i.kvpress = {"KeyRerotationPress"};
   i.summary = "wrapper: after eviction, re-rotates kept keys to contiguous positions";
   i.source = "kvpress KeyRerotationPress; Xiao et al. 2023 (StreamingLLM) arXiv 2309.17453, FINCH arXiv 2408.00167";
   i.kind = PressKind::Wrapper;

@@ -55,7 +55,7 @@ PressRegistrar reg({"keydiff", "evicts keys most similar to the segment's mean k
                     "Inference in Resource-Constrained Environments, arXiv 2504.15364",
                     {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
                       return std::make_unique<KeyDiffPress>(param_double(p, "keydiff", "ratio"));
-                    }});
+                    }}, {"KeyDiffPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -35,7 +35,7 @@ PressRegistrar reg({"knorm", "evicts the keys with the largest L2 norm",
                     "arXiv 2406.11430",
                     {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
                       return std::make_unique<KNormPress>(param_double(p, "knorm", "ratio"));
-                    }});
+                    }}, {"KnormPress"});
 
 }  // namespace
 }  // namespace kvslim

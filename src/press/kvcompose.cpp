@@ -282,6 +282,7 @@ ComposeAgg parse_agg(const PressParams& p, const std::string& key) {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "kvcompose";
+  i.kvpress = {"KVComposePress"};
   i.summary = "replay attention (the context run again after itself), composite tokens per layer, one global top-k "
               "for layer budgets; structured=1: every head of a layer keeps the same count";
   i.source = "Akulov et al. 2025, KVCompose: Efficient Structured KV Cache Compression with Composite Tokens, arXiv "

@@ -214,6 +214,7 @@ class KVzapPress : public ScorerPress, private LayerHook {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "kvzap";
+  i.kvpress = {"KVzapPress"};
   i.summary = "surrogate-predicted KVzip+ scores at entry creation; default policy threshold (evict below tau once "
               "outside a sliding window, in prefill and decode)";
   i.source = "Jegou et al. 2026, KVzap: Fast, Adaptive, and Faithful KV Cache Pruning, arXiv 2601.07891";

@@ -328,12 +328,13 @@ namespace {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "kvzip";
+  i.kvpress = {"KVzipPress"};
   i.summary = "context-reconstruction (replay) scores (plus=1: KVzip+ normalisation); default policy global (one "
               "top-k over all layers and heads)";
   i.source = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction, arXiv "
              "2505.23416 (KVzip+: arXiv 2601.07891); reference: kvpress/presses/kvzip_press.py (KVzipPress, "
              "kvzip_plus_normalization=False by default)";
-  i.params = {{"ratio", "0"}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0"}};
+  i.params = {{"ratio", "0"}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     KVzipOptions o;
     o.chunk = param_int(p, "kvzip", "chunk");

@@ -186,6 +186,7 @@ class LUKVBudget : public BudgetPolicy {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "lukv";
+  i.kvpress = {"LUKVPress"};
   i.summary = "budget policy: per-(layer, KV head) keep rates from a LU-KV budget curve (`kvslim lukv-curve`), "
               "first `sink` and last `window` entries chosen first";
   i.source = "Tang et al. 2026, Predicting Future Utility: Global Combinatorial Optimization for Task-Agnostic KV "

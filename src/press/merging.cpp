@@ -125,6 +125,7 @@ class MergingPress : public SubsetScoringPress {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "merging";
+  i.kvpress = {"MergingPress"};
   i.summary = "wrapper over a scorer: evicted values are merged into their most key-similar kept entry";
   i.source = "kvpress/presses/merging_press.py (MergingPress), after Token Merging (Bolya et al. 2023, arXiv "
              "2210.09461) and D2O (Wan et al. 2024, arXiv 2406.13035)";

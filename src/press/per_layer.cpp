@@ -41,9 +41,10 @@ class PerLayerBudget : public BudgetPolicy {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "per_layer";
+  i.kvpress = {"PerLayerCompressionPress"};
   i.summary = "budget policy: one compression ratio per layer, ratios=r0/r1/... (one per layer)";
   i.source = "kvpress PerLayerCompressionPress";
-  i.params = {{"ratios", ""}};
+  i.params = {{"ratios", "", "compression_ratios"}};
   i.kind = PressKind::Policy;
   i.default_inner = "knorm";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

@@ -68,11 +68,12 @@ class PyramidBudget : public BudgetPolicy {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "pyramidkv";
+  i.kvpress = {"PyramidKVPress"};
   i.summary = "budget policy: per-head budgets linear in depth (more in lower layers), kvpress's layer schedule";
   i.source = "Cai et al. 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling, "
              "arXiv 2406.02069; reference: kvpress/presses/pyramidkv_press.py (PyramidKVPress.get_layer_budget, "
              "after github.com/Zefan-Cai/KVCache-Factory pyramidkv/pyramidkv_utils.py)";
-  i.params = {{"beta", "20"}, {"window", "0"}};
+  i.params = {{"beta", "20"}, {"window", "0", "window_size"}};
   i.kind = PressKind::Policy;
   i.default_inner = "snapkv";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

@@ -62,7 +62,7 @@ PressRegistrar reg({"qfilter", "keeps the keys that project most on the queries'
                         throw Error("press qfilter needs filters=FILE.gguf (compute them on your model with `kvslim "
                                     "qfilter-calibrate`)");
                       return std::make_unique<QFilterPress>(param_double(p, "qfilter", "ratio"), path);
-                    }});
+                    }}, {"QFilterPress"});
 
 }  // namespace
 // The filters' GGUF file.

@@ -42,7 +42,7 @@ PressRegistrar reg({"random", "random scores (baseline); deterministic for a see
                       int seed = param_int(p, "random", "seed");
                       return std::make_unique<RandomPress>(param_double(p, "random", "ratio"),
                                                            static_cast<uint64_t>(seed));
-                    }});
+                    }}, {"RandomPress"});
 
 }  // namespace
 }  // namespace kvslim

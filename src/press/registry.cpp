@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "press/authoring.h"
-#include "press/kvpress_names.h"
 #include "press/ratio_use.h"
 #include "press/wrappers.h"
 
@@ -125,6 +124,15 @@ std::string known_presses() {
   return known;
 }
 
+/// Our parameter name for a kvpress field of `info` ("window_size" -> "window"; compression_ratio
+/// -> ratio); the key itself when it has no alias.
+std::string kvpress_param_to_ours(const PressInfo& info, const std::string& key) {
+  if (key == "compression_ratio") return "ratio";
+  for (const PressParam& pp : info.params)
+    if (pp.kvpress == key) return pp.name;
+  return key;
+}
+
 /// Reads key=value items into `params` (which holds the defaults); `extra` are accepted keys not
 /// in the defaults. Unknown, malformed and repeated keys raise errors naming the press.
 void read_params(const std::string& press, const std::vector<std::string>& items, const PressInfo& info,
@@ -135,15 +143,15 @@ void read_params(const std::string& press, const std::vector<std::string>& items
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
       throw Error(fmt::format("press {}: parameter '{}' should be key=value", press, printable(kv)));
-    std::string k = kvpress_param_to_ours(info.name, trim(kv.substr(0, eq))), v = trim(kv.substr(eq + 1));
+    std::string k = kvpress_param_to_ours(info, trim(kv.substr(0, eq))), v = trim(kv.substr(eq + 1));
     // kvpress users write Python booleans.
     if (v == "True" || v == "true") v = "1";
     if (v == "False" || v == "false") v = "0";
     bool known = extra.count(k) > 0;
-    for (auto& [pk, pv] : info.params) known = known || pk == k;
+    for (const PressParam& pp : info.params) known = known || pp.name == k;
     if (!known) {
       std::string names;
-      for (auto& [pk, pv] : info.params) names += (names.empty() ? "" : ", ") + pk;
+      for (const PressParam& pp : info.params) names += (names.empty() ? "" : ", ") + pp.name;
       for (const auto& e : extra) names += (names.empty() ? "" : ", ") + e;
       throw Error(fmt::format("press {}: unknown parameter '{}' (parameters: {})", press, printable(k),
                               names.empty() ? "none" : names));
@@ -155,17 +163,18 @@ void read_params(const std::string& press, const std::vector<std::string>& items
 }
 
 bool has_param(const PressInfo& info, const std::string& key_in) {
-  const std::string key = kvpress_param_to_ours(info.name, key_in);
-  for (auto& [k, v] : info.params)
-    if (k == key) return true;
+  const std::string key = kvpress_param_to_ours(info, key_in);
+  for (const PressParam& pp : info.params)
+    if (pp.name == key) return true;
   return false;
 }
 
 /// A press by its kvslim name or its kvpress class name (SnapKVPress -> snapkv); nullptr if none.
 const PressInfo* find_press(const std::string& name) {
   if (const PressInfo* p = PressRegistry::instance().find(name)) return p;
-  const std::string ours = kvpress_class_to_press(name);
-  return ours.empty() ? nullptr : PressRegistry::instance().find(ours);
+  for (const PressInfo* p : PressRegistry::instance().all())
+    if (std::find(p->kvpress.begin(), p->kvpress.end(), name) != p->kvpress.end()) return p;
+  return nullptr;
 }
 
 /// The press whose ':' parameter list ends `spec` (the last term of a composition, with its
@@ -223,7 +232,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   name = info->name;
 
   PressParams params;
-  for (auto& [k, v] : info->params) params[k] = v;
+  for (const PressParam& pp : info->params) params[pp.name] = pp.default_value;
   std::set<std::string> given;
 
   // budget=N, the per-head entry budget, belongs to the budget policy (BudgetPolicy::budget): every

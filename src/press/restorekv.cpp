@@ -144,12 +144,13 @@ namespace {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "restorekv";
+  i.kvpress = {"RestoreKVPress"};
   i.summary = "KVzip plus R learned restore tokens (file=: embeddings and a LoRA adapter) run once over the full "
               "cache before eviction; their entries always stay and count in the budget (KVzip evicts at ratio + "
               "R / n of the context); the context must be prefilled in one step";
   i.source = "RestoreKV, arXiv 2608.01247; reference: kvpress/presses/restorekv_press.py (RestoreKVPress, a "
              "subclass of KVzipPress)";
-  i.params = {{"ratio", "0"}, {"file", ""}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0"}};
+  i.params = {{"ratio", "0"}, {"file", ""}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
   i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
     const std::string path = param_file(p, "restorekv", "file");
     if (path.empty())

@@ -112,7 +112,7 @@ PressRegistrar reg({"simlayerkv", "lazy layers (attention on the first and recen
                         throw Error(fmt::format("press simlayerkv: n_recent={} must be larger than n_last={}", recent,
                                                 last));
                       return std::make_unique<SimLayerKVPress>(t, last, recent, init);
-                    }});
+                    }}, {"SimLayerKVPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -69,7 +69,7 @@ class SnapKVPress : public ScorerPress {
 PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged over the GQA group",
                     "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation, arXiv 2404.14469; "
                     "reference: kvpress/presses/snapkv_press.py (SnapKVPress)",
-                    {{"ratio", "0"}, {"window", "64"}, {"kernel", "5"}, {"pooling", "avg"}, {"protect", "0"}},
+                    {{"ratio", "0"}, {"window", "64", "window_size"}, {"kernel", "5", "kernel_size"}, {"pooling", "avg"}, {"protect", "0"}},
                     [](const PressParams& p) -> std::unique_ptr<Press> {
                       int w = param_int(p, "snapkv", "window"), k = param_int(p, "snapkv", "kernel");
                       std::string pool = param_str(p, "snapkv", "pooling");
@@ -79,7 +79,7 @@ PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged ov
                         throw Error(fmt::format("press snapkv: pooling='{}' must be avg or max", pool));
                       return std::make_unique<SnapKVPress>(param_double(p, "snapkv", "ratio"), w, k, pool == "max",
                                                            param_bool(p, "snapkv", "protect"));
-                    }});
+                    }}, {"SnapKVPress"});
 
 }  // namespace
 }  // namespace kvslim

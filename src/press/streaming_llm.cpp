@@ -38,7 +38,7 @@ PressRegistrar reg({"streaming_llm", "attention sinks + most recent entries",
                       if (n_sink < 0) throw Error(fmt::format("press streaming_llm: n_sink={} must be >= 0", n_sink));
                       return std::make_unique<StreamingLLMPress>(param_double(p, "streaming_llm", "ratio"), n_sink,
                                                                  param_bool(p, "streaming_llm", "protect"));
-                    }});
+                    }}, {"StreamingLLMPress"});
 
 }  // namespace
 }  // namespace kvslim

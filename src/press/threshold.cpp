@@ -50,11 +50,12 @@ class ThresholdBudget : public BudgetPolicy {
 PressRegistrar reg([] {
   PressInfo i;
   i.name = "threshold";
+  i.kvpress = {"DMSPress"};
   i.summary = "budget policy: outside a sliding window of the newest tokens, entries scoring below tau leave "
               "(no ratio); decode=N also acts every N decode steps";
   i.source = "Lancucki et al. 2025, Inference-Time Hyper-Scaling with KV Cache Compression (DMS), arXiv 2506.05345; "
              "reference: kvpress/presses/dms_press.py (DMSPress)";
-  i.params = {{"tau", ""}, {"window", "128"}, {"decode", "0"}};
+  i.params = {{"tau", "", "threshold"}, {"window", "128", "sliding_window_size"}, {"decode", "0", "decoding"}};
   i.kind = PressKind::Policy;
   i.default_inner = "knorm";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

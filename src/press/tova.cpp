@@ -62,7 +62,7 @@ PressRegistrar reg({"tova", "attention of the newest token, averaged over the la
                     "kvpress/presses/tova_press.py (TOVAPress)",
                     {{"ratio", "0"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
                       return std::make_unique<TOVAPress>(param_double(p, "tova", "ratio"), param_bool(p, "tova", "protect"));
-                    }});
+                    }}, {"TOVAPress"});
 
 }  // namespace
 }  // namespace kvslim

@@ -6,7 +6,6 @@
 
 #include "press/duo_attention.h"
 #include "train/duo_calibrate.h"
-#include "press/kvpress_names.h"
 #include "press/recorders.h"
 #include "support/press_util.h"
 
@@ -292,11 +291,20 @@ TEST(PressReference, KvpressNamesAreAliases) {
     EXPECT_NE(std::string(e.what()).find("given twice"), std::string::npos) << e.what();
   }
   // Regression: `kvslim presses` listed expected_attention's aliases twice (two kvpress classes,
-  // ExpectedAttentionPress and ExpectedAttentionStatsPress, name that press): each alias once.
-  const auto ea = kvpress_params_of("expected_attention");
-  EXPECT_EQ(ea.size(), 4u);
-  const std::set<std::pair<std::string, std::string>> distinct(ea.begin(), ea.end());
-  EXPECT_EQ(distinct.size(), ea.size());
+  // ExpectedAttentionPress and ExpectedAttentionStatsPress, name that press): each alias once, on
+  // its parameter, and both class names on the press.
+  const PressInfo* ea = PressRegistry::instance().find("expected_attention");
+  ASSERT_NE(ea, nullptr);
+  std::set<std::pair<std::string, std::string>> aliases;
+  for (const PressParam& pp : ea->params)
+    if (!pp.kvpress.empty()) aliases.emplace(pp.kvpress, pp.name);
+  const std::set<std::pair<std::string, std::string>> want = {
+      {"n_future_positions", "n_future"}, {"use_covariance", "covariance"}, {"use_vnorm", "vnorm"}, {"stats_folder", "stats"}};
+  EXPECT_EQ(aliases, want);
+  EXPECT_EQ(ea->kvpress, (std::vector<std::string>{"ExpectedAttentionPress", "ExpectedAttentionStatsPress"}));
+  // kvpress's target ratio of CompressionRatioDecodingPress is the wrapper's ratio.
+  EXPECT_EQ(make_press("CompressionRatioDecodingPress(KnormPress):target_compression_ratio=0.4", 0.0)->describe(),
+            make_press("compression_ratio_decoding(knorm):ratio=0.4", 0.0)->describe());
 }
 
 }  // namespace
