@@ -42,7 +42,7 @@ struct Observation;
 struct Target;
 class BudgetPolicy;
 class ScorerPress;
-class LatentBitsControl;
+class KnobControl;
 
 /// Base of all presses. A press serves one request at a time; reset() (called by
 /// prefill_and_compress before the first chunk) forgets everything about the previous one.
@@ -102,10 +102,10 @@ class Press {
   /// This press as a scorer (entries kept by score under a budget policy), or nullptr: budget
   /// policies and wrappers reach their inner press's scores and policy through it.
   virtual ScorerPress* scorer() { return nullptr; }
-  /// The code bits and ranks this press's latent stage lets a caller choose (the auto-budget's
-  /// second axis, press/latent_bits_control.h), or nullptr: the `latent` press itself, a
-  /// composition its first stage that has them.
-  virtual LatentBitsControl* latent_bits() { return nullptr; }
+  /// The settings besides the ratio this press lets a caller choose per request (the
+  /// auto-budget's other axes, press/knobs.h: the `latent` press's code bits and ranks), or
+  /// nullptr; a composition gives its first stage's that has them.
+  virtual KnobControl* knobs() { return nullptr; }
 };
 
 /// Parameters of a press as given on the command line: name -> value text.
@@ -165,6 +165,21 @@ constexpr int kMaxPressSpecDepth = 16;
 /// kvslim::Error for an unknown press or parameter, a malformed spec, a value out of range, or a
 /// policy over something that is not a scorer press, naming it.
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio);
+
+/// make_press(spec, ratio), and `ratio_used` = whether the press keeps its entries by `ratio`:
+/// false for presses without a ratio (think, simlayerkv, duo_attention, latent, ...), for
+/// threshold and per_layer policies (their own parameters decide), for a budget (budget=N), and
+/// for terms whose spec writes its own ratio. A composition uses it when any of its terms does.
+/// Throws kvslim::Error as make_press.
+std::unique_ptr<Press> make_press(const std::string& spec, double ratio, bool& ratio_used);
+
+/// Throws kvslim::Error naming `what` (the flag or field, e.g. "--compression-ratio") when
+/// `ratio` > 0 and the press of `spec` would ignore it, instead of running it silently unused.
+/// Builds the press to find out; a caller that has built it passes the flag instead (below).
+void check_ratio_used(const std::string& spec, double ratio, const std::string& what);
+
+/// The same check with `ratio_used` as make_press(spec, ratio, ratio_used) set it (no second build).
+void check_ratio_used(const std::string& spec, double ratio, bool ratio_used, const std::string& what);
 
 /// Checks 0 <= ratio < 1, else kvslim::Error.
 void check_ratio(double ratio, const std::string& press);

@@ -101,6 +101,11 @@ class Session : public ModelRunner {
   int n_ctx() const override { return n_ctx_; }
   /// Forgets everything: empty cache, position 0.
   void reset();
+  /// Wall seconds this session's tokens have spent in the layers' attention step (the scores over
+  /// the cache and the weighted sum of values); the rest of a forward pass is the projections, the
+  /// feed-forward and the output. In a decode batch of several sessions, the batch's attention
+  /// counts for each. Kept across reset(); take differences.
+  double attention_seconds() const { return attention_seconds_; }
   /// Drops every entry at position >= `position` from every segment and continues at `position`
   /// (KVzip discards its replay this way). Throws kvslim::Error when `position` is negative or
   /// beyond next_position().
@@ -128,6 +133,7 @@ class Session : public ModelRunner {
   int n_ctx_;
   KVCache cache_;
   int32_t next_pos_ = 0;
+  double attention_seconds_ = 0;
 };
 
 }  // namespace kvslim

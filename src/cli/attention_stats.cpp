@@ -12,7 +12,6 @@
 #include "cli/options.h"
 #include "util/text_file.h"
 #include "eval/attention_stats.h"
-#include "kernels/threads.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_report.h"
 

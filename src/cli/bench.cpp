@@ -27,8 +27,8 @@
 #include "kernels/quant_dot.h"
 #include "kernels/threads.h"
 #include "kernels/weight_prefetch.h"
-#include "press/ratio_use.h"
 #include "run/decode_floor.h"
+#include "kvslim/press.h"
 #include "kvslim/request.h"
 
 namespace kvslim::cli {
@@ -127,6 +127,9 @@ struct Result {
   std::vector<double> token_ms;  // decode tests: every single-token step
   size_t kv_bytes = 0, peak_rss = 0;
   double press_seconds = 0;
+  /// Prefill tests: wall seconds in the layers' attention step (Session::attention_seconds) and in
+  /// the whole timed prefill, summed over repetitions.
+  double attention_seconds = 0, prefill_wall_seconds = 0;
   /// Tokens per second of process CPU time (user + system, all threads), one per repetition: with
   /// -t 1 on a machine shared with other jobs, the rate the test would have on a core of its own.
   std::vector<double> cpu_tps;
@@ -380,10 +383,13 @@ int run(BenchArgs a) {
             req.set_prompt_tokens(std::move(prompt));
           }
           const double press_before = req.stats().press_seconds;
+          const double a0 = req.session().attention_seconds();
           auto t0 = Clock::now();
           const double c0 = process_cpu_seconds();
           req.prefill();
           r.tps.push_back(n_prompt / since(t0));
+          r.prefill_wall_seconds += since(t0);
+          r.attention_seconds += req.session().attention_seconds() - a0;
           r.cpu_tps.push_back(n_prompt / std::max(1e-9, process_cpu_seconds() - c0));
           r.press_seconds += (req.stats().press_seconds - press_before) / a.reps;
           r.kv_bytes = req.cache().bytes();
@@ -452,6 +458,8 @@ int run(BenchArgs a) {
           const double c0 = process_cpu_seconds();
           req.prefill();
           fill.tps.push_back(depth / since(t0));
+          fill.prefill_wall_seconds = since(t0);
+          fill.attention_seconds = req.session().attention_seconds();
           fill.cpu_tps.push_back(depth / std::max(1e-9, process_cpu_seconds() - c0));
           fill.press_seconds = req.stats().press_seconds;
           fill.kv_bytes = req.cache().bytes();
@@ -529,6 +537,13 @@ int run(BenchArgs a) {
   }
   if (!per_cpu.empty())
     fmt::print(text_out, "tokens per process CPU second (the rate on cores of its own with -t 1): {}\n", per_cpu);
+  std::string attention;
+  for (const Result& r : results)
+    if (r.prefill_wall_seconds > 0)
+      attention += fmt::format("{}{} {}: {:.1f}%", attention.empty() ? "" : ", ", r.press, r.test,
+                               100.0 * r.attention_seconds / r.prefill_wall_seconds);
+  if (!attention.empty())
+    fmt::print(text_out, "attention's share of prefill wall time (a press's replays included): {}\n", attention);
   // Bytes that fit in the last-level cache are not read from memory each token: no floor then.
   const size_t llc = a.floor ? last_level_cache_bytes() : 0;
   for (const Result& r : results) {
@@ -601,6 +616,10 @@ int run(BenchArgs a) {
                      {"paired_floor_share_median", r.paired_median()},
                      {"paired_floor_share_total", r.paired_total()},
                      {"press_seconds", r.press_seconds},
+                     // prefill tests: share of their wall time in the attention step; null elsewhere
+                     {"attention_share", r.prefill_wall_seconds > 0
+                                             ? nlohmann::ordered_json(r.attention_seconds / r.prefill_wall_seconds)
+                                             : nlohmann::ordered_json()},
                      {"kv_bytes", r.kv_bytes},
                      {"peak_rss_bytes", r.peak_rss},
                      {"peak_rss_per_test", per_test_peak}});

@@ -11,8 +11,8 @@
 #include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "kvslim/press.h"
 #include "kvslim/context.h"
-#include "press/ratio_use.h"
 #include "util/text_file.h"
 
 namespace kvslim::cli {

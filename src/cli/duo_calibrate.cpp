@@ -10,7 +10,6 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "kernels/threads.h"
 #include "press/duo_attention.h"
 #include "train/duo_calibrate.h"
 

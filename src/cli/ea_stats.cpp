@@ -13,7 +13,6 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "kernels/threads.h"
 #include "press/ea_stats.h"
 #include "train/query_stats.h"
 

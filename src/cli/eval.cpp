@@ -21,7 +21,6 @@
 #include "cli/context_size.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "kernels/threads.h"
 #include "cli/mpi.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_report.h"

@@ -12,7 +12,6 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "kernels/threads.h"
 #include "train/fastkvzip_train.h"
 #include "train/kvzap_train.h"
 

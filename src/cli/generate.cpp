@@ -15,9 +15,9 @@
 #include "util/clock.h"
 #include "util/text_file.h"
 #include "cli/progress.h"
+#include "kvslim/press.h"
 #include "kvslim/context.h"
 #include "kvslim/generate.h"
-#include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvslim::cli {

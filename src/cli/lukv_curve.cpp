@@ -11,7 +11,6 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "kernels/threads.h"
 #include "train/kvzap_train.h"
 #include "press/lukv.h"
 #include "train/lukv_profile.h"

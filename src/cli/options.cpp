@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/threads.h"
+#include "kvslim/threads.h"
 #include "kvslim/error.h"
 
 namespace kvslim::cli {

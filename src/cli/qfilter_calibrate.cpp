@@ -12,7 +12,6 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "kernels/threads.h"
 #include "press/qfilter.h"
 #include "train/qfilter_calibrate.h"
 

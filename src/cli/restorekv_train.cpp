@@ -11,7 +11,6 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "kernels/threads.h"
 #include "train/restorekv_train.h"
 #include "util/clock.h"
 #include "util/text_file.h"

@@ -18,8 +18,8 @@
 #include "cli/context_size.h"
 #include "cli/memory_estimate.h"
 #include "cli/options.h"
-#include "press/ratio_use.h"
 #include "server/server.h"
+#include "kvslim/press.h"
 
 namespace kvslim::cli {
 

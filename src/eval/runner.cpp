@@ -8,11 +8,11 @@
 
 #include "eval/attention_stats.h"
 #include "context/file.h"
+#include "kvslim/press.h"
 #include "kvslim/context.h"
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/request.h"
-#include "press/ratio_use.h"
 #include "press/recording_press.h"
 #include "kvslim/sampling.h"
 #include "util/clock.h"

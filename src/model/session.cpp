@@ -17,6 +17,7 @@
 #include "model/lora.h"
 #include "model/numeric_guard.h"
 #include "model/rope.h"
+#include "util/clock.h"
 
 namespace kvslim {
 
@@ -489,7 +490,11 @@ void Session::forward_rows(std::vector<Rows>& runs) {
           r.use_subset = r.hook->before_attention(step_of(r), r.subset);
         });
     }
+    const double t_attend = steady_seconds();
     attend_runs(runs, l, hp, q.data(), att.data(), want_mass);
+    const double attend_s = steady_seconds() - t_attend;
+    for (Rows& r : runs)
+      if (!r.error) r.session->attention_seconds_ += attend_s;
     for (size_t ri = 0; ri < runs.size(); ++ri) {
       Rows& r = runs[ri];
       if (r.hook) guarded(r, [&] { r.hook->after_attention(step_of(r), want_mass[ri] ? &r.mass : nullptr); });

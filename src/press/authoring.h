@@ -53,6 +53,10 @@ struct Observation {
   /// The request runner's session, for a press that runs the model again on the same cache
   /// (KVzip's replay); nullptr when the press is used outside a runner.
   ModelRunner* runner = nullptr;
+  /// During a prefill: the position after the context's last token, known before its first chunk
+  /// runs, so that a press that needs positions after the context (KVzip's replay) can refuse a
+  /// context that leaves too few at the first chunk instead of the last; -1 when unknown.
+  int32_t context_end = -1;
   int n_window() const { return static_cast<int>(window_positions.size()); }
   void clear() { *this = Observation{}; }
 };

@@ -13,9 +13,9 @@ namespace kvslim {
 
 ComposedPress::ComposedPress(std::vector<std::unique_ptr<Press>> presses) : p_(std::move(presses)) {}
 
-LatentBitsControl* ComposedPress::latent_bits() {
+KnobControl* ComposedPress::knobs() {
   for (auto& p : p_)
-    if (LatentBitsControl* c = p->latent_bits()) return c;
+    if (KnobControl* c = p->knobs()) return c;
   return nullptr;
 }
 

@@ -104,6 +104,26 @@ size_t lower_index(const Segment& s, int32_t pos) {
 
 }  // namespace
 
+namespace {
+
+struct ReplayText {
+  std::vector<Token> first_instr, later_instr, newline;
+  ReplayText(const Tokenizer& tok)
+      : first_instr(tok.encode("\n\nRepeat the previous context exactly.", false, false)),
+        later_instr(tok.encode("\n\nRepeat the part of the previous context exactly, starting with", false, false)),
+        newline(continuation_tokens(tok, "\n")) {}
+  /// Replay tokens other than the chunk's own.
+  int overhead(const KVzipOptions& opt) const {
+    return static_cast<int>(std::max(first_instr.size(), later_instr.size() + opt.prev_tokens) + newline.size());
+  }
+};
+
+}  // namespace
+
+int kvzip_min_replay_positions(const Tokenizer& tok, const KVzipOptions& opt) {
+  return ReplayText(tok).overhead(opt) + 16;
+}
+
 Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
                            const KVzipOptions& opt, const std::vector<Token>& before) {
   const Model& model = session.model();
@@ -124,14 +144,14 @@ Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& token
     for (int h = 0; h < H; ++h) out[l][h].assign(cache.seg(l, h).size(), std::numeric_limits<float>::quiet_NaN());
   if (N == 0) return out;
 
-  const std::vector<Token> first_instr = tok.encode("\n\nRepeat the previous context exactly.", false, false);
-  const std::vector<Token> later_instr =
-      tok.encode("\n\nRepeat the part of the previous context exactly, starting with", false, false);
-  const std::vector<Token> newline = continuation_tokens(tok, "\n");
+  const ReplayText text(tok);
+  const std::vector<Token>& first_instr = text.first_instr;
+  const std::vector<Token>& later_instr = text.later_instr;
+  const std::vector<Token>& newline = text.newline;
   auto replayable = [&](int i) { return !(i == 0 && tokens[0] == tok.bos()); };
 
   // The replay goes after the context; shorten chunks so that it fits in the context size.
-  const int overhead = static_cast<int>(std::max(first_instr.size(), later_instr.size() + opt.prev_tokens) + newline.size());
+  const int overhead = text.overhead(opt);
   const int room = session.n_ctx() - P - overhead;
   const int chunk = std::min(opt.chunk, room);
   if (chunk < 16)
@@ -282,6 +302,16 @@ void KVzipPress::observe(const KVCache& cache, const Model& model, const Observa
   if ((ratio_ <= 0.0 && policy().budget() == 0) || obs.tokens.empty()) return;
   if (!obs.runner || &obs.runner->cache() != &cache)
     throw Error("press kvzip: needs the request runner that owns the cache (it replays the context)");
+  // The replay of the context's last chunk runs after the context: refuse at the first chunk a
+  // context that leaves no room for it, not after the whole prefill.
+  if (obs.context_end >= 0) {
+    const int need = kvzip_min_replay_positions(model.tokenizer(), opt_);
+    if (static_cast<int64_t>(obs.context_end) + need > obs.runner->n_ctx())
+      throw Error(fmt::format("press kvzip: the replay of the context needs {} positions after its last token, but "
+                              "the context ends at position {} and the context size n_ctx is {}; raise n_ctx (-c) "
+                              "to at least {} or shorten the context",
+                              need, obs.context_end, obs.runner->n_ctx(), obs.context_end + need));
+  }
   const int L = cache.n_layer(), H = cache.n_head_kv();
   // A chunk of a chunked prefill continues the previous one: its replay quotes that chunk's tail, as
   // KVzip's own later chunks do.

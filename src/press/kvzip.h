@@ -54,6 +54,10 @@ void kvzip_score_segment(const Segment& seg, size_t n_sink, size_t ctx_begin, si
 Scores kvzip_replay_scores(ModelRunner& session, const std::vector<Token>& tokens, int32_t first_pos,
                            const KVzipOptions& opt, const std::vector<Token>& before = {});
 
+/// Positions the replay needs after the last context token at the least: its instruction, the
+/// quoted tail, a newline and 16 replayed tokens (kvzip_replay_scores shortens chunks down to 16).
+int kvzip_min_replay_positions(const Tokenizer& tok, const KVzipOptions& opt);
+
 /// The `kvzip` press (kvpress's KVzipPress): replay scores of every prefill step stored by
 /// position, sinks and entries no replay scored (a question, RestoreKV's restore entries) never
 /// evicted, under `policy` (default: the `global` policy, one top-k over all layers and heads).

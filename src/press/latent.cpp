@@ -19,7 +19,7 @@
 #include "kvslim/gguf.h"
 #include "press/authoring.h"
 #include "press/param_file.h"
-#include "press/latent_bits_control.h"
+#include "press/knobs.h"
 #include "press/latent_share.h"
 
 namespace kvslim {
@@ -143,7 +143,13 @@ std::string bits_text(const std::vector<int>& b) {
   return s;
 }
 
-class LatentPress : public Press, public LatentBitsControl {
+// Throws naming the parameter when `v` is not among the spec's candidates `list`.
+void check(const char* name, int v, const std::vector<int>& list) {
+  if (std::find(list.begin(), list.end(), v) == list.end())
+    throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
+}
+
+class LatentPress : public Press, public KnobControl {
  public:
   LatentPress(std::vector<int> k_ranks, std::vector<int> v_ranks, double energy, std::vector<int> k_bits,
               std::vector<int> v_bits, LatentScales scales, std::string file, double share, int share_max,
@@ -155,7 +161,7 @@ class LatentPress : public Press, public LatentBitsControl {
         per_layer_(per_layer) {
     if (!file_.empty()) bases_ = LatentBases::load_shared(file_);
   }
-  LatentBitsControl* latent_bits() override { return this; }
+  KnobControl* knobs() override { return this; }
   std::string describe() const override {
     const char* sc = scales_ == LatentScales::Channel ? "channel" : "token";
     if (!file_.empty()) {
@@ -193,49 +199,58 @@ class LatentPress : public Press, public LatentBitsControl {
   // Dimensions, not entries: the entry count is unchanged.
   double ratio() const override { return 0.0; }
   size_t kept_after(const Target& t) const override { return t.n_context; }
-  void reset() override { clear_latent_bits(); }
+  void reset() override { clear_knobs(); }
 
-  const std::vector<int>& key_bit_choices() const override { return k_choices_; }
-  const std::vector<int>& value_bit_choices() const override { return v_choices_; }
-  void set_latent_bits(int key_bits, int value_bits) override {
-    auto check = [](const char* name, int v, const std::vector<int>& list) {
-      if (std::find(list.begin(), list.end(), v) == list.end())
-        throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
+  // Knobs: 0 key code bits, 1 value code bits (tried in combination), 2 key rank, 3 value rank
+  // (lowered per layer only, from the largest listed). f16 codes (bits 0) are 16 bits wide.
+  std::vector<Knob> knob_list() const override {
+    auto bit_widths = [](const std::vector<int>& b) {
+      std::vector<int> w;
+      for (int v : b) w.push_back(v == 0 ? 16 : v);
+      return w;
     };
-    check("k_bits", key_bits, k_choices_);
-    check("v_bits", value_bits, v_choices_);
-    k_set_ = key_bits;
-    v_set_ = value_bits;
-    k_layer_.clear();
-    v_layer_.clear();
-    kr_layer_.clear();
-    vr_layer_.clear();
+    return {{"k_bits", k_choices_, bit_widths(k_choices_), true},
+            {"v_bits", v_choices_, bit_widths(v_choices_), true},
+            {"k_rank", k_ranks_, k_ranks_, false},
+            {"v_rank", v_ranks_, v_ranks_, false}};
   }
-  const std::vector<int>& key_rank_choices() const override { return k_ranks_; }
-  const std::vector<int>& value_rank_choices() const override { return v_ranks_; }
-  void set_latent_layers(const Layers& s) override {
-    const size_t L = s.key_bits.size();
-    if (L == 0 || s.value_bits.size() != L || (!s.key_rank.empty() && s.key_rank.size() != L) ||
-        s.key_rank.size() != s.value_rank.size())
-      throw Error(fmt::format("press latent: per-layer settings need one key and one value width (and rank) per "
-                              "layer (got {} / {} bits, {} / {} ranks)",
-                              L, s.value_bits.size(), s.key_rank.size(), s.value_rank.size()));
-    for (size_t l = 0; l < L; ++l) set_latent_bits(s.key_bits[l], s.value_bits[l]);  // checks each
-    auto check = [](const char* name, int v, const std::vector<int>& list) {
-      if (std::find(list.begin(), list.end(), v) == list.end())
-        throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
-    };
-    for (size_t l = 0; l < s.key_rank.size(); ++l) {
-      check("k_rank", s.key_rank[l], k_ranks_);
-      check("v_rank", s.value_rank[l], v_ranks_);
+  bool knobs_per_layer() const override { return per_layer_; }
+  void set_knobs(const std::vector<int>& v) override {
+    if (v.size() != 4)
+      throw Error(fmt::format("press latent: a setting needs 4 values (k_bits, v_bits, k_rank, v_rank), got {}", v.size()));
+    check("k_bits", v[0], k_choices_);
+    check("v_bits", v[1], v_choices_);
+    check("k_rank", v[2], k_ranks_);
+    check("v_rank", v[3], v_ranks_);
+    clear_knobs();
+    k_set_ = v[0];
+    v_set_ = v[1];
+    // One setting for every layer keeps the largest ranks (ranks are chosen per layer only).
+  }
+  void set_knobs_per_layer(const std::vector<std::vector<int>>& s) override {
+    const size_t L = s.size() == 4 ? s[0].size() : 0;
+    if (L == 0 || s[1].size() != L || s[2].size() != L || s[3].size() != L)
+      throw Error(fmt::format("press latent: per-layer settings need one key and one value width and rank per layer "
+                              "(got {} knobs)",
+                              s.size()));
+    for (size_t l = 0; l < L; ++l) {
+      check("k_bits", s[0][l], k_choices_);
+      check("v_bits", s[1][l], v_choices_);
+      check("k_rank", s[2][l], k_ranks_);
+      check("v_rank", s[3][l], v_ranks_);
     }
-    k_layer_ = s.key_bits;
-    v_layer_ = s.value_bits;
-    kr_layer_ = s.key_rank;
-    vr_layer_ = s.value_rank;
+    clear_knobs();
+    k_set_ = s[0].back();
+    v_set_ = s[1].back();
+    k_layer_ = s[0];
+    v_layer_ = s[1];
+    // Ranks per layer only when the spec lists several (otherwise every layer has the one rank).
+    if (k_ranks_.size() > 1 || v_ranks_.size() > 1) {
+      kr_layer_ = s[2];
+      vr_layer_ = s[3];
+    }
   }
-  bool per_layer_bits() const override { return per_layer_; }
-  void clear_latent_bits() override {
+  void clear_knobs() override {
     k_set_ = v_set_ = -1;
     k_layer_.clear();
     v_layer_.clear();

@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "press/authoring.h"
-#include "press/ratio_use.h"
 #include "press/wrappers.h"
+#include "kvslim/press.h"
 
 namespace kvslim {
 

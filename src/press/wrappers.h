@@ -32,7 +32,7 @@ class ComposedPress : public Press {
   bool selects_in_decode() const override;
   void remap_positions(int l, int h, const std::vector<int32_t>& o, const std::vector<int32_t>& n) override;
   /// The first stage's (nested compositions searched in spec order), or nullptr.
-  LatentBitsControl* latent_bits() override;
+  KnobControl* knobs() override;
 
  private:
   std::vector<std::unique_ptr<Press>> p_;

@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "kvslim/error.h"
 #include "kvslim/sampling.h"
-#include "press/latent_bits_control.h"
+#include "press/knobs.h"
 #include "press/recorders.h"
 #include "util/clock.h"
 
@@ -65,19 +64,39 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     report.probe_tokens = static_cast<int>(probe.size());
   }
 
-  // The latent stage's code bits, when its spec lists candidates (k_bits=8/4, ...): each
-  // (key, value) pair is a setting with its own ratio; (-1, -1) is the press as specified.
-  LatentBitsControl* bits = press.latent_bits();
-  std::vector<std::pair<int, int>> settings;
-  if (bits && (bits->key_bit_choices().size() > 1 || bits->value_bit_choices().size() > 1 ||
-               bits->key_rank_choices().size() > 1 || bits->value_rank_choices().size() > 1)) {
+  // The press's knobs (press/knobs.h: the latent stage's code bits and ranks), when its spec lists
+  // candidates: every combination of the grid knobs' candidates, the other knobs at their widest,
+  // is a setting with its own ratio. An empty setting is the press as specified.
+  KnobControl* kc = press.knobs();
+  const std::vector<Knob> knobs = kc ? kc->knob_list() : std::vector<Knob>{};
+  auto widest = [&](size_t k) {
+    const Knob& kn = knobs[k];
+    return kn.choices[std::max_element(kn.widths.begin(), kn.widths.end()) - kn.widths.begin()];
+  };
+  std::string listed;
+  for (const Knob& k : knobs)
+    if (k.choices.size() > 1) listed += (listed.empty() ? "" : ", ") + k.name;
+  std::vector<std::vector<int>> settings;
+  if (!listed.empty()) {
     if (!fidelity)
-      throw Error("auto-budget: the press's latent stage lists several code bits or ranks (k_bits / v_bits / k_rank / "
-                  "v_rank with '/'): choosing among them needs a fidelity target (target_kl > 0)");
-    for (int kb : bits->key_bit_choices())
-      for (int vb : bits->value_bit_choices()) settings.emplace_back(kb, vb);
+      throw Error(fmt::format("auto-budget: the press lists several candidates for {} (values separated by '/'): "
+                              "choosing among them needs a fidelity target (target_kl > 0)",
+                              listed));
+    std::vector<int> base(knobs.size());
+    for (size_t k = 0; k < knobs.size(); ++k) base[k] = widest(k);
+    settings.push_back(base);
+    for (size_t k = 0; k < knobs.size(); ++k) {
+      if (!knobs[k].in_grid) continue;
+      std::vector<std::vector<int>> next;
+      for (const auto& st : settings)
+        for (int c : knobs[k].choices) {
+          next.push_back(st);
+          next.back()[k] = c;
+        }
+      settings.swap(next);
+    }
   } else {
-    settings.emplace_back(-1, -1);
+    settings.emplace_back();
   }
   // Fails before any work when the press has no ratio to set, unless there are bits or ranks to
   // choose (a latent press alone: only those are chosen, at ratio 0).
@@ -85,7 +104,7 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   try {
     press.set_ratio(0.0);
   } catch (const Error&) {
-    if (settings.size() == 1 && !(bits && bits->per_layer_bits())) throw;
+    if (settings.size() == 1 && !(kc && kc->knobs_per_layer())) throw;
     has_ratio = false;
   }
 
@@ -103,17 +122,17 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
   const KVCache full = session.cache();
 
   std::vector<float> last_row;  // the last probe logits of the final trial (held-out probe)
-  // Per-layer bits (and ranks) of the trial run next (set by the per-layer search below; empty:
-  // one pair).
-  LatentBitsControl::Layers layers;
-  // Compresses the observed cache with setting s (or layer_k / layer_v when set) at ratio r and
-  // measures it; restores the full cache unless `keep`.
-  auto run_trial = [&](std::pair<int, int> s, double r, bool keep) {
+  // Per-layer knob values [knob][layer] of the trial run next (set by the per-layer search below;
+  // empty: one setting for every layer).
+  std::vector<std::vector<int>> layers;
+  // Compresses the observed cache with setting s (or `layers` when set) at ratio r and measures it;
+  // restores the full cache unless `keep`.
+  auto run_trial = [&](const std::vector<int>& s, double r, bool keep) {
     press.reset();
-    if (!layers.key_bits.empty())
-      bits->set_latent_layers(layers);
-    else if (s.first >= 0)
-      bits->set_latent_bits(s.first, s.second);
+    if (!layers.empty())
+      kc->set_knobs_per_layer(layers);
+    else if (!s.empty())
+      kc->set_knobs(s);
     if (has_ratio) press.set_ratio(r);
     const double t0 = steady_seconds();
     press.compress(session.cache(), session.model(), obs);
@@ -138,9 +157,9 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     }
     return t;
   };
-  std::map<std::tuple<int, int, double>, Trial> seen;
-  auto measure = [&](std::pair<int, int> s, double r) {
-    const auto key = std::make_tuple(s.first, s.second, r);
+  std::map<std::pair<std::vector<int>, double>, Trial> seen;
+  auto measure = [&](const std::vector<int>& s, double r) {
+    const auto key = std::make_pair(s, r);
     auto it = seen.find(key);
     if (it == seen.end()) it = seen.emplace(key, run_trial(s, r, false)).first;
     return it->second;
@@ -151,7 +170,7 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     bool budget_met = true, target_met = true;
   };
   // The ratio for one setting.
-  auto choose_ratio = [&](std::pair<int, int> s) {
+  auto choose_ratio = [&](const std::vector<int>& s) {
     Choice c;
     if (!has_ratio) {  // bits only: the cache at ratio 0
       const Trial t = measure(s, 0.0);
@@ -198,7 +217,7 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
 
   // Of the settings, the one whose chosen cache has the fewest bytes while meeting the budget and
   // the target (ties: the lower KL); when none meets both, one that meets the budget, lowest KL.
-  std::pair<int, int> best_s = settings[0];
+  std::vector<int> best_s = settings[0];
   Choice best_c;
   Trial best_t;
   for (size_t i = 0; i < settings.size(); ++i) {
@@ -216,65 +235,53 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
     }
   }
 
-  // Bits and ranks per layer (the spec's per_layer=1): from the chosen pair (and the largest
-  // listed ranks), at the chosen ratio, lower one layer's key or value bits or rank one step at a
-  // time (to the next narrower candidate): of the steps whose probe KL stays within the target, the
-  // one with the least KL increase per byte saved, until none is left. A step that exceeds the
-  // target is not tried again (lowering others only adds error), so this costs at most 4 x layers
-  // trials per step taken, plus 4 x layers.
-  if (bits && bits->per_layer_bits() && fidelity && best_c.budget_met && best_c.target_met && best_s.first >= 0) {
-    // Narrower = fewer bits per code (f16 codes count as 16), or a smaller rank.
-    auto width = [](int b) { return b == 0 ? 16 : b; };
-    auto narrower_bits = [&](const std::vector<int>& choices, int b) {
-      int best = -1;
-      for (int c : choices)
-        if (width(c) < width(b) && (best < 0 || width(c) > width(best))) best = c;
+  // Knobs per layer (the spec's per_layer=1): from the chosen setting, at the chosen ratio, lower
+  // one layer's knob one step at a time (to the candidate of the next smaller width): of the steps
+  // whose probe KL stays within the target, the one with the least KL increase per byte saved,
+  // until none is left. A step that exceeds the target is not tried again (lowering others only
+  // adds error), so this costs at most knobs x layers trials per step taken, plus knobs x layers.
+  if (kc && kc->knobs_per_layer() && fidelity && best_c.budget_met && best_c.target_met && !best_s.empty()) {
+    // The candidate of knob k next below value v in width, or -1 when v is its narrowest.
+    auto narrower = [&](size_t k, int v) {
+      const Knob& kn = knobs[k];
+      const int w = kn.widths[std::find(kn.choices.begin(), kn.choices.end(), v) - kn.choices.begin()];
+      int best = -1, best_w = 0;
+      for (size_t i = 0; i < kn.choices.size(); ++i)
+        if (kn.widths[i] < w && (best < 0 || kn.widths[i] > best_w)) {
+          best = kn.choices[i];
+          best_w = kn.widths[i];
+        }
       return best;
     };
-    auto narrower_rank = [](const std::vector<int>& choices, int r) {
-      int best = -1;
-      for (int c : choices)
-        if (c < r && c > best) best = c;
-      return best;
-    };
-    const bool ranks = bits->key_rank_choices().size() > 1 || bits->value_rank_choices().size() > 1;
     const int L = session.cache().n_layer();
-    LatentBitsControl::Layers cur;
-    cur.key_bits.assign(L, best_s.first);
-    cur.value_bits.assign(L, best_s.second);
-    if (ranks) {
-      cur.key_rank.assign(L, *std::max_element(bits->key_rank_choices().begin(), bits->key_rank_choices().end()));
-      cur.value_rank.assign(L,
-                            *std::max_element(bits->value_rank_choices().begin(), bits->value_rank_choices().end()));
-    }
-    // A step: (layer, axis) with axis 0 / 1 = key / value bits, 2 / 3 = key / value rank; applies
-    // it to `s` and returns false when that axis has no narrower candidate.
-    auto step = [&](LatentBitsControl::Layers& s, int l, int axis) {
-      int& v = axis == 0 ? s.key_bits[l] : axis == 1 ? s.value_bits[l] : axis == 2 ? s.key_rank[l] : s.value_rank[l];
-      const int n = axis < 2 ? narrower_bits(axis ? bits->value_bit_choices() : bits->key_bit_choices(), v)
-                             : narrower_rank(axis == 3 ? bits->value_rank_choices() : bits->key_rank_choices(), v);
+    std::vector<std::vector<int>> cur(knobs.size());
+    for (size_t k = 0; k < knobs.size(); ++k) cur[k].assign(L, best_s[k]);
+    // A step: (layer, knob); applies it to `s` and returns false when that knob has no narrower
+    // candidate there.
+    auto step = [&](std::vector<std::vector<int>>& s, int l, int k) {
+      const int n = narrower(static_cast<size_t>(k), s[k][l]);
       if (n < 0) return false;
-      v = n;
+      s[k][l] = n;
       return true;
     };
     Trial now = best_t;
-    std::vector<std::pair<int, int>> live;  // (layer, axis) still worth a try
+    std::vector<std::pair<int, int>> live;  // (layer, knob) still worth a try
     for (int l = 0; l < L; ++l)
-      for (int axis = 0; axis < (ranks ? 4 : 2); ++axis) {
-        LatentBitsControl::Layers probe_s = cur;
-        if (step(probe_s, l, axis)) live.emplace_back(l, axis);
+      for (int k = 0; k < static_cast<int>(knobs.size()); ++k) {
+        std::vector<std::vector<int>> probe_s = cur;
+        if (step(probe_s, l, k)) live.emplace_back(l, k);
       }
     while (!live.empty()) {
       std::vector<std::pair<int, int>> next;
       int pick = -1;
       double pick_score = 0;
       Trial pick_t;
-      for (const auto& [l, axis] : live) {
+      for (const auto& [l, k] : live) {
         layers = cur;
-        step(layers, l, axis);
+        step(layers, l, k);
         const Trial t = run_trial(best_s, best_c.ratio, false);
         if (t.kl > opt.target_kl) continue;
-        next.emplace_back(l, axis);
+        next.emplace_back(l, k);
         const double saved = static_cast<double>(now.bytes) - static_cast<double>(t.bytes);
         const double score = (t.kl - now.kl) / std::max(saved, 1.0);
         if (pick < 0 || score < pick_score) {
@@ -284,11 +291,11 @@ std::vector<float> prefill_auto_budget(Session& session, Press& press, const std
         }
       }
       if (pick < 0) break;
-      const auto [l, axis] = next[pick];
-      step(cur, l, axis);
+      const auto [l, k] = next[pick];
+      step(cur, l, k);
       now = pick_t;
-      LatentBitsControl::Layers further = cur;
-      if (!step(further, l, axis)) next.erase(next.begin() + pick);
+      std::vector<std::vector<int>> further = cur;
+      if (!step(further, l, k)) next.erase(next.begin() + pick);
       live = std::move(next);
     }
     layers = cur;

@@ -12,9 +12,10 @@ std::vector<float> prefill_and_compress(Session& session, Press& press, const st
   const size_t step = chunk_size > 0 ? static_cast<size_t>(chunk_size) : tokens.size();
   std::vector<float> logits;
   size_t peak = 0;
+  const auto end = static_cast<int32_t>(session.next_position() + tokens.size());
   for (size_t b = 0; b < tokens.size(); b += step)
     logits = run::prefill_chunk(session, press, tokens.data() + b, std::min(step, tokens.size() - b), &peak,
-                                press_seconds);
+                                press_seconds, end);
   if (peak_bytes) *peak_bytes = std::max(*peak_bytes, peak);
   return logits;
 }

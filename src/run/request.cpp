@@ -14,9 +14,10 @@ namespace kvslim {
 namespace run {
 
 std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
-                                 double* press_seconds) {
+                                 double* press_seconds, int32_t context_end) {
   Observation obs;
   std::vector<float> logits = run_observed(session, std::vector<Token>(tokens, tokens + n), press.needs(), obs);
+  obs.context_end = context_end;
   if (peak_bytes) *peak_bytes = std::max(*peak_bytes, session.cache().bytes());
   const double t0 = steady_seconds();
   press.compress(session.cache(), session.model(), obs);
@@ -133,8 +134,9 @@ bool Request::prefill_step() {
     } else {
       const size_t step = opt_.chunk_size > 0 ? static_cast<size_t>(opt_.chunk_size) : context_.size();
       const size_t n = std::min(step, context_.size() - context_done_);
+      const auto end = static_cast<int32_t>(session_->next_position() + (context_.size() - context_done_));
       logits_ = run::prefill_chunk(*session_, *press_, context_.data() + context_done_, n, &stats_.peak_kv_bytes,
-                                   &stats_.press_seconds);
+                                   &stats_.press_seconds, end);
       context_done_ += n;
     }
     if (context_done_ == context_.size()) {

@@ -15,8 +15,10 @@ namespace kvslim::run {
 /// Runs tokens [0, n) at session.next_position() with the observation press.needs() asks for,
 /// then lets the press compress. Returns the last token's logits. `peak_bytes` (optional) is raised
 /// to the cache size before compression; `press_seconds` (optional) accumulates compression time.
+/// `context_end` is the position after the context's last token (Observation::context_end; -1:
+/// unknown).
 std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
-                                 double* press_seconds);
+                                 double* press_seconds, int32_t context_end = -1);
 
 /// The decode step: runs `token` with what press.decode_needs() asks (recorders and the press's own
 /// hooks: decode-time scoring, attention selection), then press.after_decode(). Returns the logits.

@@ -23,8 +23,8 @@
 #include "server/metrics.h"
 #include "server/peer_socket.h"
 #include "press/param_file.h"
-#include "press/ratio_use.h"
 #include "tokenizer/chat_template.h"
+#include "kvslim/press.h"
 
 namespace kvslim::server {
 

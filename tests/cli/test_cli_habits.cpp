@@ -362,6 +362,12 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
   nlohmann::json jb = nlohmann::json::parse(b.out);
   ASSERT_TRUE(jb.is_array());
   EXPECT_EQ(jb.size(), 2u);  // pp8 and tg2 @ d0
+  // Attention's share of the prefill's wall time: a fraction on the prefill row, null on decode.
+  ASSERT_TRUE(jb[0]["attention_share"].is_number()) << jb[0];
+  EXPECT_GT(jb[0]["attention_share"].get<double>(), 0.0);
+  EXPECT_LT(jb[0]["attention_share"].get<double>(), 1.0);
+  EXPECT_TRUE(jb[1]["attention_share"].is_null()) << jb[1];
+  EXPECT_TRUE(contains(b.err, "attention's share of prefill wall time")) << b.err;
   EXPECT_TRUE(contains(b.err, "| model")) << "the table moves to stderr: " << b.err;
 }
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "kernels/matmul.h"
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
@@ -18,6 +20,10 @@ using namespace kvslim;
 namespace {
 
 const char* kModel = KVSLIM_SOURCE_DIR "/models/stories260K.gguf";
+
+double steady_seconds_for_test() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // The bundled model with every matrix whose rows are whole q8_0 blocks stored as q8_0: the
 // quantized-weight kernels (the bundled file is f32, which takes another path).
@@ -82,6 +88,30 @@ TEST(DecodeBatch, BitIdenticalToOneByOneQ8) {
   auto model = Model::load(q8_copy());
   ASSERT_EQ(model->layer(0).wq->type, GGMLType::Q8_0);  // the attention matrices take the quantized kernels
   check_decode_batch(*model);
+}
+
+TEST(DecodeBatch, AttentionTimeIsPartOfEachSessionsForwardTime) {
+  // Session::attention_seconds: wall time inside the attention step, so never more than the
+  // forward calls around it, growing with every call; a batch's attention counts for each session.
+  auto model = Model::load(kModel);
+  const std::vector<Token> ids = model->tokenizer().encode(kPrompts[1], true, false);
+  Session a(*model, SessionOptions{}), b(*model, SessionOptions{});
+  EXPECT_EQ(a.attention_seconds(), 0.0);
+  const double t0 = steady_seconds_for_test();
+  a.forward(ids);
+  const double wall = steady_seconds_for_test() - t0;
+  const double after_prefill = a.attention_seconds();
+  EXPECT_GT(after_prefill, 0.0);
+  EXPECT_LE(after_prefill, wall);
+  b.forward(ids);
+  const double b0 = b.attention_seconds();
+  const double t1 = steady_seconds_for_test();
+  Session::decode_batch({&a, &b}, {5, 6});
+  const double batch_wall = steady_seconds_for_test() - t1;
+  const double da = a.attention_seconds() - after_prefill, db = b.attention_seconds() - b0;
+  EXPECT_GT(da, 0.0);
+  EXPECT_NEAR(da, db, 1e-9);  // the same attention steps
+  EXPECT_LE(da, batch_wall);
 }
 
 TEST(DecodeBatch, RefusesBadInput) {

@@ -4,8 +4,8 @@
 // size and the model's shape.
 #include <algorithm>
 
+#include "kvslim/press.h"
 #include "kvslim/request.h"
-#include "press/ratio_use.h"
 #include "support/press_util.h"
 
 using namespace press_test;

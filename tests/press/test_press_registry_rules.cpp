@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "kvslim/press.h"
 #include "kvslim/request.h"
-#include "press/ratio_use.h"
 #include "press/wrappers.h"
 #include "support/press_util.h"
 

@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kvslim/generate.h"
 #include "kvslim/gguf.h"
+#include "kvslim/request.h"
 #include "press/authoring.h"
 #include "press/clusterkv.h"
 #include "press/duo_attention.h"
@@ -399,6 +400,47 @@ TEST(KVzipReplay, PressKeepsGlobalTopKAndDiscardsTheReplay) {
   auto none = make_press("none", 0.0), zero = make_press("kvzip", 0.0);
   auto a = run_press(*none, ctx, 2), b = run_press(*zero, ctx, 2);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]);
+}
+
+TEST(KVzipReplay, AContextWithoutRoomForTheReplayIsRefusedAtTheFirstChunk) {
+  // Regression: a chunked prefill whose context left fewer positions after it than the replay of
+  // its last chunk needs ran every chunk and failed at the last one (minutes at 131K tokens).
+  const std::vector<Token> ctx = story_tokens();
+  const int n = static_cast<int>(ctx.size());
+  KVzipOptions ko;
+  ko.prev_tokens = 8;
+  const int need = kvzip_min_replay_positions(model().tokenizer(), ko);
+  // The figure is the replay's own limit: one position fewer and the replay itself throws.
+  for (int room : {need - 1, need}) {
+    Session s(model(), exact_f32(n + room));
+    s.forward(ctx);
+    if (room < need)
+      EXPECT_THROW(kvzip_replay_scores(s, ctx, 0, ko), Error);
+    else
+      EXPECT_NO_THROW(kvzip_replay_scores(s, ctx, 0, ko));
+  }
+  RequestOptions ro;
+  ro.chunk_size = 32;
+  ro.n_predict = 1;
+  ro.sampling.temp = 0.0f;
+  auto press = make_press("kvzip:budget=24,chunk=16", 0.0);
+  ro.session = exact_f32(n + need);
+  {
+    Request fits(model(), *press, ro);
+    fits.set_prompt_tokens(ctx);
+    EXPECT_NO_THROW(fits.prefill());
+  }
+  ro.session = exact_f32(n + need - 1);
+  Request short_ctx(model(), *press, ro);
+  short_ctx.set_prompt_tokens(ctx);
+  try {
+    short_ctx.prefill_step();
+    ADD_FAILURE() << "the first chunk ran without the replay's room being checked";
+  } catch (const Error& e) {
+    const std::string want = fmt::format("context ends at position {} and the context size n_ctx is {}; raise n_ctx "
+                                         "(-c) to at least {}", n, n + need - 1, n + need);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------- KVzap

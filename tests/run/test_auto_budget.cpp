@@ -11,6 +11,8 @@
 #include <string>
 
 #include "kvslim/request.h"
+#include "press/authoring.h"
+#include "press/knobs.h"
 #include "support/press_util.h"
 
 using namespace kvslim;
@@ -549,3 +551,87 @@ TEST(AutoBudget, LatentRankCandidatesNeedPerLayerAndPerRequestBases) {
   r.set_prompt_tokens(story_tokens(64));
   EXPECT_THROW(r.prefill(), Error);
 }
+
+// The auto-budget searches any press's knobs (press/knobs.h), not only the latent press's: a press
+// of this test with one knob, the share of each segment's newest entries it keeps.
+namespace {
+
+class KeepNewestPress : public Press, public KnobControl {
+ public:
+  explicit KeepNewestPress(std::vector<int> keep) : keep_(std::move(keep)) {}
+  std::string describe() const override {
+    std::string s;
+    for (int k : keep_) s += (s.empty() ? "" : "/") + std::to_string(k);
+    return "test_keep_newest:keep=" + s;
+  }
+  KnobControl* knobs() override { return this; }
+  void reset() override { clear_knobs(); }
+  void apply(KVCache& cache, const Model&, const Observation&, const Target&) override {
+    if (set_ < 0 && keep_.size() > 1) throw Error("press test_keep_newest: keep lists candidates for the auto-budget");
+    const int keep = set_ >= 0 ? set_ : keep_[0];
+    for (int l = 0; l < cache.n_layer(); ++l)
+      for (int h = 0; h < cache.n_head_kv(); ++h) {
+        Segment& s = cache.seg(l, h);
+        const size_t n = s.size(), m = (n * keep + 99) / 100;
+        std::vector<int32_t> idx;
+        for (size_t i = n - m; i < n; ++i) idx.push_back(static_cast<int32_t>(i));
+        s.retain(idx);
+      }
+  }
+  std::vector<Knob> knob_list() const override { return {{"keep", keep_, keep_, true}}; }
+  bool knobs_per_layer() const override { return false; }
+  void set_knobs(const std::vector<int>& v) override {
+    if (v.size() != 1 || std::find(keep_.begin(), keep_.end(), v[0]) == keep_.end())
+      throw Error("press test_keep_newest: not a listed keep");
+    set_ = v[0];
+  }
+  void set_knobs_per_layer(const std::vector<std::vector<int>>&) override {
+    throw Error("press test_keep_newest: no per-layer knobs");
+  }
+  void clear_knobs() override { set_ = -1; }
+
+ private:
+  std::vector<int> keep_;
+  int set_ = -1;
+};
+
+PressRegistrar keep_newest({"test_keep_newest", "test press: keeps a share of each segment's newest entries",
+                            "none (a test of the auto-budget's knobs)", {{"keep", "100"}},
+                            [](const PressParams& p) -> std::unique_ptr<Press> {
+                              std::vector<int> keep;
+                              for (double v : param_double_list(p, "test_keep_newest", "keep"))
+                                keep.push_back(static_cast<int>(v));
+                              return std::make_unique<KeepNewestPress>(std::move(keep));
+                            }});
+
+TEST(AutoBudget, KnobsOfAnyPressAreSearched) {
+  const std::vector<Token> ctx = story_tokens(200);
+  const std::vector<Token> question = bundled_model().tokenizer().encode(" Lily and Tom played with the ball", false, false);
+  // Each candidate as a plain press; the target between the KL of 50% and of 25% kept makes 50%
+  // the answer whenever keeping less costs more KL.
+  const double kl50 = question_kl("test_keep_newest:keep=50", 0.0, ctx, question);
+  const double kl25 = question_kl("test_keep_newest:keep=25", 0.0, ctx, question);
+  ASSERT_LT(kl50, kl25) << "the test needs keeping less to cost more";
+  RequestOptions o = opts();
+  o.auto_budget.target_kl = 0.5 * (kl50 + kl25);
+  Request req(bundled_model(), make_press("test_keep_newest:keep=100/50/25", 0.0), o);
+  req.set_prompt_tokens(ctx, question);
+  req.prefill();
+  const AutoBudgetReport& ab = req.stats().auto_budget;
+  EXPECT_TRUE(ab.target_met);
+  EXPECT_EQ(req.stats().kv_bytes, bytes_at("test_keep_newest:keep=50", 0.0, ctx));
+  EXPECT_NEAR(ab.probe_kl, kl50, 1e-6 + 1e-4 * kl50);
+  // Without a fidelity target a byte budget cannot compare candidates: an error naming the knob.
+  RequestOptions b = opts();
+  b.auto_budget.kv_budget_bytes = 1 << 20;
+  Request no_target(bundled_model(), make_press("test_keep_newest:keep=100/50", 0.0), b);
+  no_target.set_prompt_tokens(ctx, question);
+  try {
+    no_target.prefill();
+    ADD_FAILURE() << "candidates accepted without a fidelity target";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("several candidates for keep"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
