@@ -213,20 +213,6 @@ void shrink_group(const uint8_t* grp, int n, const std::vector<int>& keep, int h
 }
 }  // namespace
 
-namespace {
-// Decodes the keys of a group of n tokens as stored into keys[n][hd].
-void decode_group_keys(const uint8_t* grp, int n, int hd, int bits, float* keys) {
-  const auto* zero = reinterpret_cast<const uint16_t*>(grp);
-  const auto* step = zero + hd;
-  const uint8_t* codes = grp + static_cast<size_t>(hd) * 4;
-  const size_t cs = code_stride(n, bits);
-  for (int c = 0; c < hd; ++c) {
-    const float z = fp16_to_fp32(zero[c]), s = fp16_to_fp32(step[c]);
-    for (int t = 0; t < n; ++t) keys[static_cast<size_t>(t) * hd + c] = get_code(codes + c * cs, t, bits) * s + z;
-  }
-}
-}  // namespace
-
 void KVStore::compact_groups() {
   // A group at most half full is sparse: its key zero points and steps (4 bytes a channel) cost as
   // much as many tokens' codes, and attention blocks never cross a group. Runs of adjacent sparse
@@ -257,10 +243,8 @@ void KVStore::compact_groups() {
     } else {
       keys.resize(static_cast<size_t>(n) * hd_);
       int t = 0;
-      for (size_t h = g; h < e; ++h) {
-        decode_group_keys(g_.data() + gofs_[h], gn_[h], hd_, bits_, keys.data() + static_cast<size_t>(t) * hd_);
-        t += gn_[h];
-      }
+      for (size_t h = g; h < e; ++h)
+        for (int j = 0; j < gn_[h]; ++j, ++t) group_key(h, j, keys.data() + static_cast<size_t>(t) * hd_);
       const size_t at = ng.size();
       nofs.push_back(at);
       ng.resize(at + group_bytes(n));
