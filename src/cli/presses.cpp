@@ -109,15 +109,20 @@ void add_presses(CLI::App& app, Action& action) {
       if (!json->empty()) {
         nlohmann::ordered_json list = nlohmann::ordered_json::array();
         for (const PressInfo* p : PressRegistry::instance().all()) {
-          nlohmann::ordered_json params = nlohmann::ordered_json::object();
-          for (const auto& pp : p->params) params[pp.name] = pp.default_value;
+          nlohmann::ordered_json params = nlohmann::ordered_json::object(), aliases = nlohmann::ordered_json::object();
+          for (const auto& pp : p->params) {
+            params[pp.name] = pp.default_value;
+            if (!pp.kvpress.empty()) aliases[pp.kvpress] = pp.name;
+          }
           list.push_back({{"name", p->name},
                           {"kind", kind_name(p->kind)},
                           {"summary", p->summary},
                           {"parameters", params},
                           {"default_inner", p->default_inner},
                           {"source", p->source},
-                          {"storable", storable_json(*p)}});
+                          {"storable", storable_json(*p)},
+                          {"kvpress", p->kvpress},
+                          {"kvpress_params", aliases}});
         }
         write_json(*json, nlohmann::ordered_json{{"command", "presses"}, {"presses", list}});
         if (*json == "-") return 0;

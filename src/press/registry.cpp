@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "kvslim/press.h"
 #include "press/authoring.h"
 #include "press/wrappers.h"
-#include "kvslim/press.h"
 
 namespace kvslim {
 

@@ -347,6 +347,16 @@ TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
     ASSERT_EQ(r.rc, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);  // stdout holds only the JSON
     EXPECT_EQ(j["command"], name);
+    if (name != "presses") continue;
+    // kvpress's names of a press, as kvpress's SnapKVPress spells its fields.
+    bool snapkv = false;
+    for (const auto& p : j["presses"])
+      if (p["name"] == "snapkv") {
+        snapkv = true;
+        EXPECT_EQ(p["kvpress"], nlohmann::json::array({"SnapKVPress"}));
+        EXPECT_EQ(p["kvpress_params"], nlohmann::json({{"window_size", "window"}, {"kernel_size", "kernel"}}));
+      }
+    EXPECT_TRUE(snapkv);
   }
   const std::string dir = temp_path("eval");
   Result e = run_cli("eval fidelity -m " + m + " --press knorm --ratios 0.5 --samples 1 --context-tokens 32 " +
