@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvslim/kv_cache.h"
@@ -121,6 +122,8 @@ enum class PressKind {
 /// One parameter of a registered press, declared once with the press: the spec parser, `kvslim
 /// presses`, kvpress's names and the Python classes all read it.
 struct PressParam {
+  PressParam(std::string name_, std::string default_value_, std::string kvpress_ = {})
+      : name(std::move(name_)), default_value(std::move(default_value_)), kvpress(std::move(kvpress_)) {}
   std::string name;           ///< kvslim's key in a spec ("window")
   std::string default_value;  ///< the value when a spec leaves it out ("" = none)
   std::string kvpress;        ///< kvpress's field name where it differs ("window_size"), else ""

@@ -418,8 +418,11 @@ TEST(PressCli, PressesListsEveryPressAndGenerateRejectsBadSpecs) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   EXPECT_EQ(pclose(f), 0);
   // Presses named test_* are registered by this test binary only (test_press_one_file.cpp).
-  for (const PressInfo* p : PressRegistry::instance().all())
-    if (p->name.rfind("test_", 0) != 0) EXPECT_NE(out.find(p->name), std::string::npos) << p->name;
+  for (const PressInfo* p : PressRegistry::instance().all()) {
+    if (p->name.rfind("test_", 0) != 0) {
+      EXPECT_NE(out.find(p->name), std::string::npos) << p->name;
+    }
+  }
   EXPECT_NE(out.find("Spec syntax"), std::string::npos);
   std::string cmd = std::string(KVSLIM_CLI) + " generate -m " + KVSLIM_SOURCE_DIR +
                     "/models/stories260K.gguf -p hi --press 'adakv(snapkv' -n 1 > /dev/null 2>&1";
