@@ -144,7 +144,7 @@ std::string bits_text(const std::vector<int>& b) {
 }
 
 // Throws naming the parameter when `v` is not among the spec's candidates `list`.
-void check(const char* name, int v, const std::vector<int>& list) {
+void check_listed(const char* name, int v, const std::vector<int>& list) {
   if (std::find(list.begin(), list.end(), v) == list.end())
     throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
 }
@@ -218,10 +218,7 @@ class LatentPress : public Press, public KnobControl {
   void set_knobs(const std::vector<int>& v) override {
     if (v.size() != 4)
       throw Error(fmt::format("press latent: a setting needs 4 values (k_bits, v_bits, k_rank, v_rank), got {}", v.size()));
-    check("k_bits", v[0], k_choices_);
-    check("v_bits", v[1], v_choices_);
-    check("k_rank", v[2], k_ranks_);
-    check("v_rank", v[3], v_ranks_);
+    check_setting(v[0], v[1], v[2], v[3]);
     clear_knobs();
     k_set_ = v[0];
     v_set_ = v[1];
@@ -233,12 +230,7 @@ class LatentPress : public Press, public KnobControl {
       throw Error(fmt::format("press latent: per-layer settings need one key and one value width and rank per layer "
                               "(got {} knobs)",
                               s.size()));
-    for (size_t l = 0; l < L; ++l) {
-      check("k_bits", s[0][l], k_choices_);
-      check("v_bits", s[1][l], v_choices_);
-      check("k_rank", s[2][l], k_ranks_);
-      check("v_rank", s[3][l], v_ranks_);
-    }
+    for (size_t l = 0; l < L; ++l) check_setting(s[0][l], s[1][l], s[2][l], s[3][l]);
     clear_knobs();
     k_set_ = s[0].back();
     v_set_ = s[1].back();
@@ -249,6 +241,13 @@ class LatentPress : public Press, public KnobControl {
       kr_layer_ = s[2];
       vr_layer_ = s[3];
     }
+  }
+  // Each value must be one the spec lists.
+  void check_setting(int key_bits, int value_bits, int key_rank, int value_rank) const {
+    check_listed("k_bits", key_bits, k_choices_);
+    check_listed("v_bits", value_bits, v_choices_);
+    check_listed("k_rank", key_rank, k_ranks_);
+    check_listed("v_rank", value_rank, v_ranks_);
   }
   void clear_knobs() override {
     k_set_ = v_set_ = -1;
