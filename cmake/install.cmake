@@ -77,7 +77,7 @@ endif()
 
 # Debian package: one package with everything above, for /usr; the run-time dependencies are the
 # libraries the binaries link (dpkg-shlibdeps, Debian dpkg-dev), the Python module's python3 from
-# the interpreter it was built for, and the headers' nlohmann-json3-dev as a recommendation.
+# the interpreter it was built for. The public headers need only the C++ standard library.
 set(CPACK_PACKAGE_NAME kvslim)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "long-context LLM inference on the CPU with KV-cache compression")
@@ -91,7 +91,6 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "nlohmann-json3-dev")
 # OpenBLAS is loaded by its path at run time (src/kernels/blas_loader.cpp), so dpkg-shlibdeps does not
 # see it: the package names the pthread build, the one the path points at.
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "libopenblas0-pthread")

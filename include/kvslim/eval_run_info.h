@@ -6,8 +6,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace kvslim {
 
 struct RunInfo {
@@ -19,9 +17,9 @@ struct RunInfo {
   uint64_t model_bytes = 0;
   int shard_index = 0, shard_count = 1;
   size_t units = 0;             ///< runs in the whole sweep (all shards)
-  /// The sweep's settings (presses, ratios, lengths, samples, seed, ...): shards merge only when
-  /// these are equal.
-  nlohmann::json config = nlohmann::json::object();
+  /// The sweep's settings (presses, ratios, lengths, samples, seed, ...) as JSON object text, keys
+  /// sorted (sweep_config writes it): shards merge only when these are equal.
+  std::string config = "{}";
   /// Set by `eval merge` and MPI runs: the command lines of the parts a merged result came from.
   std::vector<std::string> merged_from;
 };
@@ -41,8 +39,5 @@ std::string command_line();
 /// Quotes one argument for a POSIX shell when it holds anything but [A-Za-z0-9_./:=,+@%-].
 std::string shell_quote(const std::string& arg);
 
-nlohmann::json to_json(const RunInfo& info);
-/// Throws kvslim::Error naming `what` and the field when a field is missing or mistyped.
-RunInfo run_info_from_json(const nlohmann::json& j, const std::string& what);
 
 }  // namespace kvslim

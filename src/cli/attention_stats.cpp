@@ -13,7 +13,7 @@
 #include "util/text_file.h"
 #include "eval/attention_stats.h"
 #include "kvslim/eval.h"
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 
 namespace kvslim::cli {
 

@@ -23,7 +23,7 @@
 #include "cli/progress.h"
 #include "cli/mpi.h"
 #include "kvslim/eval.h"
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 #include "kvslim/eval_results.h"
 
 namespace kvslim::cli {

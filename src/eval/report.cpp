@@ -1,5 +1,5 @@
 // Records as JSON lines and CSV, summaries, and plots through gnuplot.
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 
 #include <fcntl.h>
 #include <spawn.h>

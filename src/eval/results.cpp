@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/error.h"
+#include "eval/report.h"
 
 namespace kvslim {
 
@@ -521,7 +522,7 @@ SweepResults merge_results(const std::vector<SweepResults>& parts, const std::ve
                               printable(a.kvslim_version)));
     if (b.config != a.config)
       throw Error(fmt::format("merge: {} and {} are different sweeps (settings differ: {} vs {})", ni, n0,
-                              printable(b.config.dump(), 400), printable(a.config.dump(), 400)));
+                              printable(b.config, 400), printable(a.config, 400)));
     if (b.shard_count != a.shard_count || b.units != a.units)
       throw Error(fmt::format("merge: {} is shard {}/{} of {} runs but {} is shard {}/{} of {} runs", ni,
                               b.shard_index, b.shard_count, b.units, n0, a.shard_index, a.shard_count, a.units));

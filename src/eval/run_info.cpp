@@ -1,6 +1,10 @@
 // Provenance of an evaluation run: model hash, version, command line.
 #include "kvslim/eval_run_info.h"
 
+#include <nlohmann/json.hpp>
+
+#include "eval/report.h"
+
 #include <openssl/evp.h>
 
 #include <cstdio>
@@ -85,7 +89,7 @@ nlohmann::json to_json(const RunInfo& r) {
                       {"model_bytes", r.model_bytes},
                       {"shard", fmt::format("{}/{}", r.shard_index, r.shard_count)},
                       {"units", r.units},
-                      {"config", r.config}};
+                      {"config", nlohmann::json::parse(r.config)}};
   if (!r.merged_from.empty()) j["merged_from"] = r.merged_from;
   return j;
 }
@@ -103,7 +107,9 @@ RunInfo run_info_from_json(const nlohmann::json& j, const std::string& what) {
     if (std::sscanf(shard.c_str(), "%d/%d", &r.shard_index, &r.shard_count) != 2)
       throw Error(fmt::format("{}: run record field 'shard' is '{}', expected I/N", what, printable(shard)));
     r.units = j.at("units").get<size_t>();
-    r.config = j.at("config");
+    const nlohmann::json& config = j.at("config");
+    if (!config.is_object()) throw Error(fmt::format("{}: run record field 'config' is not an object", what));
+    r.config = config.dump();
     if (j.contains("merged_from")) r.merged_from = j.at("merged_from").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: bad run record ({})", what, e.what()));

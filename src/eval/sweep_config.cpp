@@ -2,6 +2,10 @@
 // Python binding.
 #include "kvslim/eval_results.h"
 
+#include <nlohmann/json.hpp>
+
+#include "eval/report.h"
+
 namespace kvslim {
 
 namespace {
@@ -29,8 +33,7 @@ nlohmann::json common_config(const std::vector<PressRun>& runs, int samples, uin
 
 }  // namespace
 
-nlohmann::json sweep_config(const std::vector<PressRun>& runs, const FidelitySweep& sweep,
-                            const std::string& text_file) {
+std::string sweep_config(const std::vector<PressRun>& runs, const FidelitySweep& sweep, const std::string& text_file) {
   nlohmann::json c = common_config(runs, sweep.samples, sweep.seed, sweep.run);
   c.update({{"context_tokens", sweep.context_tokens},
             {"continuation_tokens", sweep.continuation_tokens},
@@ -38,10 +41,10 @@ nlohmann::json sweep_config(const std::vector<PressRun>& runs, const FidelitySwe
             {"lmba_tau", sweep.lmba_tau},
             {"text", text_file}});
   if (!text_file.empty()) c["text_sha256"] = sha256_file(text_file);
-  return c;
+  return c.dump();
 }
 
-nlohmann::json sweep_config(const std::vector<PressRun>& runs, const TaskSweep& sweep, const std::string& text_config) {
+std::string sweep_config(const std::vector<PressRun>& runs, const TaskSweep& sweep, const std::string& text_config) {
   nlohmann::json c = common_config(runs, sweep.samples, sweep.seed, sweep.run);
   const RulerOptions& r = sweep.ruler;
   c.update({{"tasks", sweep.tasks},
@@ -62,7 +65,7 @@ nlohmann::json sweep_config(const std::vector<PressRun>& runs, const TaskSweep& 
               {"fwe_alpha", r.fwe_alpha},
               {"fwe_vocab", r.fwe_vocab}}}});
   if (!text_config.empty()) c["text_config_sha256"] = sha256_file(text_config);
-  return c;
+  return c.dump();
 }
 
 }  // namespace kvslim

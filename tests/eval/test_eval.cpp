@@ -11,7 +11,7 @@
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
 #include "kvslim/eval_metrics.h"
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 #include "kvslim/eval_tasks.h"
 
 using namespace kvslim;

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/eval.h"
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 #include "kvslim/model.h"
 
 using namespace kvslim;

@@ -17,7 +17,7 @@
 
 #include "kvslim/error.h"
 #include "kvslim/eval.h"
-#include "kvslim/eval_report.h"
+#include "eval/report.h"
 #include "kvslim/eval_results.h"
 #include "kvslim/eval_run_info.h"
 #include "kvslim/model.h"
@@ -309,11 +309,11 @@ TEST(EvalResults, SweepConfigRecordsEverySetting) {
       {"lmba_tau", 0.8}, {"text", text},
       // FIPS 180-2, appendix B.1: SHA-256("abc").
       {"text_sha256", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}};
-  EXPECT_EQ(sweep_config(runs, f, text), want_f) << sweep_config(runs, f, text).dump();
+  EXPECT_EQ(nlohmann::json::parse(sweep_config(runs, f, text)), want_f) << sweep_config(runs, f, text);
   nlohmann::json no_text = want_f;
   no_text["text"] = "";
   no_text.erase("text_sha256");
-  EXPECT_EQ(sweep_config(runs, f, ""), no_text);
+  EXPECT_EQ(nlohmann::json::parse(sweep_config(runs, f, "")), no_text);
   TaskSweep t;
   t.tasks = {"niah"};
   t.lengths = {100, 200};
@@ -322,7 +322,7 @@ TEST(EvalResults, SweepConfigRecordsEverySetting) {
   t.seed = 9;
   t.run.n_predict = 12;
   t.ruler.multi_keys = 6;
-  const nlohmann::json c = sweep_config(runs, t, "");
+  const nlohmann::json c = nlohmann::json::parse(sweep_config(runs, t, ""));
   EXPECT_EQ(c["tasks"], nlohmann::json({"niah"}));
   EXPECT_EQ(c["lengths"], nlohmann::json({100, 200}));
   EXPECT_EQ(c["depths"], nlohmann::json({0.5}));
@@ -334,10 +334,10 @@ TEST(EvalResults, SweepConfigRecordsEverySetting) {
   EXPECT_EQ(c["ruler"]["multi_keys"], 6);
   EXPECT_EQ(c["ruler"]["vt_hops"], t.ruler.vt_hops);
   EXPECT_EQ(c["cache_type_k"], "f16");
-  EXPECT_EQ(sweep_config(runs, t, text)["text_config_sha256"], want_f["text_sha256"]);
+  EXPECT_EQ(nlohmann::json::parse(sweep_config(runs, t, text))["text_config_sha256"], want_f["text_sha256"]);
   // Settings that differ make different sweeps.
   t.ruler.fwe_vocab += 1;
-  EXPECT_NE(sweep_config(runs, t, ""), c);
+  EXPECT_NE(nlohmann::json::parse(sweep_config(runs, t, "")), c);
   std::filesystem::remove(text);
   EXPECT_THROW(sweep_config(runs, t, "/nonexistent/tasks.json"), Error);
 }
@@ -392,6 +392,18 @@ TEST(EvalResults, RecordsRoundTripThroughJson) {
   }
   EXPECT_THROW(parse_results("{\"kind\": \"task\"}\n", "x"), Error);
   EXPECT_THROW(parse_results("not json\n", "x"), Error);
+  // The run record's settings are an object, kept as its text.
+  EXPECT_EQ(nlohmann::json::parse(back.info.config), nlohmann::json::object());
+  std::string bad = text;
+  const size_t at = bad.find("\"config\":{}");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 300);
+  bad.replace(at, 11, "\"config\":[1]");
+  try {
+    parse_results(bad, "run.jsonl");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'config' is not an object"), std::string::npos) << e.what();
+  }
 }
 
 // Shards of a sweep, merged, are what one process produces (timings aside); merging refuses
@@ -427,7 +439,7 @@ TEST(EvalResults, ShardsMergeIntoTheSingleProcessResult) {
   EXPECT_THROW(merge_results({parts[0], parts[1]}, {"a", "b"}), Error);             // shard 1/3 missing
   EXPECT_THROW(merge_results({parts[0], parts[1], parts[1]}, {"a", "b", "c"}), Error);  // shard 0/3 twice
   SweepResults other = parts[2];
-  other.info.config = {{"seed", 2}};
+  other.info.config = R"({"seed":2})";
   EXPECT_THROW(merge_results({parts[0], parts[1], other}, {"a", "b", "c"}), Error);
   other = parts[2];
   other.info.model_sha256 = "01";
