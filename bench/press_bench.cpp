@@ -22,6 +22,7 @@
 
 #include "kvslim/generate.h"
 #include "press/authoring.h"  // TimedPress wraps a press
+#include "run/prefill.h"
 
 using namespace kvslim;
 
@@ -42,9 +43,9 @@ double wall_seconds() {
 }
 
 /// Forwards to a press and times its observe + apply (wall and process CPU time).
-class TimedPress : public Press {
+class TimedPress : public PressImpl {
  public:
-  explicit TimedPress(std::unique_ptr<Press> p) : p_(std::move(p)) {}
+  explicit TimedPress(std::unique_ptr<PressImpl> p) : p_(std::move(p)) {}
   std::string describe() const override { return p_->describe(); }
   ObservationNeeds needs() const override { return p_->needs(); }
   ObservationNeeds decode_needs() const override { return p_->decode_needs(); }
@@ -71,7 +72,7 @@ class TimedPress : public Press {
       p->cpu += cpu_seconds() - c0;
     }
   };
-  std::unique_ptr<Press> p_;
+  std::unique_ptr<PressImpl> p_;
 };
 
 struct Options {
@@ -107,7 +108,7 @@ struct Run {
 };
 
 Run run_once(const Model& m, const std::string& spec, double ratio, const std::vector<Token>& toks, int chunk) {
-  TimedPress press(make_press(spec, ratio));
+  TimedPress press(make_press_impl(spec, ratio));
   SessionOptions so;
   so.n_ctx = static_cast<int>(toks.size()) + 8;
   Session s(m, so);

@@ -4,7 +4,13 @@ modules before it (or at its own level where the order allows it), directly or t
 header (include/kvslim/) that the module implements.
 
     util -> gguf -> kernels -> kv, tokenizer -> model -> press -> run -> context -> eval, train
-         -> server, cli
+         -> tools -> server -> cli
+
+The front-ends see the engine through narrow doors, checked too: src/cli and src/server include
+only the public headers (include/kvslim/), their own folder's headers, src/server's (the CLI's
+`serve`) and the tools API (src/tools/tools.h); python/src only the public headers; and a public
+header includes only other public headers and the standard library (no nlohmann/json, nothing of
+src/).
 
 `KNOWN` lists the inclusions that still break the order, each with what it waits for; the check fails
 on any other (a new violation) and on a listed one that is gone (so the list only shrinks).
@@ -16,12 +22,16 @@ import re
 import sys
 
 RANK = {"util": 0, "gguf": 1, "kernels": 2, "kv": 3, "tokenizer": 3, "model": 4, "press": 5, "run": 6,
-        "context": 7, "eval": 8, "train": 8, "server": 9, "cli": 10}
+        "context": 7, "eval": 8, "train": 8, "tools": 9, "server": 10, "cli": 11}
+
+# What each front-end may include besides the public headers and its own folder.
+FRONT_ENDS = {"src/cli": ("cli/", "server/", "tools/tools.h"), "src/server": ("server/", "tools/tools.h"),
+              "python/src": ()}
 
 # The module each public header belongs to (the one whose sources implement it).
 PUBLIC = {"error.h": "util", "version.h": "util", "gguf.h": "gguf", "quant.h": "gguf", "threads.h": "kernels",
-          "kv_cache.h": "kv", "kv_latent.h": "kv", "tokenizer.h": "tokenizer", "model.h": "model",
-          "sampling.h": "model", "session.h": "model", "synth.h": "model", "press.h": "press",
+          "tokenizer.h": "tokenizer", "model.h": "model",
+          "sampling.h": "model", "synth.h": "model", "kv_options.h": "kv", "press.h": "press",
           "generate.h": "run", "request.h": "run", "context.h": "context"}
 
 # (including module, included module): why it is still there.
@@ -38,6 +48,34 @@ def module_of_include(target: str):
         return PUBLIC.get(name)
     head = target.split("/")[0]
     return head if head in RANK else None
+
+
+def includes(path: pathlib.Path):
+    for line in path.read_text(errors="replace").splitlines():
+        m = re.match(r'\s*#\s*include\s+([<"])([^">]+)[">]', line)
+        if m:
+            yield m.group(1), m.group(2)
+
+
+def check_doors(root: pathlib.Path) -> int:
+    """The front-ends' and the public headers' include rules; returns the number of violations."""
+    bad = 0
+    for folder, allowed in FRONT_ENDS.items():
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in (".cpp", ".h") or not path.is_file():
+                continue
+            for kind, target in includes(path):
+                if kind == '"' and not target.startswith("kvslim/") and not target.startswith(allowed):
+                    bad += 1
+                    print(f"{path.relative_to(root)} includes {target}: a front-end includes only the public headers, "
+                          f"its own folder and {', '.join(a for a in allowed if a.endswith('.h')) or 'nothing else'}")
+    for path in sorted((root / "include" / "kvslim").glob("*.h")):
+        for kind, target in includes(path):
+            if (kind == '"' and not target.startswith("kvslim/")) or target.startswith("nlohmann/"):
+                bad += 1
+                print(f"{path.relative_to(root)} includes {target}: a public header includes only public headers "
+                      "and the standard library")
+    return bad
 
 
 def main() -> int:
@@ -69,6 +107,7 @@ def main() -> int:
         if key not in found:
             bad += 1
             print(f"{key[0]} no longer includes {key[1]}: drop it from KNOWN in {pathlib.Path(__file__).name}")
+    bad += check_doors(src.resolve().parent)
     if bad == 0:
         print(f"module order holds ({len(KNOWN)} known exceptions)")
     return 1 if bad else 0

@@ -20,7 +20,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/quant_dot.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 #include "run/decode_floor.h"
 
 using namespace kvslim;

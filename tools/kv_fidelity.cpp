@@ -20,7 +20,7 @@
 #include "kvslim/eval.h"
 #include "kvslim/press.h"
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "kvslim/threads.h"
 
 using namespace kvslim;

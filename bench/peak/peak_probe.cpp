@@ -31,7 +31,7 @@
 
 #include "kernels/quant_dot.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "kvslim/threads.h"
 
 using namespace kvslim;

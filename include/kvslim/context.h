@@ -27,9 +27,10 @@
 #include "kvslim/generate.h"
 #include "kvslim/model.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
+
+class KVCache;  // internal (src/kv/cache.h)
 
 /// Version of the context file format this build writes and reads.
 constexpr uint32_t kContextFormatVersion = 2;

@@ -12,9 +12,11 @@
 #include "kvslim/eval_tasks.h"
 #include "kvslim/press.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "kvslim/kv_options.h"
 
 namespace kvslim {
+
+class KVCache;  // internal (src/kv/cache.h); Request::cache() hands it to inspect_end
 
 /// What the cache holds after the context was compressed, measured from the cache.
 struct CacheCheck {

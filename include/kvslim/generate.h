@@ -8,7 +8,6 @@
 #include "kvslim/press.h"
 #include "kvslim/request.h"
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
 
@@ -36,12 +35,5 @@ struct GenerateResult {
 /// sampled. Throws kvslim::Error for an empty context or a prompt longer than the context size.
 GenerateResult generate(const Model& model, Press& press, const GenerateOptions& opt,
                         const std::function<void(const std::string&)>& on_text = nullptr);
-
-/// Prefills `tokens` into `session` and applies `press` (after every `chunk_size` tokens when
-/// > 0, else once at the end), resetting the press first: the prefill half of a Request, for
-/// callers that hold a bare Session (press calibration, tests). Returns the logits of the last
-/// token. `peak_bytes` receives the largest cache size observed.
-std::vector<float> prefill_and_compress(Session& session, Press& press, const std::vector<Token>& tokens,
-                                        int chunk_size, size_t* peak_bytes = nullptr, double* press_seconds = nullptr);
 
 }  // namespace kvslim

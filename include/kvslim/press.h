@@ -21,8 +21,8 @@
 // Limits: kMaxPressSpecLength characters and kMaxPressSpecDepth nested parentheses.
 //
 // This header is what a library user needs: build a press from a spec, list the registry, read
-// what a press describes and reports. Writing a press (observations, layer views, scorers, budget
-// policies, parameter readers, registration) uses src/press/authoring.h.
+// what a press describes and reports. Writing a press (PressImpl, observations, layer views,
+// scorers, budget policies, parameter readers, registration) uses src/press/authoring.h.
 // The --compression-ratio value fills every `ratio` the spec leaves unset; `ratio` after a policy
 // or wrapper sets the ratio of what it wraps.
 #include <functional>
@@ -32,44 +32,25 @@
 #include <utility>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
 #include "kvslim/model.h"
 
 namespace kvslim {
 
-// Declared in src/press/authoring.h, for press authors.
-struct ObservationNeeds;
-struct Observation;
-struct Target;
+// Declared in src/press/authoring.h, for press authors: the interface the runner drives
+// (PressImpl) and the budget policies a registry entry builds.
+class PressImpl;
 class BudgetPolicy;
-class ScorerPress;
-class KnobControl;
 
-/// Base of all presses. A press serves one request at a time; reset() (called by
-/// prefill_and_compress before the first chunk) forgets everything about the previous one.
+/// A press built from a spec (make_press): what a library user describes, reads and hands to a
+/// Request, which owns or borrows it for one request at a time. How a press observes forward
+/// passes and evicts entries is internal (PressImpl, src/press/authoring.h): every press is one,
+/// and only PressImpl derives from Press.
 class Press {
  public:
   virtual ~Press() = default;
-  /// Spec with parameters, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg".
+  /// Spec with parameters, e.g. "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg", which
+  /// make_press() reads back to the same press.
   virtual std::string describe() const = 0;
-  /// What the forward pass must record (or call) during prefill.
-  virtual ObservationNeeds needs() const;
-  /// What the forward pass must record (or call) at each decode step (for after_decode).
-  virtual ObservationNeeds decode_needs() const;
-  /// Compresses `cache` after a prefill step (the whole context, or one chunk of it when prefill
-  /// is chunked): observe(), then apply() toward {ratio(), tokens seen so far}. `obs` holds what
-  /// needs() asked for, recorded over this step's tokens.
-  void compress(KVCache& cache, const Model& model, const Observation& obs);
-  /// Updates per-request state from a forward step (e.g. H2O's accumulated attention). Called
-  /// before any entry of the step is evicted.
-  virtual void observe(const KVCache& cache, const Model& model, const Observation& obs) {}
-  /// Evicts toward `target`.
-  virtual void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) = 0;
-  /// Called after each decode step (the new token's entries are in the cache); decoding presses
-  /// evict here. `obs` holds what decode_needs() asked for. Default: nothing.
-  virtual void after_decode(KVCache& cache, const Model& model, const Observation& obs) {}
-  /// Forgets per-request state.
-  virtual void reset() {}
   /// One line on what the press measured in the current request (e.g. ClusterKV's attention work
   /// saved), printed by `kvslim generate`; "" when it has nothing to add.
   virtual std::string report() const { return {}; }
@@ -81,32 +62,23 @@ class Press {
   /// The fraction of key channels asked to be pruned from every entry (ThinK's key_ratio); 0 for
   /// a press that keeps whole keys. Measured: RequestStats::key_channel_ratio().
   virtual double key_channel_ratio() const { return 0.0; }
-  /// Sets the ratio (wrappers and `outer(...):ratio=` use it). Default: kvslim::Error.
-  virtual void set_ratio(double r);
-  /// Entries per segment apply() leaves from `n` when nothing is protected: what the next press
-  /// of a composition compresses.
-  virtual size_t kept_after(const Target& t) const;
-  /// Entries of segment (layer, kv_head) moved from positions old_pos to new_pos (key
-  /// re-rotation); presses that keep per-entry state keyed by position follow them.
-  virtual void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
-                               const std::vector<int32_t>& new_pos) {}
-  /// Whether after_decode() may evict entries (a decoding policy, the decoding wrapper,
+  /// Whether the press may evict entries while decoding (a decoding policy, the decoding wrapper,
   /// DuoAttention's streaming heads). A decode-time selector cannot be combined with such a press.
   virtual bool evicts_in_decode() const { return false; }
-  /// Whether a decode_needs() hook chooses the entries attention reads (ClusterKV).
+  /// Whether the press chooses the entries attention reads at each decode step (ClusterKV).
   virtual bool selects_in_decode() const { return false; }
   /// Why a cache this press compressed cannot be stored as a context (kvslim/context.h) and
-  /// continued in another request, or "" when it can. Default: a press that evicts or selects
-  /// entries during decode, or observes decode steps, keeps per-request state (accumulated scores,
-  /// clusters, windows) that the stored cache does not carry, so it is refused.
-  virtual std::string storage_refusal() const;
-  /// This press as a scorer (entries kept by score under a budget policy), or nullptr: budget
-  /// policies and wrappers reach their inner press's scores and policy through it.
-  virtual ScorerPress* scorer() { return nullptr; }
-  /// The settings besides the ratio this press lets a caller choose per request (the
-  /// auto-budget's other axes, press/knobs.h: the `latent` press's code bits and ranks), or
-  /// nullptr; a composition gives its first stage's that has them.
-  virtual KnobControl* knobs() { return nullptr; }
+  /// continued in another request, or "" when it can: a press that evicts or selects entries
+  /// during decode, or observes decode steps, keeps per-request state (accumulated scores,
+  /// clusters, windows) that the stored cache does not carry.
+  virtual std::string storage_refusal() const = 0;
+  /// Entries of one (layer, KV head) the press keeps of `n` context entries after one compression
+  /// when nothing is protected (the memory estimate before a run; a composition's stages chain).
+  virtual size_t kept_of(size_t n) const = 0;
+
+ private:
+  Press() = default;
+  friend class PressImpl;
 };
 
 /// Parameters of a press as given on the command line: name -> value text.
@@ -135,10 +107,10 @@ struct PressInfo {
   std::string summary;
   std::string source;  ///< paper and arXiv id
   std::vector<PressParam> params;
-  std::function<std::unique_ptr<Press>(const PressParams&)> make;
+  std::function<std::unique_ptr<PressImpl>(const PressParams&)> make;
   PressKind kind = PressKind::Scorer;
   std::function<std::unique_ptr<BudgetPolicy>(const PressParams&)> make_policy = {};
-  std::function<std::unique_ptr<Press>(const PressParams&, std::unique_ptr<Press> inner)> make_wrapper = {};
+  std::function<std::unique_ptr<PressImpl>(const PressParams&, std::unique_ptr<PressImpl> inner)> make_wrapper = {};
   std::string default_inner = {};  ///< Policy / Wrapper written without parentheses wrap this spec
   /// kvpress's class names for this press ("SnapKVPress"), the first the one `kvslim presses`
   /// shows; empty when kvpress has none.

@@ -23,11 +23,17 @@
 #include <string>
 #include <vector>
 
+#include "kvslim/kv_options.h"
+#include "kvslim/model.h"
 #include "kvslim/press.h"
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
 
 namespace kvslim {
+
+/// A request's KV cache and the session that runs the model over it: internal (src/kv/cache.h,
+/// src/model/session.h). A library user reads what the cache holds from RequestStats.
+class KVCache;
+class Session;
 
 /// Why a request stopped generating.
 enum class FinishReason {
@@ -223,12 +229,14 @@ class Request {
   /// Figures so far; cache figures are final once prefilled.
   const RequestStats& stats() const;
   /// Position of the next token.
-  int32_t position() const { return session_->next_position(); }
+  int32_t position() const;
   const Model& model() const { return model_; }
-  Press& press() { return *press_; }
-  const KVCache& cache() const { return session_->cache(); }
-  Session& session() { return *session_; }
-  const Session& session() const { return *session_; }
+  Press& press();
+  /// The press as the runner drives it (internal: src/press/authoring.h).
+  PressImpl& press_impl() { return *press_; }
+  const KVCache& cache() const;
+  Session& session();
+  const Session& session() const;
   const RequestOptions& options() const { return opt_; }
 
  private:
@@ -239,7 +247,7 @@ class Request {
   friend std::vector<std::exception_ptr> step_batch(const std::vector<Request*>& requests);
   const Model& model_;
   std::unique_ptr<Press> owned_press_;
-  Press* press_;
+  PressImpl* press_;  // every Press is a PressImpl (Press's constructor is private to it)
   RequestOptions opt_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<Sampler> sampler_;

@@ -10,10 +10,8 @@
 #include "cli/commands.h"
 #include "cli/context_size.h"
 #include "cli/options.h"
-#include "util/text_file.h"
-#include "eval/attention_stats.h"
 #include "kvslim/eval.h"
-#include "eval/report.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

@@ -24,12 +24,9 @@
 #include "cli/memory_estimate.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "kernels/quant_dot.h"
-#include "kernels/threads.h"
-#include "kernels/weight_prefetch.h"
-#include "run/decode_floor.h"
 #include "kvslim/press.h"
 #include "kvslim/request.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 
@@ -467,7 +464,7 @@ int run(BenchArgs a) {
           if (first_gen) results.push_back(fill);
           r.press_seconds = fill.press_seconds;
         } else {
-          press->reset();  // no prefill to reset it: decode starts from an empty cache
+          req.press_impl().reset();  // no prefill to reset it: decode starts from an empty cache
         }
         r.kv_bytes = req.cache().bytes();
         if (a.floor) {

@@ -4,7 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "kvslim/kv_cache.h"
+#include "tools/tools.h"
+
 
 namespace kvslim::cli {
 

@@ -13,7 +13,7 @@
 #include "cli/progress.h"
 #include "kvslim/press.h"
 #include "kvslim/context.h"
-#include "util/text_file.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

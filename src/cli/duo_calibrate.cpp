@@ -10,8 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "press/duo_attention.h"
-#include "train/duo_calibrate.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

@@ -13,8 +13,7 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "press/ea_stats.h"
-#include "train/query_stats.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

@@ -14,7 +14,6 @@
 
 #include <fmt/format.h>
 
-#include "util/text_file.h"
 #include "cli/cache_options.h"
 #include "cli/flag_names.h"
 #include "cli/commands.h"
@@ -23,8 +22,8 @@
 #include "cli/progress.h"
 #include "cli/mpi.h"
 #include "kvslim/eval.h"
-#include "eval/report.h"
 #include "kvslim/eval_results.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

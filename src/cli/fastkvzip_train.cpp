@@ -7,13 +7,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "train/fastkvzip_train.h"
-#include "train/kvzap_train.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

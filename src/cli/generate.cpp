@@ -12,13 +12,11 @@
 #include "cli/flag_names.h"
 #include "cli/memory_estimate.h"
 #include "cli/options.h"
-#include "util/clock.h"
-#include "util/text_file.h"
 #include "cli/progress.h"
 #include "kvslim/press.h"
 #include "kvslim/context.h"
 #include "kvslim/generate.h"
-#include "tokenizer/chat_template.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

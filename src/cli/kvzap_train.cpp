@@ -7,11 +7,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
-#include "train/kvzap_train.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 
@@ -107,7 +106,7 @@ int train(const TrainArgs& a, nlohmann::ordered_json& summary) {
   fmt::print("\nsaved        {} ({} surrogate)\n", a.out, chosen.kind_name());
 
   // Achieved ratio on the held-out documents: prefill with the saved surrogate as a press.
-  auto press = make_press(fmt::format("kvzap:surrogate={},threshold={},window={}", a.out, a.threshold, a.window), 0.0);
+  auto press = make_press_impl(fmt::format("kvzap:surrogate={},threshold={},window={}", a.out, a.threshold, a.window), 0.0);
   const std::vector<std::vector<Token>> held_out(docs.begin() + r.train_documents, docs.end());
   const KeptEntries k = kept_entries(*model, *press, held_out);
   fmt::print("threshold    tau {} with a sliding window of {}: compression ratio {:.3f} on the held-out documents "

@@ -9,11 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "press/latent.h"
-#include "train/latent_calibrate.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

@@ -6,14 +6,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "util/text_file.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "train/kvzap_train.h"
-#include "press/lukv.h"
-#include "train/lukv_profile.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

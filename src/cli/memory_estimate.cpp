@@ -1,4 +1,5 @@
 #include "cli/memory_estimate.h"
+#include "tools/tools.h"
 
 #include <sys/resource.h>
 
@@ -10,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "press/authoring.h"
 
 namespace kvslim::cli {
 
@@ -116,7 +116,7 @@ size_t scratch_bytes(const HParams& hp, int n, bool all_logits) {
 size_t kv_entries(const Press* press, size_t context, size_t later, int chunk_size, size_t n_ctx) {
   size_t n = context + later;
   if (press && chunk_size > 0 && context > static_cast<size_t>(chunk_size)) {
-    const size_t kept = std::min(context, press->kept_after(Target{press->ratio(), context}));
+    const size_t kept = std::min(context, press->kept_of(context));
     n = std::max(std::min(context, kept + static_cast<size_t>(chunk_size)), kept + later);
   }
   return n_ctx ? std::min(n, n_ctx) : n;

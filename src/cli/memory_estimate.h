@@ -9,9 +9,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "kvslim/kv_cache.h"
 #include "kvslim/model.h"
 #include "kvslim/press.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

@@ -11,9 +11,7 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/trainer_options.h"
-#include "train/restorekv_train.h"
-#include "util/clock.h"
-#include "util/text_file.h"
+#include "tools/tools.h"
 
 namespace kvslim::cli {
 

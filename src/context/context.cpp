@@ -275,7 +275,7 @@ ContextInfo inspect_image(const uint8_t* data, size_t size, const std::string& l
 }  // namespace context
 
 Context Context::build(const Model& model, std::vector<Token> tokens, const ContextOptions& opt) {
-  std::unique_ptr<Press> press = make_press(opt.press, opt.ratio);
+  std::unique_ptr<PressImpl> press = make_press_impl(opt.press, opt.ratio);
   const std::string why = press->storage_refusal();
   if (!why.empty()) throw Error(fmt::format("press {} cannot be stored as a context: {}", press->describe(), why));
   RequestOptions ro;
@@ -406,7 +406,7 @@ std::unique_ptr<Request> Context::request(const Model& model, std::vector<Token>
   opt.session.kv_quant = s.quant();
   // The press acted when the context was built; storable presses do nothing at decode (see
   // Press::storage_refusal), so the question and the answer run with none.
-  auto req = std::make_unique<Request>(model, make_press("none", 0.0), std::move(opt));
+  auto req = std::make_unique<Request>(model, make_press_impl("none", 0.0), std::move(opt));
   req->set_prompt_cached(d_->tokens, d_->cache, d_->next_position, d_->logits, d_->stats, std::move(question));
   return req;
 }

@@ -7,7 +7,7 @@
 
 #include "kvslim/eval.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "press/mba.h"  // minimum_budget
 
 namespace kvslim {

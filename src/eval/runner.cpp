@@ -214,7 +214,7 @@ FidelityReference fidelity_reference(const Model& model, std::vector<Token> pref
   ref.n_vocab = model.hparams().n_vocab;
   // The same runner as the compressed run, so the "none" press on the same (unquantized) cache
   // compares bit-identical logits.
-  Request req(model, make_press("none", 0.0), request_options(opt, full_precision(opt.session)));
+  Request req(model, make_press_impl("none", 0.0), request_options(opt, full_precision(opt.session)));
   check_fits(req.session(), prefix.size() + continuation.size(), "fidelity sample (context + continuation)");
   req.set_prompt_tokens(prefix);
   req.prefill();
@@ -295,7 +295,7 @@ std::vector<PressRun> expand_runs(const std::vector<std::string>& presses, const
     for (double r : ratios) {
       check_ratio(r, spec);
       bool ratio_used = false;
-      make_press(spec, r, ratio_used);  // unknown presses and bad parameters fail before any work
+      make_press_impl(spec, r, ratio_used);  // unknown presses and bad parameters fail before any work
       if (!ratio_used) {
         // A budget or threshold press keeps what its own parameters say: one run, not one per ratio
         // with the same result.
@@ -352,7 +352,7 @@ size_t run_task_sweep(const Model& model, const std::vector<PressRun>& runs, con
           for (size_t k = 0; k < runs.size(); ++k) {
             if (unit + k < first || unit + k >= last) continue;
             const PressRun& run = runs[k];
-            auto press = make_press(run.spec, run.ratio);
+            auto press = make_press_impl(run.spec, run.ratio);
             if (progress)
               progress(done, total, fmt::format("{} L={} d={} #{} {} r={:.2f}", task, length, depth, i, run.spec, run.ratio));
             TaskRecord rec;
@@ -383,7 +383,7 @@ std::vector<Token> sample_text(const Model& model, int n, uint64_t seed, const S
   if (start.empty()) throw Error("sampled text: the vocabulary has no BOS to start from; give a text file");
   RequestOptions ro;
   ro.session = session;
-  Request req(model, make_press("none", 0.0), ro);
+  Request req(model, make_press_impl("none", 0.0), ro);
   check_fits(req.session(), static_cast<size_t>(n) + 1, "sampled text");
   std::vector<Token> masked;
   for (Token t = 0; t < model.hparams().n_vocab; ++t)
@@ -444,7 +444,7 @@ size_t run_fidelity_sweep(const Model& model, const std::vector<PressRun>& runs,
     for (size_t k = 0; k < runs.size(); ++k) {
       if (unit + k < first || unit + k >= last) continue;
       const PressRun& run = runs[k];
-      auto press = make_press(run.spec, run.ratio);
+      auto press = make_press_impl(run.spec, run.ratio);
       if (progress) progress(done, total, fmt::format("sample #{} {} r={:.2f}", i, run.spec, run.ratio));
       FidelityRecord rec;
       rec.index = unit + k;

@@ -4,7 +4,7 @@
 // buffer), with an online softmax, so a quantized cache is never expanded to full precision.
 #include <cstdint>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

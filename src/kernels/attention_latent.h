@@ -1,12 +1,12 @@
 #pragma once
-// Attention over a latent segment (see include/kvslim/kv_latent.h) without reconstructing keys
+// Attention over a latent segment (see src/kv/latent.h) without reconstructing keys
 // or values: the query is projected into the key basis (P_k q), scores are dot products with the
 // key codes, the probabilities weight the value codes, and only the weighted sum goes back
 // through the value basis (mean_v + P_v^T sum_j p_j c_j, since the probabilities sum to 1).
 // Exact up to the codes' rounding: the key mean adds the same logit to every entry of a row.
 #include <cstdint>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

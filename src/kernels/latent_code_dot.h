@@ -1,6 +1,6 @@
 #pragma once
 // Products of float vectors with quantized latent codes read as stored (2, 4 or 8 bits, see
-// LatentCodes in include/kvslim/kv_latent.h), without dequantizing them: what attention over a
+// LatentCodes in src/kv/latent.h), without dequantizing them: what attention over a
 // latent segment needs (kernels/attention_latent.cpp).
 //
 // A quantized coordinate is c_ji = o_i + f_i * w_j * (q_ji - qmax), q_ji in [0, 2^bits - 1],
@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvslim/kv_latent.h"
+#include "kv/latent.h"
 
 namespace kvslim::latent_dot {
 

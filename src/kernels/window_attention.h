@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

@@ -12,7 +12,7 @@
 
 #include "kv/codec.h"
 #include "kv/store.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kv/store.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim::kv {
 

@@ -1,5 +1,5 @@
-// Latent bases and latent codes of a segment (see include/kvslim/kv_latent.h).
-#include "kvslim/kv_latent.h"
+// Latent bases and latent codes of a segment (see src/kv/latent.h).
+#include "kv/latent.h"
 
 #include <algorithm>
 #include <array>

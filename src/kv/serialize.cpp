@@ -11,7 +11,7 @@
 
 #include "kv/codec.h"
 #include "kv/store.h"
-#include "kvslim/kv_latent.h"
+#include "kv/latent.h"
 
 namespace kvslim::kv {
 

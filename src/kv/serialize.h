@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kvslim/error.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim::kv {
 

@@ -1,6 +1,6 @@
 #pragma once
 // One storage tier of a KV segment (internal): the row codecs' key tiles and value rows, and with
-// KIVI the quantized token groups before them. Segment (kvslim/kv_cache.h) holds one or two; the
+// KIVI the quantized token groups before them. Segment (src/kv/cache.h) holds one or two; the
 // attention kernel reads them block by block.
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kv/byte_buffer.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

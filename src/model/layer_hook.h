@@ -1,6 +1,6 @@
 #pragma once
 // The one hook from the forward pass to presses (internal: press authors and the runner use it;
-// kvslim/session.h declares the narrow ModelRunner through which a press runs the model).
+// src/model/session.h declares the narrow ModelRunner through which a press runs the model).
 //
 // Session::forward calls a LayerHook at three fixed points of every layer of every batch:
 //   after_qkv          the attention input (RMSNorm applied) and the queries before RoPE
@@ -11,15 +11,15 @@
 // replay) is recorded by small hook classes in src/press/recorders.h; presses with their own
 // per-layer work (Expected Attention's query statistics, KVzap's surrogate, ClusterKV's selection)
 // implement the hook themselves. A press never holds the session: one that must run the model
-// again (KVzip's replay) goes through ModelRunner (kvslim/session.h).
+// again (KVzip's replay) goes through ModelRunner (src/model/session.h).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 namespace kvslim {
 

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

@@ -1,5 +1,5 @@
 // The llama-family forward pass over a per-(layer, KV head) cache.
-#include "kvslim/session.h"
+#include "model/session.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,21 +2,24 @@
 // Writing a press (internal to the library): what the forward pass records for a press
 // (ObservationNeeds, Observation), what a press sees of one layer (LayerView), the step's target,
 // score conventions (kProtected, kPreferred), budget policies, the scorer-press base, parameter
-// readers for factories and registration. kvslim/press.h holds the public part (Press, the
-// registry, make_press).
+// readers for factories and registration, and PressImpl, the interface every press implements.
+// kvslim/press.h holds the public part (Press, the registry, make_press).
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 #include "kvslim/model.h"
 #include "kvslim/press.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 
 namespace kvslim {
+
+class ScorerPress;
+class KnobControl;  // press/knobs.h
 
 /// What a press needs from the forward pass while a step runs. The plain needs are recorded by the
 /// hooks of src/press/recorders.h into an Observation; `hooks` are the press's own (Expected
@@ -95,6 +98,52 @@ struct Target {
   size_t n_for(const Segment& s) const { return per_segment ? s.size() : n_context; }
   /// Entries a segment sized from n keeps: min(n, budget) under a budget, else uniform_keep(n, ratio).
   int keep(size_t n) const;
+};
+
+/// The interface the request runner drives: every press derives from it (a scorer press through
+/// ScorerPress). A press serves one request at a time; reset() (called before the first chunk of a
+/// request) forgets everything about the previous one.
+class PressImpl : public Press {
+ public:
+  /// What the forward pass must record (or call) during prefill.
+  virtual ObservationNeeds needs() const;
+  /// What the forward pass must record (or call) at each decode step (for after_decode).
+  virtual ObservationNeeds decode_needs() const;
+  /// Compresses `cache` after a prefill step (the whole context, or one chunk of it when prefill
+  /// is chunked): observe(), then apply() toward {ratio(), tokens seen so far}. `obs` holds what
+  /// needs() asked for, recorded over this step's tokens.
+  void compress(KVCache& cache, const Model& model, const Observation& obs);
+  /// Updates per-request state from a forward step (e.g. H2O's accumulated attention). Called
+  /// before any entry of the step is evicted.
+  virtual void observe(const KVCache& cache, const Model& model, const Observation& obs) {}
+  /// Evicts toward `target`.
+  virtual void apply(KVCache& cache, const Model& model, const Observation& obs, const Target& target) = 0;
+  /// Called after each decode step (the new token's entries are in the cache); decoding presses
+  /// evict here. `obs` holds what decode_needs() asked for. Default: nothing.
+  virtual void after_decode(KVCache& cache, const Model& model, const Observation& obs) {}
+  /// Forgets per-request state.
+  virtual void reset() {}
+  /// Sets the ratio (wrappers and `outer(...):ratio=` use it). Default: kvslim::Error.
+  virtual void set_ratio(double r);
+  /// Entries per segment apply() leaves from `n` when nothing is protected: what the next press
+  /// of a composition compresses.
+  virtual size_t kept_after(const Target& t) const;
+  /// Press: kept_after({ratio(), n}).
+  size_t kept_of(size_t n) const override;
+  /// Entries of segment (layer, kv_head) moved from positions old_pos to new_pos (key
+  /// re-rotation); presses that keep per-entry state keyed by position follow them.
+  virtual void remap_positions(int layer, int kv_head, const std::vector<int32_t>& old_pos,
+                               const std::vector<int32_t>& new_pos) {}
+  /// Default: a press that evicts or selects entries during decode, or observes decode steps, is
+  /// refused (see Press).
+  std::string storage_refusal() const override;
+  /// This press as a scorer (entries kept by score under a budget policy), or nullptr: budget
+  /// policies and wrappers reach their inner press's scores and policy through it.
+  virtual ScorerPress* scorer() { return nullptr; }
+  /// The settings besides the ratio this press lets a caller choose per request (the
+  /// auto-budget's other axes, press/knobs.h: the `latent` press's code bits and ranks), or
+  /// nullptr; a composition gives its first stage's that has them.
+  virtual KnobControl* knobs() { return nullptr; }
 };
 
 /// What a press sees of one layer when it compresses.
@@ -205,7 +254,7 @@ int count_protected(const std::vector<float>& scores);
 std::vector<int32_t> select_top(const std::vector<float>& scores, int keep);
 
 /// A press defined by a per-layer scorer and a budget policy.
-class ScorerPress : public Press {
+class ScorerPress : public PressImpl {
  public:
   explicit ScorerPress(double ratio, std::unique_ptr<BudgetPolicy> policy = nullptr);
   ScorerPress* scorer() override { return this; }
@@ -252,6 +301,11 @@ class ScorerPress : public Press {
   std::unique_ptr<BudgetPolicy> policy_;
   int decode_steps_ = 0;
 };
+
+/// make_press() for the library's own code and tests: the press as the runner drives it. Throws
+/// kvslim::Error as make_press.
+std::unique_ptr<PressImpl> make_press_impl(const std::string& spec, double ratio);
+std::unique_ptr<PressImpl> make_press_impl(const std::string& spec, double ratio, bool& ratio_used);
 
 /// Registers a press at static-initialization time: `static PressRegistrar r({...});`.
 struct PressRegistrar {

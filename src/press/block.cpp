@@ -77,7 +77,7 @@ PressRegistrar reg([] {
   i.params = {{"block", "128", "block_size"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "keydiff";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const int b = param_int(p, "block", "block");
     if (b < 1) throw Error(fmt::format("press block: block={} must be >= 1", b));
     return std::make_unique<BlockPress>(subset_scorer("block", std::move(inner)), b);

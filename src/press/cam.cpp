@@ -154,7 +154,7 @@ PressRegistrar reg([] {
   i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}, {"merge_budget", "32"}, {"seed", "42"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const int iv = param_int(p, "cam", "interval"), sz = param_int(p, "cam", "size"), mb = param_int(p, "cam", "merge_budget");
     const int seed = param_int(p, "cam", "seed");
     if (iv < 1) throw Error(fmt::format("press cam: interval={} must be >= 1", iv));

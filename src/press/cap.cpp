@@ -168,7 +168,7 @@ PressRegistrar reg([] {
   i.source = "CAPKV, arXiv 2604.25975; reference: kvpress/presses/cap_press.py (CapPress)";
   i.params = {{"ratio", "0"}, {"tau", "5"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"epsilon", "1e-06"},
               {"protect", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const char* n = "cap";
     const int f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");
     const double eps = param_double(p, n, "epsilon"), tau = param_double(p, n, "tau");

@@ -84,7 +84,7 @@ PressRegistrar reg([] {
   i.params = {{"chunk", "1024", "chunk_length"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const int c = param_int(p, "chunk", "chunk");
     if (c < 1) throw Error(fmt::format("press chunk: chunk={} must be >= 1", c));
     return std::make_unique<ChunkPress>(subset_scorer("chunk", std::move(inner)), c);

@@ -15,7 +15,7 @@
 
 #include "kernels/threads.h"
 #include "press/authoring.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 namespace kvslim {
 
@@ -256,7 +256,7 @@ PressRegistrar reg([] {
              "arXiv 2412.03213; reference: github.com/sjtu-zhao-lab/ClusterKV accuracy/cluster_attention.py";
   i.params = {{"ratio", "0"},  {"budget", "0"},      {"sink", "16"}, {"clusters", "400"},
               {"iters", "20"}, {"full_layers", "2"}, {"gqa", "head"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const char* n = "clusterkv";
     int budget = param_int(p, n, "budget"), sink = param_int(p, n, "sink"), clusters = param_int(p, n, "clusters"),
         iters = param_int(p, n, "iters"), full = param_int(p, n, "full_layers");

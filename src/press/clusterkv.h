@@ -30,7 +30,7 @@ void kmeans_cosine(const float* x, int n, int d, int k, int iters, std::vector<i
 /// budget = 0 means floor((1 - ratio) x context entries). Layers below min(`full_layers`,
 /// n_layer - 1) and heads whose budget covers their context attend to everything, so a budget of
 /// at least the sequence length is exactly full attention.
-class ClusterKVPress : public Press, private LayerHook {
+class ClusterKVPress : public PressImpl, private LayerHook {
  public:
   ClusterKVPress(double ratio, int budget, int sink, int clusters, int iters, int full_layers,
                  bool per_query_head = true);

@@ -76,7 +76,7 @@ PressRegistrar reg({"compactor", "blends leverage (geometry) and non-causal chun
                      {"sketch", "48", "sketch_dimension"},
                      {"blending", "ratio"},
                      {"seed", "42"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int s = param_int(p, "compactor", "sink_start"), e = param_int(p, "compactor", "sink_end"),
                                 c = param_int(p, "compactor", "chunk"), k = param_int(p, "compactor", "sketch");
                       if (s < 0 || e < 0)

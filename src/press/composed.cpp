@@ -11,7 +11,7 @@
 
 namespace kvslim {
 
-ComposedPress::ComposedPress(std::vector<std::unique_ptr<Press>> presses) : p_(std::move(presses)) {}
+ComposedPress::ComposedPress(std::vector<std::unique_ptr<PressImpl>> presses) : p_(std::move(presses)) {}
 
 KnobControl* ComposedPress::knobs() {
   for (auto& p : p_)

@@ -111,7 +111,7 @@ PressRegistrar reg([] {
   i.params = {{"alpha", "0.2", "alpha_safeguard"}, {"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     auto* sp = inner->scorer();
     if (!sp) throw Error(fmt::format("press critical_adakv needs a scorer press inside, got '{}'", inner->describe()));
     if (sp->policy().describe() != "uniform")

@@ -83,7 +83,7 @@ PressRegistrar reg([] {
   i.params = {{"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     auto* sp = inner->scorer();
     if (!sp) throw Error(fmt::format("press criticalkv needs a scorer press inside, got '{}'", inner->describe()));
     // CriticalKV splits a ratio-sized budget in two stages; a press that decides by a threshold

@@ -58,7 +58,7 @@ double cross_layer_difference(const KVCache& cache, int l, int src) {
 
 namespace {
 
-class CrossLayerPress : public Press {
+class CrossLayerPress : public PressImpl {
  public:
   CrossLayerPress(std::vector<int> layers, double tol, int n) : layers_(std::move(layers)), tol_(tol), n_(n) {}
   std::string describe() const override {
@@ -120,7 +120,7 @@ PressRegistrar reg([] {
   i.source = "Brandon et al. 2024, Reducing Transformer Key-Value Cache Size with Cross-Layer Attention, arXiv "
              "2405.12981 (CLA, applied after training); MiniCache, arXiv 2405.14366 (adjacent-layer similarity)";
   i.params = {{"layers", ""}, {"n", "0"}, {"tol", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::vector<int> layers;
     const std::string ls = param_str(p, "cla", "layers");
     if (!ls.empty()) {

@@ -2,7 +2,7 @@
 // Cross-layer entry sharing (press `cla`, src/press/cross_layer.cpp): CLA (arXiv 2405.12981)
 // applied after training, layers chosen by the measured difference of their entries (MiniCache,
 // arXiv 2405.14366, observes adjacent layers' similarity).
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

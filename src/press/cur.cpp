@@ -128,7 +128,7 @@ PressRegistrar reg({"cur", "approximate CUR leverage: local-window-normalised ||
                      {"random_projection", "0", "use_random_leverage"},
                      {"seed", "42"},
                      {"protect", "0"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int s = param_int(p, "cur", "n_sink"), w = param_int(p, "cur", "window");
                       if (s < 0) throw Error(fmt::format("press cur: n_sink={} must be >= 0", s));
                       if (w < 1) throw Error(fmt::format("press cur: window={} must be >= 1", w));

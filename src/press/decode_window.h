@@ -20,7 +20,7 @@ void append_decode_window(Observation& buf, const Observation& step, const Model
 /// decode. A subclass writes describe() and after_decode() (and extends reset() / decode_needs() /
 /// remap_positions() with its own state).
 template <typename Inner>
-class DecodeTimeWrapper : public Press {
+class DecodeTimeWrapper : public PressImpl {
  public:
   explicit DecodeTimeWrapper(std::unique_ptr<Inner> inner) : inner_(std::move(inner)) {}
   ObservationNeeds needs() const override { return inner_->needs(); }

@@ -14,9 +14,9 @@
 namespace kvslim {
 namespace {
 
-class DecodingPress : public DecodeTimeWrapper<Press> {
+class DecodingPress : public DecodeTimeWrapper<PressImpl> {
  public:
-  DecodingPress(std::unique_ptr<Press> inner, int interval, int size)
+  DecodingPress(std::unique_ptr<PressImpl> inner, int interval, int size)
       : DecodeTimeWrapper(std::move(inner)), interval_(interval), size_(size) {}
   std::string describe() const override {
     return fmt::format("decoding({}):interval={},size={}", inner_->describe(), interval_, size_);
@@ -53,7 +53,7 @@ PressRegistrar reg([] {
   i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     int iv = param_int(p, "decoding", "interval"), sz = param_int(p, "decoding", "size");
     if (iv < 1) throw Error(fmt::format("press decoding: interval={} must be >= 1", iv));
     if (sz < 0) throw Error(fmt::format("press decoding: size={} must be >= 0", sz));
@@ -88,7 +88,7 @@ PressRegistrar reg_ratio([] {
   i.params = {{"interval", "512", "compression_interval"}, {"ratio", "", "target_compression_ratio"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const PressInfo* d = PressRegistry::instance().find("decoding");
     if (!d) throw Error("press compression_ratio_decoding: decoding is not registered");
     return d->make_wrapper({{"interval", p.at("interval")}, {"size", "0"}}, std::move(inner));

@@ -110,7 +110,7 @@ namespace {
 
 /// Streaming heads keep their first `sink` entries and the entries of the `recent` newest
 /// positions, in prefill and after every decode step; retrieval heads keep everything.
-class DuoAttentionPress : public Press {
+class DuoAttentionPress : public PressImpl {
  public:
   DuoAttentionPress(std::shared_ptr<const DuoLabels> labels, std::string path, double head_ratio, int sink, int recent)
       : labels_(std::move(labels)), path_(std::move(path)), head_ratio_(head_ratio), sink_(sink), recent_(recent) {}
@@ -210,7 +210,7 @@ PressRegistrar reg([] {
              "gates) and kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
   // head_ratio 0 by default: kvpress's head_compression_ratio default (no head streams).
   i.params = {{"labels", ""}, {"head_ratio", "0", "head_compression_ratio"}, {"sink", "0"}, {"recent", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::string path = param_file(p, "duo_attention", "labels");
     double r = param_double(p, "duo_attention", "head_ratio");
     int sink = param_int(p, "duo_attention", "sink"), recent = param_int(p, "duo_attention", "recent");

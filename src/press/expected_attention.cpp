@@ -262,7 +262,7 @@ PressRegistrar reg({"expected_attention",
                     "kvpress/presses/expected_attention_press.py (ExpectedAttentionPress)",
                     {{"ratio", "0"}, {"window", "0"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"covariance", "1", "use_covariance"},
                      {"vnorm", "1", "use_vnorm"}, {"epsilon", "0"}, {"protect", "0"}, {"stats", "", "stats_folder"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const char* n = "expected_attention";
                       int w = param_int(p, n, "window"), f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");
                       int c = param_int(p, n, "covariance"), v = param_int(p, n, "vnorm");

@@ -348,7 +348,7 @@ PressRegistrar reg([] {
              "github.com/Janghyun1230/FastKVzip";
   i.params = {{"ratio", "0"},      {"gates", ""},           {"layerwise", "0"}, {"n_sink", "4"},
               {"window_size", "4096"}, {"window_ratio", "0.02"}, {"protect", "0"}, {"revisit", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const std::string path = param_file(p, "fastkvzip", "gates");
     if (path.empty()) throw Error("press fastkvzip: give gates=FILE (train them with `kvslim fastkvzip-train`)");
     const int n_sink = param_int(p, "fastkvzip", "n_sink"), window = param_int(p, "fastkvzip", "window_size");

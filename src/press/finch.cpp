@@ -100,7 +100,7 @@ PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, no
                     "Corallo & Papotti 2024, FINCH: Prompt-guided Key-Value Cache Compression for Large Language "
                     "Models, TACL (doi 10.1162/tacl_a_00716); reference: kvpress/presses/finch_press.py (FinchPress)",
                     {{"ratio", "0"}, {"window", "0", "window_size"}, {"normalize", "1", "normalize_scores"}, {"chunk", "0", "chunk_length"}, {"rerotate", "1", "rerotate_keys"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int w = param_int(p, "finch", "window"), c = param_int(p, "finch", "chunk");
                       if (w < 1)
                         throw Error(fmt::format("press finch needs window=N >= 1: the number of prompt (question) "
@@ -110,7 +110,7 @@ PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, no
                                                 "the end of the context instead and give window=its token count",
                                                 w));
                       if (c < 0) throw Error(fmt::format("press finch: chunk={} must be >= 0 (0: no chunks)", c));
-                      std::unique_ptr<Press> f = std::make_unique<FinchPress>(param_double(p, "finch", "ratio"), w,
+                      std::unique_ptr<PressImpl> f = std::make_unique<FinchPress>(param_double(p, "finch", "ratio"), w,
                                                                               param_bool(p, "finch", "normalize"), c);
                       if (!param_bool(p, "finch", "rerotate")) return f;
                       const PressInfo* rr = PressRegistry::instance().find("key_rerotation");

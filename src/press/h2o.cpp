@@ -103,7 +103,7 @@ PressRegistrar reg({"h2o", "accumulated attention over all queries (prefill and 
                     "Zhang et al. 2023, H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large "
                     "Language Models, arXiv 2306.14048; reference: github.com/FMInference/H2O (heavy and recent "
                     "budgets equal)",
-                    {{"ratio", "0"}, {"recent", "-1"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                    {{"ratio", "0"}, {"recent", "-1"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int r = param_int(p, "h2o", "recent");
                       if (r < -1)
                         throw Error(fmt::format("press h2o: recent={} must be >= 0 (or -1: half the budget)", r));

@@ -15,9 +15,9 @@
 namespace kvslim {
 namespace {
 
-class KeyRerotationPress : public Press {
+class KeyRerotationPress : public PressImpl {
  public:
-  explicit KeyRerotationPress(std::unique_ptr<Press> inner) : inner_(std::move(inner)) {}
+  explicit KeyRerotationPress(std::unique_ptr<PressImpl> inner) : inner_(std::move(inner)) {}
   std::string describe() const override { return fmt::format("key_rerotation({})", inner_->describe()); }
   ObservationNeeds needs() const override { return inner_->needs(); }
   ObservationNeeds decode_needs() const override { return inner_->decode_needs(); }
@@ -68,7 +68,7 @@ class KeyRerotationPress : public Press {
         inner_->remap_positions(l, h, old, now);
       }
   }
-  std::unique_ptr<Press> inner_;
+  std::unique_ptr<PressImpl> inner_;
 };
 
 PressRegistrar reg([] {
@@ -79,7 +79,7 @@ PressRegistrar reg([] {
   i.source = "kvpress KeyRerotationPress; Xiao et al. 2023 (StreamingLLM) arXiv 2309.17453, FINCH arXiv 2408.00167";
   i.kind = PressKind::Wrapper;
   i.default_inner = "streaming_llm";
-  i.make_wrapper = [](const PressParams&, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams&, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     return std::make_unique<KeyRerotationPress>(std::move(inner));
   };
   return i;

@@ -53,7 +53,7 @@ class KeyDiffPress : public ScorerPress {
 PressRegistrar reg({"keydiff", "evicts keys most similar to the segment's mean key direction",
                     "Park et al. 2025, KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM "
                     "Inference in Resource-Constrained Environments, arXiv 2504.15364",
-                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<KeyDiffPress>(param_double(p, "keydiff", "ratio"));
                     }}, {"KeyDiffPress"});
 

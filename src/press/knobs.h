@@ -1,7 +1,7 @@
 #pragma once
 // Settings a press lets the auto-budget (run/auto_budget.cpp) choose per request beside the
 // compression ratio: each knob is a spec parameter that lists candidate values ("k_bits=8/4").
-// The auto-budget finds a press's knobs through Press::knobs() and knows nothing of what they mean,
+// The auto-budget finds a press's knobs through PressImpl::knobs() and knows nothing of what they mean,
 // only which candidate keeps more (its width) and whether the press takes them per layer.
 #include <string>
 #include <vector>

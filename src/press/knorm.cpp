@@ -33,7 +33,7 @@ class KNormPress : public ScorerPress {
 PressRegistrar reg({"knorm", "evicts the keys with the largest L2 norm",
                     "Devoto et al. 2024, A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression, "
                     "arXiv 2406.11430",
-                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<KNormPress>(param_double(p, "knorm", "ratio"));
                     }}, {"KnormPress"});
 

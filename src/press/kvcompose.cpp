@@ -106,7 +106,7 @@ namespace {
 
 const char* agg_name(ComposeAgg a) { return a == ComposeAgg::Max ? "max" : "mean"; }
 
-class KVComposePress : public Press {
+class KVComposePress : public PressImpl {
  public:
   KVComposePress(double ratio, KVComposeOptions opt) : ratio_(ratio), opt_(opt) { check_ratio(ratio, "kvcompose"); }
   std::string describe() const override {
@@ -290,7 +290,7 @@ PressRegistrar reg([] {
   i.params = {{"ratio", "0"},        {"structured", "1"}, {"agg_task", "max"},
               {"agg_group", "mean"}, {"agg_head", "mean"}, {"add_v_norm", "0"},
               {"add_mean_across_heads", "1"}, {"keep_token_lower_bound", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     KVComposeOptions o;
     o.structured = param_bool(p, "kvcompose", "structured");
     o.agg_task = parse_agg(p, "agg_task");

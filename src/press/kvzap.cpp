@@ -219,7 +219,7 @@ PressRegistrar reg([] {
               "outside a sliding window, in prefill and decode)";
   i.source = "Jegou et al. 2026, KVzap: Fast, Adaptive, and Faithful KV Cache Pruning, arXiv 2601.07891";
   i.params = {{"surrogate", ""}, {"threshold", "-4"}, {"window", "128"}, {"decoding", "1"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::string path = param_file(p, "kvzap", "surrogate");
     double tau = param_double(p, "kvzap", "threshold");
     int window = param_int(p, "kvzap", "window"), dec = param_int(p, "kvzap", "decoding");

@@ -365,7 +365,7 @@ PressRegistrar reg([] {
              "2505.23416 (KVzip+: arXiv 2601.07891); reference: kvpress/presses/kvzip_press.py (KVzipPress, "
              "kvzip_plus_normalization=False by default)";
   i.params = {{"ratio", "0"}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     KVzipOptions o;
     o.chunk = param_int(p, "kvzip", "chunk");
     o.n_sink = param_int(p, "kvzip", "n_sink");

@@ -88,7 +88,7 @@ PressRegistrar reg({"lagkv", "lag-relative scores: each partition normalised by 
                     "Liang et al. 2025, LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are "
                     "Important, arXiv 2504.04704; reference: kvpress/presses/lagkv_press.py (LagKVPress)",
                     {{"ratio", "0"}, {"n_sink", "4"}, {"lag", "128", "lag_size"}, {"cross_scoring", "0"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int s = param_int(p, "lagkv", "n_sink"), lag = param_int(p, "lagkv", "lag");
                       if (s < 0) throw Error(fmt::format("press lagkv: n_sink={} must be >= 0", s));
                       if (lag < 2) throw Error(fmt::format("press lagkv: lag={} must be >= 2", lag));

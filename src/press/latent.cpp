@@ -2,7 +2,7 @@
 // (Palu, Chang et al., arXiv 2407.21118), the bases either computed per request from the
 // context's own keys and values (xKV, Chang et al., arXiv 2503.18893: SVD of the prefill KV) or
 // loaded from a calibration file (kvslim latent-calibrate). Keys are projected after RoPE, so
-// attention absorbs the key basis into the query (kv_latent.h). Codes may be quantized (k_bits,
+// attention absorbs the key basis into the query (kv/latent.h). Codes may be quantized (k_bits,
 // v_bits), and any eviction press composes with it: "snapkv+latent" evicts, then projects what
 // is left.
 #include "press/latent.h"
@@ -149,7 +149,7 @@ void check_listed(const char* name, int v, const std::vector<int>& list) {
     throw Error(fmt::format("press latent: {} {} is not among {}={}", name, v, name, bits_text(list)));
 }
 
-class LatentPress : public Press, public KnobControl {
+class LatentPress : public PressImpl, public KnobControl {
  public:
   LatentPress(std::vector<int> k_ranks, std::vector<int> v_ranks, double energy, std::vector<int> k_bits,
               std::vector<int> v_bits, LatentScales scales, std::string file, double share, int share_max,
@@ -426,7 +426,7 @@ PressRegistrar reg([] {
              "(cross-layer bases), arXiv 2503.18893";
   i.params = {{"k_rank", "0"}, {"v_rank", "0"}, {"energy", "0.99"}, {"k_bits", "0"}, {"v_bits", "0"},
               {"scales", "channel"}, {"file", ""}, {"share", "off"}, {"share_max", "0"}, {"per_layer", "0"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::vector<int> kranks = checked_ranks(p, "k_rank"), vranks = checked_ranks(p, "v_rank");
     const int kr = kranks[0], vr = vranks[0];
     const double en = param_double(p, "latent", "energy");

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kvslim/kv_latent.h"
+#include "kv/latent.h"
 #include "kvslim/model.h"
 
 namespace kvslim {

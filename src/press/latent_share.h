@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kvslim/kv_latent.h"
+#include "kv/latent.h"
 
 namespace kvslim {
 

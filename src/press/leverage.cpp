@@ -42,7 +42,7 @@ PressRegistrar reg({"leverage", "approximate leverage of the pre-RoPE keys (Comp
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: kvpress/presses/leverage_press.py "
                     "(LeverageScorePress)",
                     {{"ratio", "0"}, {"sketch", "48", "sketch_dimension"}, {"seed", "42"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int k = param_int(p, "leverage", "sketch");
                       if (k < 1) throw Error(fmt::format("press leverage: sketch={} must be >= 1", k));
                       return std::make_unique<LeveragePress>(param_double(p, "leverage", "ratio"), k,

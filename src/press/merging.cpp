@@ -132,7 +132,7 @@ PressRegistrar reg([] {
   i.params = {{"similarity_threshold", "0"}, {"merge_fraction", "1"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const double t = param_double(p, "merging", "similarity_threshold"), f = param_double(p, "merging", "merge_fraction");
     if (!(t >= 0 && t <= 1)) throw Error(fmt::format("press merging: similarity_threshold={} must be in [0, 1]", t));
     if (!(f > 0 && f <= 1)) throw Error(fmt::format("press merging: merge_fraction={} must be in (0, 1]", f));

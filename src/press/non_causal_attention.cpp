@@ -42,7 +42,7 @@ PressRegistrar reg({"non_causal_attention", "attention received within non-causa
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: "
                     "kvpress/presses/non_causal_attention_press.py (NonCausalAttnPress)",
                     {{"ratio", "0"}, {"chunk", "256", "chunk_size"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int c = param_int(p, "non_causal_attention", "chunk");
                       if (c < 1) throw Error(fmt::format("press non_causal_attention: chunk={} must be >= 1", c));
                       return std::make_unique<NonCausalAttentionPress>(

@@ -4,7 +4,7 @@
 namespace kvslim {
 namespace {
 
-class NonePress : public Press {
+class NonePress : public PressImpl {
  public:
   std::string describe() const override { return "none"; }
   void apply(KVCache&, const Model&, const Observation&, const Target&) override {}

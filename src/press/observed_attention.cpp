@@ -48,7 +48,7 @@ class ObservedAttentionPress : public ScorerPress {
 
 PressRegistrar reg({"observed_attention", "mean attention received per query that sees the entry",
                     "kvpress ObservedAttentionPress; related to H2O, Zhang et al. 2023, arXiv 2306.14048",
-                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<Press> {
+                    {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<ObservedAttentionPress>(param_double(p, "observed_attention", "ratio"));
                     }}, {"ObservedAttentionPress"});
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 
@@ -24,7 +24,7 @@ class PositionScores {
   /// Forgets the scores of entries no longer in `cache` (after the press evicted): later chunks
   /// then compete with the kept entries only.
   void prune(const KVCache& cache);
-  /// Press::remap_positions: the score of old_pos[i] moves to new_pos[i]; scores at positions not
+  /// PressImpl::remap_positions: the score of old_pos[i] moves to new_pos[i]; scores at positions not
   /// in old_pos are dropped.
   void remap(int layer, int kv_head, const std::vector<int32_t>& old_pos, const std::vector<int32_t>& new_pos);
 

@@ -56,9 +56,9 @@ void apply_precision_tiers(Segment& seg, const std::vector<float>& scores, int n
 
 namespace {
 
-class PrecisionTiersPress : public Press {
+class PrecisionTiersPress : public PressImpl {
  public:
-  PrecisionTiersPress(std::unique_ptr<Press> inner, double low, KVCodec k_low, KVCodec v_low, double mass,
+  PrecisionTiersPress(std::unique_ptr<PressImpl> inner, double low, KVCodec k_low, KVCodec v_low, double mass,
                       double mass_high)
       : inner_(std::move(inner)), low_(low), k_low_(k_low), v_low_(v_low), mass_(mass), mass_high_(mass_high) {
     scorer_ = inner_->scorer();
@@ -143,7 +143,7 @@ class PrecisionTiersPress : public Press {
   }
 
  private:
-  std::unique_ptr<Press> inner_;
+  std::unique_ptr<PressImpl> inner_;
   ScorerPress* scorer_ = nullptr;
   double low_;
   KVCodec k_low_, v_low_;
@@ -160,7 +160,7 @@ PressRegistrar reg([] {
   i.params = {{"low", "0.5"}, {"k_low", "q8_0"}, {"v_low", "q4_0"}, {"mass", "0"}, {"mass_high", "0.9"}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
-  i.make_wrapper = [](const PressParams& p, std::unique_ptr<Press> inner) -> std::unique_ptr<Press> {
+  i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const double low = param_double(p, "leankv", "low");
     if (!(low >= 0.0 && low <= 1.0)) throw Error(fmt::format("press leankv: low={} must be in [0, 1]", low));
     KVCodec k, v;

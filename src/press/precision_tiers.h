@@ -4,7 +4,7 @@
 // business; the cache only stores the kept entries and their tier (Segment::retain_tiered).
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 

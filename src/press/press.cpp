@@ -92,16 +92,16 @@ int Target::keep(size_t n) const {
 
 int32_t cache_next_position(const KVCache& cache) { return cache.next_position(); }
 
-void Press::compress(KVCache& cache, const Model& model, const Observation& obs) {
+void PressImpl::compress(KVCache& cache, const Model& model, const Observation& obs) {
   Target t{ratio(), static_cast<size_t>(cache_next_position(cache))};
   observe(cache, model, obs);
   apply(cache, model, obs, t);
 }
 
-ObservationNeeds Press::needs() const { return {}; }
-ObservationNeeds Press::decode_needs() const { return {}; }
+ObservationNeeds PressImpl::needs() const { return {}; }
+ObservationNeeds PressImpl::decode_needs() const { return {}; }
 
-std::string Press::storage_refusal() const {
+std::string PressImpl::storage_refusal() const {
   if (evicts_in_decode())
     return "it evicts entries during decode with state kept from the prefill (accumulated scores or a decode "
            "window), which a stored context does not carry";
@@ -114,11 +114,13 @@ std::string Press::storage_refusal() const {
   return {};
 }
 
-void Press::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
+void PressImpl::set_ratio(double) { throw Error(fmt::format("press {} has no compression ratio to set", describe())); }
 
-size_t Press::kept_after(const Target& t) const {
+size_t PressImpl::kept_after(const Target& t) const {
   return ratio() > 0 ? static_cast<size_t>(uniform_keep(t.n_context, ratio())) : t.n_context;
 }
+
+size_t PressImpl::kept_of(size_t n) const { return kept_after(Target{ratio(), n}); }
 
 ObservationNeeds merge_needs(const ObservationNeeds& a, const ObservationNeeds& b) {
   ObservationNeeds r = a;

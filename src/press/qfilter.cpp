@@ -56,7 +56,7 @@ PressRegistrar reg({"qfilter", "keeps the keys that project most on the queries'
                     "2503.02812; reference: kvpress/presses/qfilter_press.py (QFilterPress); filters from kvslim "
                     "qfilter-calibrate",
                     {{"ratio", "0"}, {"filters", ""}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const std::string path = param_file(p, "qfilter", "filters");
                       if (path.empty())
                         throw Error("press qfilter needs filters=FILE.gguf (compute them on your model with `kvslim "

@@ -38,7 +38,7 @@ class RandomPress : public ScorerPress {
 
 PressRegistrar reg({"random", "random scores (baseline); deterministic for a seed",
                     "kvpress RandomPress (baseline)", {{"ratio", "0"}, {"seed", "42"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int seed = param_int(p, "random", "seed");
                       return std::make_unique<RandomPress>(param_double(p, "random", "ratio"),
                                                            static_cast<uint64_t>(seed));

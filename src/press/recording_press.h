@@ -8,7 +8,7 @@
 
 namespace kvslim {
 
-class RecordingPress : public Press {
+class RecordingPress : public PressImpl {
  public:
   /// Records what `needs` asks (e.g. the queries of the last `window` tokens).
   explicit RecordingPress(ObservationNeeds needs) : needs_(std::move(needs)) {}

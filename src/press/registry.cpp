@@ -191,11 +191,11 @@ const PressInfo* listed_press(const std::string& spec, const std::string& whole)
   return nullptr;
 }
 
-std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used);
+std::unique_ptr<PressImpl> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used);
 
 /// `ratio_used` is set when the built press keeps its entries by `ratio` (the caller's ratio, not
 /// one written in the spec).
-std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const std::string& whole, bool& ratio_used) {
+std::unique_ptr<PressImpl> build_term(const std::string& spec, double ratio, const std::string& whole, bool& ratio_used) {
   if (spec.empty()) throw Error(fmt::format("press spec '{}': empty press name", whole));
   size_t p = spec.find_first_of("(:");
   std::string name = trim(spec.substr(0, p));
@@ -266,7 +266,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
       check_ratio(param_double(params, name, "ratio"), name);
       refuse_ratio_with_budget(param_double(params, name, "ratio"));
     }
-    std::unique_ptr<Press> press = info->make(params);
+    std::unique_ptr<PressImpl> press = info->make(params);
     if (budget > 0) {
       auto* sp = press->scorer();
       if (!sp) throw Error(fmt::format("press {} does not keep entries by score, so it takes no budget", name));
@@ -304,7 +304,7 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   take_budget();
   bool inner_used = false;
   // Under the policy's budget the caller's ratio does not fill the inner press's.
-  std::unique_ptr<Press> inner = build(inner_spec, budget > 0 ? 0.0 : ratio, whole, inner_used);
+  std::unique_ptr<PressImpl> inner = build(inner_spec, budget > 0 ? 0.0 : ratio, whole, inner_used);
   if (given.count("ratio")) {
     inner_used = false;  // the spec's own ratio replaces the caller's
     double r = param_double(params, name, "ratio");
@@ -340,10 +340,10 @@ std::unique_ptr<Press> build_term(const std::string& spec, double ratio, const s
   return info->make_wrapper(params, std::move(inner));
 }
 
-std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used) {
+std::unique_ptr<PressImpl> build(const std::string& spec_in, double ratio, const std::string& whole, bool& ratio_used) {
   std::vector<std::string> parts = split_top(trim(spec_in), '+', whole);
   if (parts.size() == 1) return build_term(parts[0], ratio, whole, ratio_used);
-  std::vector<std::unique_ptr<Press>> presses;
+  std::vector<std::unique_ptr<PressImpl>> presses;
   for (const auto& part : parts) presses.push_back(build_term(part, ratio, whole, ratio_used));
   // A decode-time selector indexes the entries present when decoding starts; a press that evicts
   // during decode would leave it pointing at entries that no longer exist.
@@ -372,12 +372,18 @@ std::unique_ptr<Press> build(const std::string& spec_in, double ratio, const std
 
 }  // namespace
 
-std::unique_ptr<Press> make_press(const std::string& spec, double ratio) {
+std::unique_ptr<PressImpl> make_press_impl(const std::string& spec, double ratio) {
   bool ratio_used = false;
-  return make_press(spec, ratio, ratio_used);
+  return make_press_impl(spec, ratio, ratio_used);
 }
 
+std::unique_ptr<Press> make_press(const std::string& spec, double ratio) { return make_press_impl(spec, ratio); }
+
 std::unique_ptr<Press> make_press(const std::string& spec, double ratio, bool& ratio_used) {
+  return make_press_impl(spec, ratio, ratio_used);
+}
+
+std::unique_ptr<PressImpl> make_press_impl(const std::string& spec, double ratio, bool& ratio_used) {
   ratio_used = false;
   if (!(ratio >= 0.0 && ratio < 1.0))
     throw Error(fmt::format("press spec '{}': compression ratio {} is outside [0, 1)", printable(spec, 200), ratio));
@@ -400,7 +406,7 @@ std::unique_ptr<Press> make_press(const std::string& spec, double ratio, bool& r
 void check_ratio_used(const std::string& spec, double ratio, const std::string& what) {
   if (ratio <= 0.0) return;
   bool used = false;
-  make_press(spec, ratio, used);
+  make_press_impl(spec, ratio, used);
   check_ratio_used(spec, ratio, used, what);
 }
 

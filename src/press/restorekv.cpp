@@ -131,7 +131,7 @@ class RestoreKVPress : public KVzipPress {
 
 }  // namespace
 
-std::unique_ptr<Press> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
+std::unique_ptr<PressImpl> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
                                             const std::string& name) {
   check_ratio(ratio, "restorekv");
   KVzipOptions o;
@@ -151,7 +151,7 @@ PressRegistrar reg([] {
   i.source = "RestoreKV, arXiv 2608.01247; reference: kvpress/presses/restorekv_press.py (RestoreKVPress, a "
              "subclass of KVzipPress)";
   i.params = {{"ratio", "0"}, {"file", ""}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const std::string path = param_file(p, "restorekv", "file");
     if (path.empty())
       throw Error("press restorekv: give file=FILE.gguf (the restore embeddings and LoRA adapter for this model)");

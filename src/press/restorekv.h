@@ -47,7 +47,7 @@ struct RestoreKVWeights {
 
 /// The `restorekv` press over weights already in memory (the trainer's student; `name` stands
 /// for the file in describe()). n_sink 4, chunk 2048, plain KVzip, as the registry's defaults.
-std::unique_ptr<Press> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
+std::unique_ptr<PressImpl> make_restorekv_press(double ratio, std::shared_ptr<const RestoreKVWeights> w,
                                             const std::string& name);
 
 }  // namespace kvslim

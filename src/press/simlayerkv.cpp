@@ -21,7 +21,7 @@
 namespace kvslim {
 namespace {
 
-class SimLayerKVPress : public Press {
+class SimLayerKVPress : public PressImpl {
  public:
   SimLayerKVPress(double threshold, int n_last, int n_recent, int n_initial)
       : thr_(threshold), n_last_(n_last), n_recent_(n_recent), n_initial_(n_initial) {}
@@ -99,7 +99,7 @@ PressRegistrar reg({"simlayerkv", "lazy layers (attention on the first and recen
                     "Zhang et al. 2024, SimLayerKV: A Simple Framework for Layer-Level KV Cache Reduction, arXiv "
                     "2410.13846; reference: kvpress/presses/simlayerkv_press.py (SimLayerKVPress)",
                     {{"lazy_threshold", "1"}, {"n_last", "1"}, {"n_recent", "1024"}, {"n_initial", "4"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const double t = param_double(p, "simlayerkv", "lazy_threshold");
                       const int last = param_int(p, "simlayerkv", "n_last"),
                                 recent = param_int(p, "simlayerkv", "n_recent"),

@@ -70,7 +70,7 @@ PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged ov
                     "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation, arXiv 2404.14469; "
                     "reference: kvpress/presses/snapkv_press.py (SnapKVPress)",
                     {{"ratio", "0"}, {"window", "64", "window_size"}, {"kernel", "5", "kernel_size"}, {"pooling", "avg"}, {"protect", "0"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int w = param_int(p, "snapkv", "window"), k = param_int(p, "snapkv", "kernel");
                       std::string pool = param_str(p, "snapkv", "pooling");
                       if (w < 1) throw Error(fmt::format("press snapkv: window={} must be >= 1", w));

@@ -21,7 +21,7 @@ KVCache sub_cache(const KVCache& cache, const SegmentIndices& idx) {
   return out;
 }
 
-std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::unique_ptr<Press> inner) {
+std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::unique_ptr<PressImpl> inner) {
   auto* sp = inner->scorer();
   if (!sp) throw Error(fmt::format("press {} needs a scorer press inside, got '{}'", wrapper, inner->describe()));
   if (sp->policy().describe() != "uniform")

@@ -17,7 +17,7 @@ KVCache sub_cache(const KVCache& cache, const SegmentIndices& idx);
 
 /// Base of a wrapper that scores with an inner scorer press (uniform policy) on parts of the cache:
 /// forwards the observation request, per-request state and the ratio to it.
-class SubsetScoringPress : public Press {
+class SubsetScoringPress : public PressImpl {
  public:
   explicit SubsetScoringPress(std::unique_ptr<ScorerPress> inner) : inner_(std::move(inner)) {}
   ObservationNeeds needs() const override { return inner_->needs(); }
@@ -37,6 +37,6 @@ class SubsetScoringPress : public Press {
 /// Checks that `inner` can be scored on parts of the cache (a scorer press under the uniform
 /// policy that keeps no per-entry state) and returns it as a ScorerPress; kvslim::Error naming
 /// `wrapper` otherwise.
-std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::unique_ptr<Press> inner);
+std::unique_ptr<ScorerPress> subset_scorer(const std::string& wrapper, std::unique_ptr<PressImpl> inner);
 
 }  // namespace kvslim

@@ -3,7 +3,7 @@
 // d scores mean_window,group(q_d^2) * mean_entries(k_d^2) and the floor(head_dim * key_ratio)
 // lowest-scoring channels are pruned.
 // kvpress zeroes the pruned channels (no memory saved); here the segment stores only the kept
-// channels (a selection basis, kv_latent.h), so the bytes really go down, and entries appended
+// channels (a selection basis, kv/latent.h), so the bytes really go down, and entries appended
 // later (question, decode) are stored with the same channels. Values keep their precision.
 #include <algorithm>
 #include <cmath>
@@ -29,7 +29,7 @@ int bits_like(KVCodec c, const KVQuantOptions& q) {
   }
 }
 
-class ThinKPress : public Press {
+class ThinKPress : public PressImpl {
  public:
   ThinKPress(double key_ratio, int window) : key_ratio_(key_ratio), window_(window) {}
   std::string describe() const override { return fmt::format("think:key_ratio={},window={}", key_ratio_, window_); }
@@ -100,7 +100,7 @@ PressRegistrar reg([] {
               "the pruned channels' bytes are freed";
   i.source = "Xu et al. 2024, ThinK: Thinner Key Cache by Query-Driven Pruning, arXiv 2407.21018";
   i.params = {{"key_ratio", "0.5", "key_channel_compression_ratio"}, {"window", "32", "window_size"}};
-  i.make = [](const PressParams& p) -> std::unique_ptr<Press> {
+  i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const double r = param_double(p, "think", "key_ratio");
     if (!(r >= 0.0 && r < 1.0)) throw Error(fmt::format("press think: key_ratio={} must be in [0, 1)", r));
     const int w = param_int(p, "think", "window");

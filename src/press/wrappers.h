@@ -8,9 +8,9 @@
 namespace kvslim {
 
 /// "a+b+...": see composed.cpp.
-class ComposedPress : public Press {
+class ComposedPress : public PressImpl {
  public:
-  explicit ComposedPress(std::vector<std::unique_ptr<Press>> presses);
+  explicit ComposedPress(std::vector<std::unique_ptr<PressImpl>> presses);
   std::string describe() const override;
   /// The stages' reports that are not empty, joined by "; ".
   std::string report() const override;
@@ -35,7 +35,7 @@ class ComposedPress : public Press {
   KnobControl* knobs() override;
 
  private:
-  std::vector<std::unique_ptr<Press>> p_;
+  std::vector<std::unique_ptr<PressImpl>> p_;
 };
 
 }  // namespace kvslim

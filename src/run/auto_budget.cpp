@@ -34,7 +34,7 @@ struct Trial {
 
 }  // namespace
 
-std::vector<float> prefill_auto_budget(Session& session, Press& press, const std::vector<Token>& context,
+std::vector<float> prefill_auto_budget(Session& session, PressImpl& press, const std::vector<Token>& context,
                                        const std::vector<Token>& question, const AutoBudget& opt,
                                        AutoBudgetReport& report, size_t* peak_bytes, double* press_seconds) {
   check_options(opt);

@@ -5,7 +5,7 @@
 
 #include "kvslim/press.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 namespace kvslim::run {
 
@@ -17,7 +17,7 @@ namespace kvslim::run {
 /// compression time of every trial to `press_seconds`.
 /// Throws kvslim::Error for invalid options, a press without a compression ratio, or a context
 /// too short to hold out a probe.
-std::vector<float> prefill_auto_budget(Session& session, Press& press, const std::vector<Token>& context,
+std::vector<float> prefill_auto_budget(Session& session, PressImpl& press, const std::vector<Token>& context,
                                        const std::vector<Token>& question, const AutoBudget& opt,
                                        AutoBudgetReport& report, size_t* peak_bytes, double* press_seconds);
 

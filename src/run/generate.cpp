@@ -2,11 +2,12 @@
 
 #include <algorithm>
 
+#include "run/prefill.h"
 #include "run/steps.h"
 
 namespace kvslim {
 
-std::vector<float> prefill_and_compress(Session& session, Press& press, const std::vector<Token>& tokens,
+std::vector<float> prefill_and_compress(Session& session, PressImpl& press, const std::vector<Token>& tokens,
                                         int chunk_size, size_t* peak_bytes, double* press_seconds) {
   press.reset();
   const size_t step = chunk_size > 0 ? static_cast<size_t>(chunk_size) : tokens.size();

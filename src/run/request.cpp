@@ -13,7 +13,7 @@ namespace kvslim {
 
 namespace run {
 
-std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
+std::vector<float> prefill_chunk(Session& session, PressImpl& press, const Token* tokens, size_t n, size_t* peak_bytes,
                                  double* press_seconds, int32_t context_end) {
   Observation obs;
   std::vector<float> logits = run_observed(session, std::vector<Token>(tokens, tokens + n), press.needs(), obs);
@@ -25,7 +25,7 @@ std::vector<float> prefill_chunk(Session& session, Press& press, const Token* to
   return logits;
 }
 
-std::vector<float> decode_step(Session& session, Press& press, Token token) {
+std::vector<float> decode_step(Session& session, PressImpl& press, Token token) {
   Observation obs;
   std::vector<float> logits = run_observed(session, {token}, press.decode_needs(), obs);
   press.after_decode(session.cache(), session.model(), obs);
@@ -53,19 +53,28 @@ double RequestStats::decode_tps() const {
   return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0.0;
 }
 
+// The static_casts hold because Press's only derived class is PressImpl (its constructor is private
+// to it), so every Press a caller holds is a PressImpl.
 Request::Request(const Model& model, Press& press, RequestOptions opt)
-    : model_(model), press_(&press), opt_(std::move(opt)),
+    : model_(model), press_(static_cast<PressImpl*>(&press)), opt_(std::move(opt)),
       session_(std::make_unique<Session>(model, opt_.session)),
       sampler_(std::make_unique<Sampler>(opt_.sampling)) {}
 
 Request::Request(const Model& model, std::unique_ptr<Press> press, RequestOptions opt)
-    : model_(model), owned_press_(std::move(press)), press_(owned_press_.get()), opt_(std::move(opt)) {
+    : model_(model), owned_press_(std::move(press)), press_(static_cast<PressImpl*>(owned_press_.get())),
+      opt_(std::move(opt)) {
   if (!press_) throw Error("request: no press given (use the \"none\" press for a full cache)");
   session_ = std::make_unique<Session>(model, opt_.session);
   sampler_ = std::make_unique<Sampler>(opt_.sampling);
 }
 
 Request::~Request() = default;
+
+Press& Request::press() { return *press_; }
+int32_t Request::position() const { return session_->next_position(); }
+const KVCache& Request::cache() const { return session_->cache(); }
+Session& Request::session() { return *session_; }
+const Session& Request::session() const { return *session_; }
 
 void Request::set_prompt(const std::string& context, const std::string& question) {
   const Tokenizer& tok = model_.tokenizer();

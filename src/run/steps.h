@@ -8,7 +8,7 @@
 #include "press/authoring.h"
 #include "kvslim/generate.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 namespace kvslim::run {
 
@@ -17,12 +17,12 @@ namespace kvslim::run {
 /// to the cache size before compression; `press_seconds` (optional) accumulates compression time.
 /// `context_end` is the position after the context's last token (Observation::context_end; -1:
 /// unknown).
-std::vector<float> prefill_chunk(Session& session, Press& press, const Token* tokens, size_t n, size_t* peak_bytes,
+std::vector<float> prefill_chunk(Session& session, PressImpl& press, const Token* tokens, size_t n, size_t* peak_bytes,
                                  double* press_seconds, int32_t context_end = -1);
 
 /// The decode step: runs `token` with what press.decode_needs() asks (recorders and the press's own
 /// hooks: decode-time scoring, attention selection), then press.after_decode(). Returns the logits.
-std::vector<float> decode_step(Session& session, Press& press, Token token);
+std::vector<float> decode_step(Session& session, PressImpl& press, Token token);
 
 
 /// Runs `req` to its end, passing each released piece of text to `on_text` (may be empty); returns

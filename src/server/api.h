@@ -10,7 +10,7 @@
 
 #include "kvslim/error.h"
 #include "kvslim/sampling.h"
-#include "tokenizer/chat_template.h"
+#include "tools/tools.h"
 
 namespace kvslim::server {
 

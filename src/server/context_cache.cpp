@@ -1,11 +1,11 @@
 #include "server/context_cache.h"
+#include "tools/tools.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
-#include "util/hash64.h"
 
 namespace kvslim::server {
 

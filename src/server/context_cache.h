@@ -33,6 +33,7 @@
 
 #include "kvslim/context.h"
 #include "server/context_tier.h"
+#include "tools/tools.h"
 
 namespace kvslim::server {
 

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "context/file.h"
 #include "server/context_cache.h"
+#include "tools/tools.h"
 
 namespace kvslim::server {
 

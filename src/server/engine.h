@@ -30,12 +30,11 @@
 #include <thread>
 #include <vector>
 
-#include "press/authoring.h"
 #include "kvslim/context.h"
 #include "kvslim/request.h"
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
 #include "server/api.h"
+#include "tools/tools.h"
 
 namespace kvslim::server {
 

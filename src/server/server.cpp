@@ -22,9 +22,8 @@
 #include "server/context_cache.h"
 #include "server/metrics.h"
 #include "server/peer_socket.h"
-#include "press/param_file.h"
-#include "tokenizer/chat_template.h"
 #include "kvslim/press.h"
+#include "tools/tools.h"
 
 namespace kvslim::server {
 

@@ -13,7 +13,7 @@
 #include "kernels/threads.h"
 #include "press/authoring.h"
 #include "press/kvzip.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "press/recorders.h"
 
 namespace kvslim {

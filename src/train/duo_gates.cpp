@@ -13,7 +13,7 @@
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
 #include "kvslim/quant.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 #include "train/duo_calibrate.h"
 #include "press/recorders.h"

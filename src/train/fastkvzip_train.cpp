@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "kernels/threads.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 #include "train/fastkvzip_train.h"
 

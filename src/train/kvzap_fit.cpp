@@ -11,7 +11,7 @@
 
 #include "kernels/threads.h"
 #include "kvslim/error.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "train/kvzap_train.h"
 
 namespace kvslim {

@@ -1,5 +1,6 @@
 // Training KVzap surrogates (arXiv 2601.07891): documents, KVzip+ targets, a ridge and an MLP fit
 // per layer, held-out correlations, the achieved ratio and the surrogate's cost.
+#include "run/prefill.h"
 #include "train/kvzap_train.h"
 
 #include <algorithm>
@@ -9,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/generate.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "util/clock.h"
 #include "util/text_file.h"
 
@@ -126,7 +127,7 @@ KVzapTrainResult train_kvzap(const Model& model, const std::vector<std::vector<T
   return res;
 }
 
-KeptEntries kept_entries(const Model& model, Press& press, const std::vector<std::vector<Token>>& docs) {
+KeptEntries kept_entries(const Model& model, PressImpl& press, const std::vector<std::vector<Token>>& docs) {
   const HParams& hp = model.hparams();
   KeptEntries k;
   for (const std::vector<Token>& doc : docs) {

@@ -103,7 +103,7 @@ struct KeptEntries {
   size_t kept = 0, total = 0;  ///< entries in the caches after compression; tokens x layers x KV heads
   double compression_ratio() const { return total ? 1.0 - double(kept) / total : 0.0; }
 };
-KeptEntries kept_entries(const Model& model, Press& press, const std::vector<std::vector<Token>>& docs);
+KeptEntries kept_entries(const Model& model, PressImpl& press, const std::vector<std::vector<Token>>& docs);
 
 /// Best-of-`reps` seconds of a forward pass over `n` tokens and of the surrogate over as many
 /// attention inputs in every layer.

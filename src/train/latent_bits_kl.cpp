@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "train/latent_calibrate.h"
 
 namespace kvslim {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "train/latent_calibrate.h"
 #include "press/latent_share.h"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "kvslim/kv_latent.h"
+#include "kv/latent.h"
 #include "kvslim/model.h"
 #include "press/latent.h"
 

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "press/authoring.h"
 #include "press/recorders.h"
 
@@ -58,7 +58,7 @@ LUKVCurve lukv_profile(const Model& model, const std::vector<std::vector<Token>>
   constexpr int kSteps = 100;
   if (!(context_fraction > 0 && context_fraction < 1))
     throw Error(fmt::format("lukv profile: context fraction {} must be in (0, 1)", context_fraction));
-  std::unique_ptr<Press> p = make_press(scorer_spec, 0.0);
+  std::unique_ptr<PressImpl> p = make_press_impl(scorer_spec, 0.0);
   auto* scorer = p->scorer();
   if (!scorer) throw Error(fmt::format("lukv profile: '{}' is not a scorer press", scorer_spec));
   std::vector<std::vector<std::vector<double>>> u(L, std::vector<std::vector<double>>(H, std::vector<double>(kSteps + 1)));

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/gguf.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "train/qfilter_calibrate.h"
 #include "press/recorders.h"
 

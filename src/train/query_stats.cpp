@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 
 namespace kvslim {

@@ -13,8 +13,9 @@
 #include "kernels/matmul.h"
 #include "kvslim/error.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/rope.h"
+#include "press/authoring.h"
 #include "train/grad_ops.h"
 
 namespace kvslim {

@@ -20,7 +20,7 @@
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
 #include "kvslim/press.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "kvslim/synth.h"
 #include "model/rope.h"
 #include "support/files.h"
@@ -312,7 +312,7 @@ TEST(CliMemory, KvEstimateMatchesTheMeasuredCache) {
 }
 
 TEST(CliMemory, PressBoundsTheCacheOnlyUnderChunkedPrefill) {
-  const auto half = make_press("snapkv", 0.5), budget = make_press("snapkv:budget=1000", 0.0);
+  const auto half = make_press_impl("snapkv", 0.5), budget = make_press_impl("snapkv:budget=1000", 0.0);
   EXPECT_EQ(cli::kv_entries(half.get(), 10000, 0, 0, 0), 10000u);      // compressed once, after the full prefill
   EXPECT_EQ(cli::kv_entries(half.get(), 10000, 0, 512, 0), 5512u);     // half of it plus one chunk
   EXPECT_EQ(cli::kv_entries(budget.get(), 10000, 0, 512, 0), 1512u);   // the budget plus one chunk

@@ -96,7 +96,7 @@ void expect_round_trip(const Model& m, const std::string& spec, double ratio, co
   const std::vector<Token> question = tok.encode(kQuestion, false, false);
   const int n = 12;
 
-  Request ref(m, make_press(spec, ratio), options(c, n, chunk));
+  Request ref(m, make_press_impl(spec, ratio), options(c, n, chunk));
   ref.set_prompt(doc, kQuestion);
   ref.prefill();
   const std::vector<float> ref_first = ref.logits();
@@ -241,7 +241,7 @@ TEST(StoredContext, PressesWithDecodeStateAreRefused) {
     }
   }
   // The same scorer without decode-time eviction is storable.
-  EXPECT_EQ(make_press("threshold(knorm,tau=-4)", 0.0)->storage_refusal(), "");
+  EXPECT_EQ(make_press_impl("threshold(knorm,tau=-4)", 0.0)->storage_refusal(), "");
 }
 
 TEST(StoredContext, AnotherModelIsRefusedNamingWhatDiffers) {
@@ -410,7 +410,7 @@ TEST(StoredContext, SaveIsAtomicAndNamesThePathOnFailure) {
 TEST(StoredContext, EmptyQuestionContinuesFromTheStoredLogits) {
   const Model& m = bundled_model();
   const Cfg f16{"f16"};
-  Request ref(m, make_press("snapkv:window=4", 0.5), options(f16, 8));
+  Request ref(m, make_press_impl("snapkv:window=4", 0.5), options(f16, 8));
   ref.set_prompt(kDoc);
   ref.run();
   ContextOptions co;
@@ -531,7 +531,7 @@ TEST(StoredContext, RestoringAMismatchedCacheIsRefused) {
   s.restore(c, 10);
   EXPECT_EQ(s.next_position(), 10);
   EXPECT_EQ(s.cache().entries(), 1u);
-  Request r(m, make_press("none", 0.0));
+  Request r(m, make_press_impl("none", 0.0));
   RequestStats st;
   EXPECT_THROW(r.set_prompt_cached({1, 2}, c, 10, std::vector<float>(3), st), Error);  // logits of another vocabulary
 }

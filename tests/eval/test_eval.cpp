@@ -13,6 +13,7 @@
 #include "kvslim/eval_metrics.h"
 #include "eval/report.h"
 #include "kvslim/eval_tasks.h"
+#include "kv/cache.h"
 
 using namespace kvslim;
 

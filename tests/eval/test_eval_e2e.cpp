@@ -16,6 +16,7 @@
 #include "kvslim/eval.h"
 #include "eval/report.h"
 #include "kvslim/model.h"
+#include "model/session.h"
 
 using namespace kvslim;
 

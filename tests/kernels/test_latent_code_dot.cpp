@@ -13,8 +13,8 @@
 #include "kernels/latent_code_dot.h"
 #include "kernels/quant_dot.h"
 #include "kvslim/error.h"
-#include "kvslim/kv_cache.h"
-#include "kvslim/kv_latent.h"
+#include "kv/cache.h"
+#include "kv/latent.h"
 
 using namespace kvslim;
 

@@ -11,10 +11,10 @@
 
 #include "kernels/attention.h"
 #include "kernels/quant_dot.h"
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 #include "press/precision_tiers.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 using namespace kvslim;
 

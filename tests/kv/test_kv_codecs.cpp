@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 #include "press/precision_tiers.h"
 #include "kv/store.h"
 #include "kvslim/quant.h"

@@ -1,4 +1,4 @@
-// Latent segments (kv_latent.h): PCA bases against a hand-built covariance, code quantization
+// Latent segments (kv/latent.h): PCA bases against a hand-built covariance, code quantization
 // bounds, exact byte accounting, and attention over codes against float64 attention.
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kernels/attention.h"
-#include "kvslim/kv_cache.h"
-#include "kvslim/kv_latent.h"
+#include "kv/cache.h"
+#include "kv/latent.h"
 #include "kvslim/quant.h"
 
 using namespace kvslim;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kv/cache.h"
 
 using namespace kvslim;
 

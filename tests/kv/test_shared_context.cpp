@@ -302,7 +302,7 @@ void expect_forks_match(const std::string& spec, double ratio, const Layout& c, 
   const int n = 6;
   std::vector<Trace> ref;
   for (const char* q : kQuestions) {
-    Request r(m, make_press(spec, ratio), options(c, n));
+    Request r(m, make_press_impl(spec, ratio), options(c, n));
     r.set_prompt(kDoc, q);
     r.prefill();
     Trace t{r.logits()};
@@ -412,7 +412,7 @@ TEST(SharedContext, DecodeEvictionInOneRequestLeavesTheOthersAndTheContextAlone)
     // Context::request calls, with a press of its own here).
     std::unique_ptr<Request> probe = ctx.request(m, {}, options(c, 0));
     auto a_request = [&](KVCache cache) {
-      auto a = std::make_unique<Request>(m, make_press("decoding(knorm):interval=2,size=24", 0.0), options(c, n));
+      auto a = std::make_unique<Request>(m, make_press_impl("decoding(knorm):interval=2,size=24", 0.0), options(c, n));
       a->set_prompt_cached(ctx.tokens(), std::move(cache), probe->position(), probe->logits(), probe->stats(), qa);
       return a;
     };

@@ -11,8 +11,9 @@
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
+#include "press/authoring.h"
 #include "support/files.h"
 
 using namespace kvslim;
@@ -205,7 +206,7 @@ namespace {
 
 // Keeps every entry and refuses the decode step numbered `fail_at` (a press that needs no
 // decode-time observation, so its request steps inside the batch).
-class RefusingPress : public Press {
+class RefusingPress : public PressImpl {
  public:
   explicit RefusingPress(int fail_at) : fail_at_(fail_at) {}
   std::string describe() const override { return "refusing"; }
@@ -227,13 +228,13 @@ TEST(DecodeBatch, StepBatchReturnsEachRequestsError) {
   RequestOptions o;
   o.n_predict = 12;
   auto alone = [&](const std::string& p) {
-    Request r(*model, make_press("none", 0.0), o);
+    Request r(*model, make_press_impl("none", 0.0), o);
     r.set_prompt(p);
     return r.run();
   };
   const std::string want_a = alone("Once upon a time"), want_b = alone("Lily went to the park");
   RefusingPress refusing(3);
-  Request a(*model, make_press("none", 0.0), o), bad(*model, refusing, o), b(*model, make_press("none", 0.0), o);
+  Request a(*model, make_press_impl("none", 0.0), o), bad(*model, refusing, o), b(*model, make_press_impl("none", 0.0), o);
   a.set_prompt("Once upon a time");
   bad.set_prompt("Tom had a red ball");
   b.set_prompt("Lily went to the park");
@@ -283,7 +284,7 @@ TEST(DecodeBatch, StepBatchEqualsRunningAlone) {
     o.sampling.seed = 7;
     o.stop = s.stop;
     o.chunk_size = 4;
-    auto r = std::make_unique<Request>(*model, make_press(s.press, s.ratio), o);
+    auto r = std::make_unique<Request>(*model, make_press_impl(s.press, s.ratio), o);
     r->set_prompt(s.prompt);
     return r;
   };

@@ -13,7 +13,7 @@
 
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 
 using namespace kvslim;
 

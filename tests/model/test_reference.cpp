@@ -9,7 +9,7 @@
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
 #include "kvslim/sampling.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "kernels/threads.h"
 #include <fmt/format.h>
 

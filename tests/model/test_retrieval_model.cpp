@@ -46,7 +46,7 @@ std::string haystack(int n_tokens, const std::string& needle, double depth) {
 
 std::string answer(const std::string& context, const std::string& question, const std::string& press_spec,
                    double ratio, int* context_tokens = nullptr) {
-  std::unique_ptr<Press> press = make_press(press_spec, ratio);
+  std::unique_ptr<PressImpl> press = make_press_impl(press_spec, ratio);
   GenerateOptions opt;
   opt.context = context;
   opt.question = question;

@@ -20,7 +20,7 @@
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
 #include "kvslim/model.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "kvslim/synth.h"
 #include "support/files.h"
 

@@ -33,7 +33,7 @@ RequestOptions opts(int n_predict = 1) {
 /// Entries per (layer, KV head) after prefilling `text` with `spec` at `ratio`.
 std::vector<std::vector<size_t>> kept(const std::string& spec, double ratio, const std::string& text,
                                       size_t* n_context = nullptr) {
-  Request r(bundled_model(), make_press(spec, ratio), opts());
+  Request r(bundled_model(), make_press_impl(spec, ratio), opts());
   r.set_prompt(text);
   r.prefill();
   if (n_context) *n_context = r.context_tokens().size();
@@ -98,7 +98,7 @@ TEST(Composition, ClusterKVBeforeAnEvictingPressDecodes) {
   // Was: "attend_segment_subset: indices must be increasing and inside the segment" at the first
   // decode step, after the whole prefill.
   for (const char* spec : {"clusterkv:full_layers=0,sink=4,budget=16+knorm", "knorm+clusterkv:full_layers=0,sink=4,budget=16"}) {
-    Request r(bundled_model(), make_press(spec, 0.5), opts(6));
+    Request r(bundled_model(), make_press_impl(spec, 0.5), opts(6));
     r.set_prompt(story(6));
     EXPECT_NO_THROW(r.run()) << spec;
     EXPECT_EQ(r.generated().size(), 6u) << spec;
@@ -108,7 +108,7 @@ TEST(Composition, ClusterKVBeforeAnEvictingPressDecodes) {
 TEST(Composition, ImpossiblePairingsAreRefusedNamingBothPresses) {
   auto expect_refused = [](const std::string& spec, const std::vector<std::string>& names) {
     try {
-      make_press(spec, 0.5);
+      make_press_impl(spec, 0.5);
       ADD_FAILURE() << spec << " was accepted";
     } catch (const Error& e) {
       for (const auto& n : names) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
@@ -137,10 +137,10 @@ TEST(Composition, EvalFidelityHonoursTheDecodeTimeSelector) {
   RunOptions ro;
   ro.session.key_codec = ro.session.value_codec = KVCodec::F32;
   FidelityReference ref = fidelity_reference(m, prefix, cont, ro);
-  auto press = make_press("clusterkv:full_layers=0,sink=4", 0.9);
+  auto press = make_press_impl("clusterkv:full_layers=0,sink=4", 0.9);
   FidelityOutcome out = run_fidelity(m, *press, ref, ro);
   EXPECT_GT(out.metrics.mean_kl(), 0.0);
   // And the none press through the same path is exact.
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   EXPECT_EQ(run_fidelity(m, *none, ref, ro).metrics.mean_kl(), 0.0);
 }

@@ -19,7 +19,7 @@
 
 #include "kvslim/error.h"
 #include "kvslim/generate.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 #include "press/fastkvzip.h"
 #include "train/fastkvzip_train.h"
@@ -298,8 +298,8 @@ TEST(FastKVzip, GatesFileRoundTripsAndIsChecked) {
   EXPECT_THROW(other.check(hp, path), Error);
   std::remove(path.c_str());
   EXPECT_THROW(FastKVzipGates::load(std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf"), Error);
-  EXPECT_THROW(make_press("fastkvzip", 0.5), Error);
-  EXPECT_THROW(make_press("fastkvzip:gates=/nonexistent/gates.gguf", 0.5), Error);
+  EXPECT_THROW(make_press_impl("fastkvzip", 0.5), Error);
+  EXPECT_THROW(make_press_impl("fastkvzip:gates=/nonexistent/gates.gguf", 0.5), Error);
 }
 
 // The press against kvpress's rule recomputed here: gate scores (float64, from the attention inputs
@@ -354,7 +354,7 @@ TEST(FastKVzip, PressKeepsWhatTheReferenceRuleKeeps) {
         for (int l = 0; l < L; ++l) bottom(l, l + 1, static_cast<int64_t>(double(H) * n * ratio));
       else
         bottom(0, L, static_cast<int64_t>(double(L) * H * n * ratio));
-      auto press = make_press(fmt::format("FastKVzipPress:compression_ratio={},gates={},layerwise={}", ratio, path,
+      auto press = make_press_impl(fmt::format("FastKVzipPress:compression_ratio={},gates={},layerwise={}", ratio, path,
                                           layerwise ? "True" : "False"),
                               0.0);
       EXPECT_EQ(press->describe().rfind("fastkvzip:", 0), 0u) << press->describe();
@@ -370,11 +370,11 @@ TEST(FastKVzip, PressKeepsWhatTheReferenceRuleKeeps) {
         }
       EXPECT_EQ(kept, static_cast<size_t>(L) * H * n - evicted.size());
       // describe() parses back to the same press.
-      EXPECT_EQ(make_press(press->describe(), 0.0)->describe(), press->describe());
+      EXPECT_EQ(make_press_impl(press->describe(), 0.0)->describe(), press->describe());
     }
   // Ratio 0 leaves the cache as no press does.
-  auto none = make_press("none", 0.0);
-  auto zero = make_press(fmt::format("fastkvzip:gates={}", path), 0.0);
+  auto none = make_press_impl("none", 0.0);
+  auto zero = make_press_impl(fmt::format("fastkvzip:gates={}", path), 0.0);
   EXPECT_TRUE(press_test::same_cache(press_test::prefill(*none, toks)->cache(), press_test::prefill(*zero, toks)->cache()));
   std::remove(path.c_str());
 }
@@ -384,9 +384,9 @@ namespace {
 /// Runs `inner` and records every token's attention input [layer][position][n_embd] as the
 /// forward pass hands it to the gates (with chunks, later chunks read the compressed cache, so
 /// their inputs from layer 1 on differ from an unchunked pass).
-class RecordingPress : public Press {
+class RecordingPress : public PressImpl {
  public:
-  RecordingPress(std::unique_ptr<Press> inner, int n_layer, int n_embd, int n)
+  RecordingPress(std::unique_ptr<PressImpl> inner, int n_layer, int n_embd, int n)
       : inner_(std::move(inner)),
         xs(n_layer, std::vector<float>(static_cast<size_t>(n) * n_embd)),
         rec_([this, n_embd](const LayerStep& st) {
@@ -406,7 +406,7 @@ class RecordingPress : public Press {
   double ratio() const override { return inner_->ratio(); }
 
  private:
-  std::unique_ptr<Press> inner_;
+  std::unique_ptr<PressImpl> inner_;
 
  public:
   std::vector<std::vector<float>> xs;
@@ -435,7 +435,7 @@ TEST(FastKVzip, ChunkedPrefillDecidesEachChunkOnce) {
   const int n = static_cast<int>(toks.size()), chunk = 100;
   for (double ratio : {0.5, 0.75}) {
     SCOPED_TRACE(fmt::format("ratio {}", ratio));
-    RecordingPress press(make_press(fmt::format("fastkvzip:gates={}", path), ratio), L, d, n);
+    RecordingPress press(make_press_impl(fmt::format("fastkvzip:gates={}", path), ratio), L, d, n);
     auto s = press_test::prefill(press, toks, chunk);
     std::vector<std::vector<std::vector<double>>> gate(L, std::vector<std::vector<double>>(H, std::vector<double>(n)));
     for (int l = 0; l < L; ++l) {
@@ -492,12 +492,12 @@ TEST(FastKVzip, ChunkedPrefillDecidesEachChunkOnce) {
     const auto& p00 = s->cache().seg(0, 0).positions();
     for (int t : kept_after_first) EXPECT_TRUE(std::count(p00.begin(), p00.end(), t)) << t;
     // revisit=1 (kvslim's generic chunked rule) keeps as many entries, but re-ranks old ones: others.
-    auto again = make_press(fmt::format("fastkvzip:gates={},revisit=1", path), ratio);
+    auto again = make_press_impl(fmt::format("fastkvzip:gates={},revisit=1", path), ratio);
     auto s2 = press_test::prefill(*again, toks, chunk);
     EXPECT_EQ(s2->cache().entries(), s->cache().entries());
     EXPECT_FALSE(press_test::same_cache(s2->cache(), s->cache()));
     // One chunk of the whole context is the unchunked (kvpress) press.
-    auto once = make_press(fmt::format("fastkvzip:gates={}", path), ratio);
+    auto once = make_press_impl(fmt::format("fastkvzip:gates={}", path), ratio);
     EXPECT_TRUE(press_test::same_cache(press_test::prefill(*once, toks, n)->cache(),
                                        press_test::prefill(*once, toks)->cache()));
   }

@@ -48,12 +48,12 @@ std::string spec_of(const PressInfo& info) {
 /// describe() of the press `spec` builds, parsed again, describes itself identically.
 void expect_round_trip(const std::string& spec) {
   SCOPED_TRACE(spec);
-  std::unique_ptr<Press> p;
-  ASSERT_NO_THROW(p = make_press(spec, 0.5));
+  std::unique_ptr<PressImpl> p;
+  ASSERT_NO_THROW(p = make_press_impl(spec, 0.5));
   const std::string d = p->describe();
-  std::unique_ptr<Press> q;
-  ASSERT_NO_THROW(q = make_press(d, 0.25)) << "describe() wrote '" << d << "', which does not parse: "
-                                           << error_of([&] { make_press(d, 0.25); });
+  std::unique_ptr<PressImpl> q;
+  ASSERT_NO_THROW(q = make_press_impl(d, 0.25)) << "describe() wrote '" << d << "', which does not parse: "
+                                           << error_of([&] { make_press_impl(d, 0.25); });
   EXPECT_EQ(q->describe(), d);
 }
 
@@ -68,41 +68,41 @@ TEST(PressSpecLimits, DeepNestingAndLongSpecsAreRejectedBeforeParsing) {
     spec += "snapkv";
     spec += std::string(depth, ')');
     if (spec.size() > kMaxPressSpecLength) {
-      EXPECT_NE(error_of([&] { make_press(spec, 0.5); }).find("longer than the limit of 4096"), std::string::npos);
+      EXPECT_NE(error_of([&] { make_press_impl(spec, 0.5); }).find("longer than the limit of 4096"), std::string::npos);
       continue;
     }
-    const std::string e = error_of([&] { make_press(spec, 0.5); });
+    const std::string e = error_of([&] { make_press_impl(spec, 0.5); });
     EXPECT_NE(e.find("17 nested parentheses, more than the limit of 16"), std::string::npos) << e;
   }
   // Unbalanced deep nesting is caught by the same count.
-  EXPECT_NE(error_of([] { make_press(std::string(4000, '('), 0.5); }).find("nested parentheses"), std::string::npos);
+  EXPECT_NE(error_of([] { make_press_impl(std::string(4000, '('), 0.5); }).find("nested parentheses"), std::string::npos);
   // Within the limits, the parser still works at the limit depth (the error is about the press, not the depth).
   std::string ok;
   for (int i = 0; i < kMaxPressSpecDepth; ++i) ok += "key_rerotation(";
   ok += "snapkv" + std::string(kMaxPressSpecDepth, ')');
-  EXPECT_EQ(error_of([&] { make_press(ok, 0.5); }).find("nested parentheses"), std::string::npos);
+  EXPECT_EQ(error_of([&] { make_press_impl(ok, 0.5); }).find("nested parentheses"), std::string::npos);
   // A long composition of short terms is bounded by the length limit.
   std::string many = "knorm";
   while (many.size() <= kMaxPressSpecLength) many += "+knorm";
-  EXPECT_NE(error_of([&] { make_press(many, 0.5); }).find("longer than the limit"), std::string::npos);
+  EXPECT_NE(error_of([&] { make_press_impl(many, 0.5); }).find("longer than the limit"), std::string::npos);
 }
 
 // Regression: an inner parenthesised press's trailing parameters went to the outer press
 // ("leankv: unknown parameter 'first_stage'" although both belong to criticalkv).
 TEST(PressSpecRouting, TrailingParametersOfANestedPressStayWithIt) {
-  auto p = make_press("leankv(criticalkv(snapkv):epsilon=0.001,first_stage=0.4)", 0.5);
+  auto p = make_press_impl("leankv(criticalkv(snapkv):epsilon=0.001,first_stage=0.4)", 0.5);
   const std::string d = p->describe();
   EXPECT_EQ(d.rfind("leankv(criticalkv(snapkv:", 0), 0u) << d;
   EXPECT_NE(d.find("):epsilon=0.001,first_stage=0.4):low="), std::string::npos) << d;
   // The first key that is not the inner press's goes to the outer press, and every later one.
-  const std::string d2 = make_press("leankv(criticalkv(snapkv):epsilon=0.001,low=0.25)", 0.5)->describe();
+  const std::string d2 = make_press_impl("leankv(criticalkv(snapkv):epsilon=0.001,low=0.25)", 0.5)->describe();
   EXPECT_NE(d2.find(":epsilon=0.001,first_stage="), std::string::npos) << d2;
   EXPECT_NE(d2.find("):low=0.25"), std::string::npos) << d2;
   // The last term of an inner composition takes its keys too.
-  const std::string d3 = make_press("key_rerotation(knorm+snapkv:window=8,kernel=3)", 0.5)->describe();
+  const std::string d3 = make_press_impl("key_rerotation(knorm+snapkv:window=8,kernel=3)", 0.5)->describe();
   EXPECT_NE(d3.find("snapkv:ratio=0.5,window=8,kernel=3"), std::string::npos) << d3;
   // Unchanged: a bare inner press gives following keys to the outer one.
-  EXPECT_EQ(make_press("threshold(knorm,window=64,tau=0)", 0.0)->describe(), "threshold(knorm:ratio=0):tau=0,window=64,decode=0");
+  EXPECT_EQ(make_press_impl("threshold(knorm,window=64,tau=0)", 0.0)->describe(), "threshold(knorm:ratio=0):tau=0,window=64,decode=0");
 }
 
 // describe() is a spec: for every registered press alone, and for every policy or wrapper around
@@ -123,7 +123,7 @@ TEST(PressSpecRouting, DescribeRoundTripsForEveryRegisteredPressAndNesting) {
       const std::string o = spec_of(*outer);
       if (o.find(':') != std::string::npos) out_params = o.substr(o.find(':'));
       const std::string spec = outer->name + "(" + in + ")" + out_params;
-      if (!error_of([&] { make_press(spec, 0.5); }).empty()) continue;  // e.g. a policy over a wrapper
+      if (!error_of([&] { make_press_impl(spec, 0.5); }).empty()) continue;  // e.g. a policy over a wrapper
       expect_round_trip(spec);
       ++nested;
     }

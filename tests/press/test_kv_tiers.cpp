@@ -11,6 +11,7 @@
 #include "kv/store.h"
 #include "kvslim/generate.h"
 #include "press/authoring.h"
+#include "run/prefill.h"
 
 using namespace kvslim;
 
@@ -24,7 +25,7 @@ TEST(KVTiers, LeanKVPressSplitsKeptEntries) {
   ASSERT_GT(n, 200);
 
   auto run = [&](const std::string& spec, Session& s) {
-    auto press = make_press(spec, 0.5);
+    auto press = make_press_impl(spec, 0.5);
     press->reset();
     prefill_and_compress(s, *press, toks, 0);
   };
@@ -59,8 +60,8 @@ TEST(KVTiers, LeanKVPressSplitsKeptEntries) {
   k.kv_quant.kivi_bits = 4;
   Session kivi(*model, k);
   EXPECT_THROW(run("leankv(snapkv:window=32):low=0.5", kivi), Error);
-  EXPECT_THROW(make_press("leankv(snapkv):low=1.5", 0.5), Error);
-  EXPECT_THROW(make_press("leankv(snapkv):k_low=q4_1", 0.5), Error);
+  EXPECT_THROW(make_press_impl("leankv(snapkv):low=1.5", 0.5), Error);
+  EXPECT_THROW(make_press_impl("leankv(snapkv):k_low=q4_1", 0.5), Error);
 }
 
 // LeanKV's K4V2 low tier (keys q4_0, values 2-bit q2_1) beside K8V4 (q8_0 / q4_0): the same
@@ -78,7 +79,7 @@ TEST(KVTiers, K4V2LowTierBesideK8V4) {
   o.key_codec = o.value_codec = KVCodec::F32;
   Session plain(*model, o), k8v4(*model, o), k4v2(*model, o);
   auto run = [&](const std::string& spec, Session& s) {
-    auto press = make_press(spec, 0.5);
+    auto press = make_press_impl(spec, 0.5);
     press->reset();
     prefill_and_compress(s, *press, toks, 0);
   };

@@ -14,6 +14,7 @@
 #include "model/layer_hook.h"
 #include "press/cross_layer.h"
 #include "press/latent.h"
+#include "run/prefill.h"
 #include "train/latent_calibrate.h"
 #include "press/latent_share.h"
 #include "support/press_util.h"
@@ -129,7 +130,7 @@ TEST(LatentShare, PerRequestBasesOfIdenticalLayersAreSharedCountedOnceAndExact) 
   so.key_codec = so.value_codec = KVCodec::F32;
   // The construction: layer 1's keys and values equal layer 0's.
   Session full(model, so);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   prefill_and_compress(full, *none, tokens(n), 0, nullptr, nullptr);
   std::vector<float> k0(n * hd), k1(n * hd);
   full.cache().seg(0, 1).keys(0, n, k0.data());
@@ -137,8 +138,8 @@ TEST(LatentShare, PerRequestBasesOfIdenticalLayersAreSharedCountedOnceAndExact) 
   ASSERT_EQ(k0, k1);
 
   Session own(model, so), shared(model, so);
-  auto p_own = make_press("latent:k_rank=3,v_rank=3,k_bits=32,v_bits=32", 0.0);
-  auto p_sh = make_press("latent:k_rank=3,v_rank=3,k_bits=32,v_bits=32,share=0.000001", 0.0);
+  auto p_own = make_press_impl("latent:k_rank=3,v_rank=3,k_bits=32,v_bits=32", 0.0);
+  auto p_sh = make_press_impl("latent:k_rank=3,v_rank=3,k_bits=32,v_bits=32,share=0.000001", 0.0);
   prefill_and_compress(own, *p_own, tokens(n), 0, nullptr, nullptr);
   prefill_and_compress(shared, *p_sh, tokens(n), 0, nullptr, nullptr);
   const KVCache& c = shared.cache();
@@ -162,9 +163,9 @@ TEST(LatentShare, PerRequestBasesOfIdenticalLayersAreSharedCountedOnceAndExact) 
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3f) << i;
   // Decode entries are encoded in the shared bases too (the bases stay counted once).
   EXPECT_EQ(c.bytes(), static_cast<size_t>(segs) * (n + 3) * 28 + 2 * (segs - H) * basis);
-  EXPECT_THROW(make_press("latent:share=2", 0.0), Error);
-  EXPECT_THROW(make_press("latent:share=x", 0.0), Error);
-  EXPECT_THROW(make_press("latent:share=0.1,share_max=-1", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:share=2", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:share=x", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:share=0.1,share_max=-1", 0.0), Error);
 }
 
 TEST(LatentShare, CalibrationWritesSharedLayersAndPerSegmentBits) {
@@ -192,7 +193,7 @@ TEST(LatentShare, CalibrationWritesSharedLayersAndPerSegmentBits) {
   EXPECT_EQ(r.key[0], r.key[H]);
   // Shared memory counted once: (S - H) distinct key and value bases of rank 4.
   Session s(model, SessionOptions{});
-  auto press = make_press("latent:file=" + path, 0.0);
+  auto press = make_press_impl("latent:file=" + path, 0.0);
   prefill_and_compress(s, *press, tokens(30), 0, nullptr, nullptr);
   EXPECT_EQ(s.cache().shared_bytes(), 2 * static_cast<size_t>(S - H) * (4 * hd + hd + 4) * 4);
   std::remove(path.c_str());
@@ -212,7 +213,7 @@ TEST(LatentShare, CalibrationWritesSharedLayersAndPerSegmentBits) {
   EXPECT_GT(entry / (S * (4.0 * hd + 4)), 0.2);
   m.save(path, "twin");
   Session s2(model, SessionOptions{});
-  auto p2 = make_press("latent:file=" + path, 0.0);
+  auto p2 = make_press_impl("latent:file=" + path, 0.0);
   prefill_and_compress(s2, *p2, tokens(30), 0, nullptr, nullptr);
   for (int u = 0; u < S; ++u) {
     EXPECT_EQ(s2.cache().seg(u / H, u % H).latent_keys().bits(), m.key_bits[u]);
@@ -274,11 +275,11 @@ TEST(CrossLayerEntries, IdenticalLayersShareEntriesExactlyAndFreeTheirBytes) {
   const HParams& hp = model.hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, hd = hp.head_dim, n = 70;
   Session own(model, SessionOptions{}), shared(model, SessionOptions{}), batched(model, SessionOptions{});
-  auto none = make_press("none", 0.0);
-  auto cla = make_press("cla:tol=0", 0.0);  // shares exactly the layers whose entries are equal
+  auto none = make_press_impl("none", 0.0);
+  auto cla = make_press_impl("cla:tol=0", 0.0);  // shares exactly the layers whose entries are equal
   prefill_and_compress(own, *none, tokens(n), 0, nullptr, nullptr);
   prefill_and_compress(shared, *cla, tokens(n), 0, nullptr, nullptr);
-  auto cla1 = make_press("cla:n=1", 0.0);  // the one layer closest to its predecessor: layer 1
+  auto cla1 = make_press_impl("cla:n=1", 0.0);  // the one layer closest to its predecessor: layer 1
   prefill_and_compress(batched, *cla1, tokens(n), 0, nullptr, nullptr);
   const KVCache& c = shared.cache();
   for (const KVCache* k : {&c, static_cast<const KVCache*>(&batched.cache())}) {
@@ -309,14 +310,14 @@ TEST(CrossLayerEntries, IdenticalLayersShareEntriesExactlyAndFreeTheirBytes) {
   AnyHook hook;
   EXPECT_THROW(shared.forward({7}, false, &hook), Error);
   // Parameters.
-  EXPECT_EQ(make_press("cla:layers=3/1", 0.0)->describe(), "cla:layers=1/3");
-  EXPECT_THROW(make_press("cla:layers=0", 0.0), Error);
-  EXPECT_THROW(make_press("cla:layers=1/x", 0.0), Error);
-  EXPECT_THROW(make_press("cla:layers=1,n=1", 0.0), Error);
-  EXPECT_THROW(make_press("cla:n=-1", 0.0), Error);
-  EXPECT_THROW(make_press("cla:tol=-1", 0.0), Error);
+  EXPECT_EQ(make_press_impl("cla:layers=3/1", 0.0)->describe(), "cla:layers=1/3");
+  EXPECT_THROW(make_press_impl("cla:layers=0", 0.0), Error);
+  EXPECT_THROW(make_press_impl("cla:layers=1/x", 0.0), Error);
+  EXPECT_THROW(make_press_impl("cla:layers=1,n=1", 0.0), Error);
+  EXPECT_THROW(make_press_impl("cla:n=-1", 0.0), Error);
+  EXPECT_THROW(make_press_impl("cla:tol=-1", 0.0), Error);
   Session bad(model, SessionOptions{});
-  auto p9 = make_press("cla:layers=9", 0.0);
+  auto p9 = make_press_impl("cla:layers=9", 0.0);
   EXPECT_THROW(prefill_and_compress(bad, *p9, tokens(8), 0, nullptr, nullptr), Error);
 }
 

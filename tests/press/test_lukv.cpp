@@ -85,9 +85,9 @@ TEST(LUKV, PressKeepsWhatTheReferenceRuleKeeps) {
   c.save(path, "test");
   const std::vector<Token> toks = story_tokens(120);
   const int n = static_cast<int>(toks.size());
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto full = press_test::prefill(*none, toks);
-  auto press = make_press(fmt::format("LUKVPress(KnormPress):curve={}", path), 0.5);
+  auto press = make_press_impl(fmt::format("LUKVPress(KnormPress):curve={}", path), 0.5);
   auto s = press_test::prefill(*press, toks);
   for (int l = 0; l < L; ++l) {
     // Counts: ideal (1 - p) n, total round-half-even of the sum, floors + largest remainders.
@@ -129,7 +129,7 @@ TEST(LUKV, PressKeepsWhatTheReferenceRuleKeeps) {
     }
   }
   // Another ratio reads another row (0.9 everywhere: 10% kept).
-  auto p9 = make_press(fmt::format("lukv(knorm):curve={}", path), 0.3);
+  auto p9 = make_press_impl(fmt::format("lukv(knorm):curve={}", path), 0.3);
   auto s9 = press_test::prefill(*p9, toks);
   EXPECT_EQ(s9->cache().seg(0, 0).size(), static_cast<size_t>(std::lround(0.1 * n)));
   // A curve for another shape is refused, naming the file.
@@ -138,9 +138,9 @@ TEST(LUKV, PressKeepsWhatTheReferenceRuleKeeps) {
   bad.prune.assign(static_cast<size_t>(99) * L * (H + 1), 0.5f);
   const std::string badp = temp_path("lukv_bad.gguf");
   bad.save(badp, "bad");
-  auto pb = make_press(fmt::format("lukv(knorm):curve={}", badp), 0.5);
+  auto pb = make_press_impl(fmt::format("lukv(knorm):curve={}", badp), 0.5);
   EXPECT_THROW(press_test::prefill(*pb, toks), Error);
-  EXPECT_THROW(make_press("lukv(knorm)", 0.5), Error);
+  EXPECT_THROW(make_press_impl("lukv(knorm)", 0.5), Error);
   EXPECT_THROW(LUKVCurve::load(std::string(KVSLIM_SOURCE_DIR) + "/models/stories260K.gguf"), Error);
   const LUKVCurve back = LUKVCurve::load(path);
   EXPECT_EQ(back.prune, c.prune);

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include "run/prefill.h"
 #include "support/press_util.h"
 
 using namespace press_test;
@@ -42,23 +43,23 @@ TEST(PressRules, RegistryListsEveryMethod) {
 
 TEST(PressRules, RatioZeroIsBitIdenticalToNoPress) {
   auto toks = story_tokens(160);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto ref = prefill(*none, toks);
   // Chunk boundaries change the forward pass's batches (and float rounding), so the chunked
   // reference is the chunked run without a press.
   auto ref48 = prefill(*none, toks, 48);
   for (const std::string& spec : kAllSpecs) {
     if (spec.rfind("per_layer", 0) == 0 || spec.rfind("threshold", 0) == 0) continue;  // not ratio-driven
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     EXPECT_EQ(p->ratio(), 0.0) << spec;
     EXPECT_TRUE(same_cache(prefill(*p, toks)->cache(), ref->cache())) << spec;
     EXPECT_TRUE(same_cache(prefill(*p, toks, 48)->cache(), ref48->cache())) << spec << " chunk 48";
   }
-  auto p = make_press("per_layer(knorm,ratios=0/0/0/0/0)", 0.5);
+  auto p = make_press_impl("per_layer(knorm,ratios=0/0/0/0/0)", 0.5);
   EXPECT_TRUE(same_cache(prefill(*p, toks)->cache(), ref->cache()));
   // f16 cache too (the default codec): nothing is re-encoded.
   auto ref16 = prefill(*none, toks, 0, nullptr, KVCodec::F16);
-  auto k = make_press("key_rerotation(snapkv:window=16)", 0.0);
+  auto k = make_press_impl("key_rerotation(snapkv:window=16)", 0.0);
   EXPECT_TRUE(same_cache(prefill(*k, toks, 0, nullptr, KVCodec::F16)->cache(), ref16->cache()));
 }
 
@@ -66,7 +67,7 @@ TEST(PressRules, KeptIsFloorOfRatioClampedToOneAndN) {
   auto toks = story_tokens(150);
   for (const std::string& spec : kUniformSpecs)
     for (double r : {0.1, 0.5, 0.75, 0.9, 0.999}) {
-      auto p = make_press(spec, r);
+      auto p = make_press_impl(spec, r);
       auto s = prefill(*p, toks);
       const size_t want = std::max<size_t>(1, static_cast<size_t>(std::floor(150 * (1 - r) + 1e-9)));
       for (int l = 0; l < s->cache().n_layer(); ++l)
@@ -102,7 +103,7 @@ TEST(PressRules, ProtectedEntriesSurviveEvenWhenScoresTie) {
                         Case{"pyramidkv(snapkv:window=16,protect=1)", last16},
                         Case{"zigzagkv(snapkv:window=16,protect=1)", last16}}) {
     for (int chunk : {0, 40}) {
-      auto p = make_press(c.spec, 0.95);
+      auto p = make_press_impl(c.spec, 0.95);
       auto s = prefill(*p, toks, chunk);
       for (int l = 0; l < s->cache().n_layer(); ++l)
         for (int h = 0; h < s->cache().n_head_kv(); ++h) {
@@ -117,13 +118,13 @@ TEST(PressRules, ProtectedEntriesSurviveEvenWhenScoresTie) {
 
 TEST(PressRules, PromptNoLongerThanTheProtectedWindowIsUntouched) {
   auto toks = story_tokens(40);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto ref = prefill(*none, toks);
   for (const char* spec : {"snapkv:window=64,protect=1", "h2o:recent=64,protect=1",
                            "threshold(knorm):tau=1e30,window=64", "adakv(snapkv:window=64,protect=1)",
                            "pyramidkv(snapkv:window=64,protect=1)", "zigzagkv(snapkv:window=64,protect=1)",
                            "streaming_llm:n_sink=64,protect=1", "expected_attention:n_sink=64,protect=1"}) {
-    auto p = make_press(spec, 0.9);
+    auto p = make_press_impl(spec, 0.9);
     EXPECT_TRUE(same_cache(prefill(*p, toks)->cache(), ref->cache())) << spec;
   }
 }
@@ -132,7 +133,7 @@ TEST(PressRules, PyramidKVFallsBackToUniformBudgetsWhenThePyramidDoesNotFit) {
   // kvpress's get_layer_budget at ratio 0.05 on 200 tokens (window 64): cap 254, min 9.5, max
   // 370.5 -> capped at 136, min 380 - 136 = 244 > max: every layer keeps round(190) = 190.
   auto toks = story_tokens(200);
-  auto py = make_press("pyramidkv(knorm)", 0.05);
+  auto py = make_press_impl("pyramidkv(knorm)", 0.05);
   auto sp = prefill(*py, toks);
   for (int l = 0; l < sp->cache().n_layer(); ++l)
     EXPECT_EQ(sp->cache().entries(l), size_t(190) * sp->cache().n_head_kv()) << "layer " << l;
@@ -140,9 +141,9 @@ TEST(PressRules, PyramidKVFallsBackToUniformBudgetsWhenThePyramidDoesNotFit) {
 
 TEST(PressRules, SelectionIsPerKVHeadAndTheCacheKeepsKVHeadsOnly) {
   auto toks = story_tokens(128);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto ref = prefill(*none, toks);
-  auto p = make_press("adakv(snapkv:window=16)", 0.6);
+  auto p = make_press_impl("adakv(snapkv:window=16)", 0.6);
   auto s = prefill(*p, toks);
   const HParams& hp = bundled_model().hparams();
   ASSERT_EQ(s->cache().n_head_kv(), hp.n_head_kv);
@@ -167,7 +168,7 @@ TEST(PressRules, SelectionIsPerKVHeadAndTheCacheKeepsKVHeadsOnly) {
 TEST(PressRules, TwoRequestsAreCompressedAlike) {
   auto a = story_tokens(140), b = tokens_of("The dog ran to the park and found a big stick. He was very happy.");
   for (const std::string& spec : kAllSpecs) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     auto first = prefill(*p, a, 32);
     prefill(*p, b);
     auto again = prefill(*p, a, 32);
@@ -175,7 +176,7 @@ TEST(PressRules, TwoRequestsAreCompressedAlike) {
   }
   // Through generate (prefill, question, decode with decode-time eviction).
   for (const char* spec : {"h2o", "decoding(snapkv:window=8):interval=4,size=24", "threshold(knorm):tau=-2,decode=1"}) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     GenerateOptions o;
     o.context = "Once upon a time there was a cat. The cat liked milk and naps in the sun.";
     o.question = " The cat";
@@ -198,7 +199,7 @@ TEST(PressRules, ReportedRatioAndBytesAreMeasuredFromTheCache) {
   o.n_predict = 1;
   o.session.key_codec = o.session.value_codec = KVCodec::F16;
   // A composition: 0.5 then 0.5 of what is left -> 0.75 reported.
-  auto p = make_press("snapkv:window=16+knorm", 0.5);
+  auto p = make_press_impl("snapkv:window=16+knorm", 0.5);
   EXPECT_DOUBLE_EQ(p->ratio(), 0.75);
   GenerateResult r = generate(bundled_model(), *p, o);
   const auto& st = r.stats;
@@ -214,13 +215,13 @@ TEST(PressRules, ReportedRatioAndBytesAreMeasuredFromTheCache) {
 TEST(PressRules, AdaptiveBudgetsFreeAsManyBytesAsUniform) {
   auto toks = story_tokens(256);
   for (double r : {0.5, 0.75, 0.9}) {
-    auto u = make_press("snapkv:window=8", r);
+    auto u = make_press_impl("snapkv:window=8", r);
     const size_t want = prefill(*u, toks)->cache().bytes();
     // (PyramidKV is not here: kvpress's schedule rounds each layer's budget, so its total is only
     // close to the uniform one; test_press_reference.cpp checks its exact counts.)
     for (const char* spec : {"adakv(snapkv:window=8)", "zigzagkv(snapkv:window=8)", "global(snapkv:window=8)",
                              "adakv(criticalkv(snapkv:window=8))"}) {
-      auto p = make_press(spec, r);
+      auto p = make_press_impl(spec, r);
       EXPECT_EQ(prefill(*p, toks)->cache().bytes(), want) << spec << " r=" << r;
     }
   }
@@ -233,7 +234,7 @@ TEST(PressChunked, RatioAppliesToAllContextSeenAndPeakStaysNearBudgetPlusChunk) 
   for (const char* spec : {"knorm", "snapkv:window=16", "h2o:recent=8", "adakv(snapkv:window=16)",
                            "zigzagkv(snapkv:window=16)", "expected_attention:window=16", "tova", "keydiff",
                            "observed_attention", "key_rerotation(streaming_llm)"}) {
-    auto p = make_press(spec, 0.875);  // budget 64 of 512
+    auto p = make_press_impl(spec, 0.875);  // budget 64 of 512
     size_t peak_chunk = 0, peak_full = 0;
     auto s = prefill(*p, toks, 32, &peak_chunk);
     prefill(*p, toks, 0, &peak_full);
@@ -249,7 +250,7 @@ TEST(PressChunked, H2OStateStaysAlignedAcrossChunks) {
   // One chunk equal to the prompt is the unchunked run; with chunks the accumulated attention of
   // surviving entries keeps growing: the newest and heaviest entries survive, the budget holds.
   auto toks = story_tokens(200);
-  auto p = make_press("h2o:recent=4", 0.5);
+  auto p = make_press_impl("h2o:recent=4", 0.5);
   auto whole = prefill(*p, toks, 0), one = prefill(*p, toks, 200);
   EXPECT_TRUE(same_cache(whole->cache(), one->cache()));
   auto chunked = prefill(*p, toks, 50);
@@ -260,7 +261,7 @@ TEST(PressChunked, H2OStateStaysAlignedAcrossChunks) {
 }
 
 TEST(PressDecode, H2OHoldsTheBudgetDuringDecode) {
-  auto p = make_press("h2o:recent=4", 0.5);
+  auto p = make_press_impl("h2o:recent=4", 0.5);
   GenerateOptions o;
   o.context = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
   o.n_predict = 24;
@@ -271,7 +272,7 @@ TEST(PressDecode, H2OHoldsTheBudgetDuringDecode) {
 }
 
 TEST(PressDecode, DecodingWrapperCompressesEveryIntervalToTheTarget) {
-  auto p = make_press("decoding(snapkv:window=8):interval=8,size=30", 0.0);
+  auto p = make_press_impl("decoding(snapkv:window=8):interval=8,size=30", 0.0);
   GenerateOptions o;
   o.context = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
   o.n_predict = 40;
@@ -288,9 +289,9 @@ TEST(PressDecode, DecodingWrapperCompressesEveryIntervalToTheTarget) {
 
 TEST(PressRerotation, KeysMoveToContiguousPositionsExactly) {
   auto toks = story_tokens(100);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto ref = prefill(*none, toks);
-  auto p = make_press("key_rerotation(streaming_llm:n_sink=4)", 0.5);
+  auto p = make_press_impl("key_rerotation(streaming_llm:n_sink=4)", 0.5);
   auto s = prefill(*p, toks);
   const HParams& hp = bundled_model().hparams();
   const int d = hp.head_dim;
@@ -336,7 +337,7 @@ TEST(PressRerotation, MatchesTheModelsOwnRoPE) {
     std::vector<Token> toks;
     for (int i = 0; i < 40; ++i) toks.push_back(1 + (i * 37) % (hp.n_vocab - 1));
     Session a(*model, so);
-    auto p = make_press("key_rerotation(streaming_llm:n_sink=4)", 0.5);
+    auto p = make_press_impl("key_rerotation(streaming_llm:n_sink=4)", 0.5);
     prefill_and_compress(a, *p, toks, 0);
     // Kept: sinks 0..3 (now at 20..23) and positions 24..39 (unchanged).
     std::vector<Token> shifted(20, toks[5]);
@@ -361,28 +362,28 @@ TEST(PressRerotation, MatchesTheModelsOwnRoPE) {
 }
 
 TEST(PressSpec, ParsesCompositionsPoliciesAndWrappers) {
-  EXPECT_EQ(make_press("snapkv", 0.5)->describe(), "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg,protect=0");
-  EXPECT_EQ(make_press("adakv(snapkv:window=32,alpha=0.3)", 0.5)->describe(),
+  EXPECT_EQ(make_press_impl("snapkv", 0.5)->describe(), "snapkv:ratio=0.5,window=64,kernel=5,pooling=avg,protect=0");
+  EXPECT_EQ(make_press_impl("adakv(snapkv:window=32,alpha=0.3)", 0.5)->describe(),
             "adakv(snapkv:ratio=0.5,window=32,kernel=5,pooling=avg,protect=0):alpha=0.3");
-  EXPECT_EQ(make_press("adakv(snapkv:window=32):alpha=0.3,ratio=0.25", 0.5)->describe(),
+  EXPECT_EQ(make_press_impl("adakv(snapkv:window=32):alpha=0.3,ratio=0.25", 0.5)->describe(),
             "adakv(snapkv:ratio=0.25,window=32,kernel=5,pooling=avg,protect=0):alpha=0.3");
-  EXPECT_EQ(make_press("adakv", 0.5)->describe(), "adakv(snapkv:ratio=0.5,window=64,kernel=5,pooling=avg,protect=0):alpha=0.2");
-  EXPECT_EQ(make_press("threshold(knorm,window=64,tau=0)", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("adakv", 0.5)->describe(), "adakv(snapkv:ratio=0.5,window=64,kernel=5,pooling=avg,protect=0):alpha=0.2");
+  EXPECT_EQ(make_press_impl("threshold(knorm,window=64,tau=0)", 0.0)->describe(),
             "threshold(knorm:ratio=0):tau=0,window=64,decode=0");
-  EXPECT_EQ(make_press("snapkv:ratio=0.2+knorm", 0.5)->describe(),
+  EXPECT_EQ(make_press_impl("snapkv:ratio=0.2+knorm", 0.5)->describe(),
             "snapkv:ratio=0.2,window=64,kernel=5,pooling=avg,protect=0+knorm:ratio=0.5");
-  EXPECT_NEAR(make_press("snapkv:ratio=0.2+knorm", 0.5)->ratio(), 0.6, 1e-12);
-  EXPECT_EQ(make_press("key_rerotation(adakv(snapkv))", 0.3)->describe(),
+  EXPECT_NEAR(make_press_impl("snapkv:ratio=0.2+knorm", 0.5)->ratio(), 0.6, 1e-12);
+  EXPECT_EQ(make_press_impl("key_rerotation(adakv(snapkv))", 0.3)->describe(),
             "key_rerotation(adakv(snapkv:ratio=0.3,window=64,kernel=5,pooling=avg,protect=0):alpha=0.2)");
-  EXPECT_EQ(make_press("threshold(knorm):tau=1e+5", 0.0)->describe(), "threshold(knorm:ratio=0):tau=100000,window=128,decode=0");
-  EXPECT_EQ(make_press("decoding(knorm:ratio=0.5):interval=16", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("threshold(knorm):tau=1e+5", 0.0)->describe(), "threshold(knorm:ratio=0):tau=100000,window=128,decode=0");
+  EXPECT_EQ(make_press_impl("decoding(knorm:ratio=0.5):interval=16", 0.0)->describe(),
             "decoding(knorm:ratio=0.5):interval=16,size=2048");
 }
 
 TEST(PressSpec, BadSpecsRaiseErrorsNamingTheProblem) {
   auto msg = [](const std::string& spec, double r = 0.5) -> std::string {
     try {
-      make_press(spec, r);
+      make_press_impl(spec, r);
     } catch (const Error& e) {
       return e.what();
     }

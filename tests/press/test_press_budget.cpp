@@ -39,7 +39,7 @@ std::unique_ptr<Request> prefill(const std::string& spec, const std::vector<Toke
   RequestOptions o;
   o.chunk_size = chunk;
   o.n_predict = 0;
-  auto r = std::make_unique<Request>(bundled_model(), make_press(spec, 0.0), o);
+  auto r = std::make_unique<Request>(bundled_model(), make_press_impl(spec, 0.0), o);
   r->set_prompt_tokens(ids, {});
   while (!r->prefill_step())
     if (after_chunk) after_chunk(r->cache());
@@ -76,7 +76,7 @@ TEST(PressBudget, OnePrefillEqualsTheMatchingRatio) {
     auto by_budget = prefill(std::string(spec) + ":budget=100", ids, 0);
     RequestOptions o;
     o.n_predict = 0;
-    Request by_ratio(bundled_model(), make_press(spec, 0.75), o);  // floor(400 x 0.25) = 100
+    Request by_ratio(bundled_model(), make_press_impl(spec, 0.75), o);  // floor(400 x 0.25) = 100
     by_ratio.set_prompt_tokens(ids, {});
     by_ratio.prefill();
     const KVCache &a = by_budget->cache(), &b = by_ratio.cache();
@@ -115,13 +115,13 @@ TEST(PressBudget, CapsAThresholdPolicy) {
 TEST(PressBudget, SpecsRoundTripAndRefusals) {
   for (const char* spec : {"snapkv:budget=4096", "adakv(snapkv):budget=4096", "adakv(snapkv:budget=4096)",
                            "knorm:budget=7+snapkv:budget=9", "kvzip:budget=4096", "global(snapkv):budget=4096"}) {
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     EXPECT_NE(p->describe().find("budget="), std::string::npos) << spec << " -> " << p->describe();
-    EXPECT_EQ(make_press(p->describe(), 0.0)->describe(), p->describe()) << spec;
+    EXPECT_EQ(make_press_impl(p->describe(), 0.0)->describe(), p->describe()) << spec;
   }
   auto refused = [](const std::string& spec, double ratio, std::initializer_list<const char*> parts) {
     try {
-      make_press(spec, ratio);
+      make_press_impl(spec, ratio);
       ADD_FAILURE() << spec << " was accepted";
     } catch (const Error& e) {
       for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
@@ -134,7 +134,7 @@ TEST(PressBudget, SpecsRoundTripAndRefusals) {
   refused("none:budget=10", 0.0, {"budget"});
   // The caller's ratio does not fill a budgeted press: the budget alone decides.
   bool used = true;
-  auto p = make_press("snapkv:budget=100", 0.5, used);
+  auto p = make_press_impl("snapkv:budget=100", 0.5, used);
   EXPECT_FALSE(used);
   EXPECT_NE(p->describe().find("ratio=0,"), std::string::npos) << p->describe();
 }
@@ -156,7 +156,7 @@ TEST(PressBudget, EveryScorerPressHonoursIt) {
     const std::string spec = info->name + ":budget=100";
     SCOPED_TRACE(spec);
     try {
-      make_press(spec, 0.0);
+      make_press_impl(spec, 0.0);
     } catch (const Error& e) {
       // Presses that keep no entries by score, or need a file or a parameter of their own.
       const std::string what = e.what();

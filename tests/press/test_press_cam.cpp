@@ -80,7 +80,7 @@ TEST(PressCam, MergesByHand) {
 TEST(PressCam, DecodeKeepsSizeEntriesPerLayer) {
   auto toks = story_tokens(40);
   auto run = [&](const std::string& spec) {
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     RequestOptions o;
     o.session.key_codec = o.session.value_codec = KVCodec::F32;
     o.session.n_ctx = 512;
@@ -102,10 +102,10 @@ TEST(PressCam, DecodeKeepsSizeEntriesPerLayer) {
       EXPECT_EQ(c.seg(l, h).positions(), c.seg(l, 0).positions());
     }
   EXPECT_TRUE(same_cache(c, b->cache()));
-  EXPECT_THROW(make_press("cam(kvzip)", 0.5), Error);
-  EXPECT_THROW(make_press("cam(knorm):merge_budget=0", 0.5), Error);
-  EXPECT_EQ(make_press("CAMPress(KnormPress,compression_interval=4,target_size=16)", 0.0)->describe(),
-            make_press("cam(knorm):interval=4,size=16", 0.0)->describe());
+  EXPECT_THROW(make_press_impl("cam(kvzip)", 0.5), Error);
+  EXPECT_THROW(make_press_impl("cam(knorm):merge_budget=0", 0.5), Error);
+  EXPECT_EQ(make_press_impl("CAMPress(KnormPress,compression_interval=4,target_size=16)", 0.0)->describe(),
+            make_press_impl("cam(knorm):interval=4,size=16", 0.0)->describe());
 }
 
 }  // namespace

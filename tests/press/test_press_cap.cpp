@@ -134,7 +134,7 @@ TEST(PressCap, ScoresAreKvpressCapPressRecomputedInFloat64) {
 // int(n (1 - r)) entries stay; protect=1 keeps them past any budget.
 TEST(PressCap, SinksChosenFirstInTheBudget) {
   auto toks = story_tokens(64);
-  auto p = make_press("cap", 0.5);
+  auto p = make_press_impl("cap", 0.5);
   auto s = prefill(*p, toks);
   for (int l = 0; l < s->cache().n_layer(); ++l)
     for (int h = 0; h < s->cache().n_head_kv(); ++h) {
@@ -142,20 +142,20 @@ TEST(PressCap, SinksChosenFirstInTheBudget) {
       ASSERT_EQ(pos.size(), 32u);
       for (int j = 0; j < 4; ++j) EXPECT_EQ(pos[j], j);
     }
-  auto q = make_press("cap:protect=1", 0.97);  // budget int(64 x 0.03) = 1 < 4 sinks
+  auto q = make_press_impl("cap:protect=1", 0.97);  // budget int(64 x 0.03) = 1 < 4 sinks
   auto t = prefill(*q, toks);
   EXPECT_EQ(t->cache().seg(0, 0).positions(), (std::vector<int32_t>{0, 1, 2, 3}));
-  auto r = make_press("cap", 0.97);
+  auto r = make_press_impl("cap", 0.97);
   EXPECT_EQ(prefill(*r, toks)->cache().seg(0, 0).size(), 1u);
 }
 
 TEST(PressCap, KvpressNamesAreAliases) {
-  EXPECT_EQ(make_press("CapPress:compression_ratio=0.3,n_future_positions=64,tau=2", 0.0)->describe(),
-            make_press("cap:ratio=0.3,n_future=64,tau=2", 0.0)->describe());
-  EXPECT_EQ(make_press("ThinKPress:key_channel_compression_ratio=0.25,window_size=16", 0.0)->describe(),
-            make_press("think:key_ratio=0.25,window=16", 0.0)->describe());
-  EXPECT_THROW(make_press("cap:n_future=0", 0.5), Error);
-  EXPECT_THROW(make_press("cap:epsilon=-1", 0.5), Error);
+  EXPECT_EQ(make_press_impl("CapPress:compression_ratio=0.3,n_future_positions=64,tau=2", 0.0)->describe(),
+            make_press_impl("cap:ratio=0.3,n_future=64,tau=2", 0.0)->describe());
+  EXPECT_EQ(make_press_impl("ThinKPress:key_channel_compression_ratio=0.25,window_size=16", 0.0)->describe(),
+            make_press_impl("think:key_ratio=0.25,window=16", 0.0)->describe());
+  EXPECT_THROW(make_press_impl("cap:n_future=0", 0.5), Error);
+  EXPECT_THROW(make_press_impl("cap:epsilon=-1", 0.5), Error);
 }
 
 }  // namespace

@@ -90,23 +90,23 @@ TEST(PressCatalogue, CURScoresAreTheReferenceLeverageProduct) {
     }
   // Selection on the model's own cache: int(100 x 0.5) = 50 per head, the sinks first.
   auto toks = story_tokens(100);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   auto full = prefill(*none, toks);
-  auto q = make_press("cur", 0.5);
+  auto q = make_press_impl("cur", 0.5);
   auto s = prefill(*q, toks);
   for (int l = 0; l < full->cache().n_layer(); ++l)
     for (int h = 0; h < full->cache().n_head_kv(); ++h)
       EXPECT_EQ(s->cache().seg(l, h).positions(), top_indices(cur_reference(full->cache().seg(l, h), 16, 4), 50))
           << "l" << l << " h" << h;
   // Budget below the sinks (r = 0.99 on 100: 1 entry): one sink, the later one on ties.
-  auto r = make_press("cur", 0.99);
+  auto r = make_press_impl("cur", 0.99);
   auto t = prefill(*r, toks);
   EXPECT_EQ(t->cache().seg(0, 0).positions(), std::vector<int32_t>{3});
   // kvpress's name and parameters.
-  EXPECT_EQ(make_press("CURPress:compression_ratio=0.25,num_sinks=2,leverage_type=key,local_window_size=8", 0)
+  EXPECT_EQ(make_press_impl("CURPress:compression_ratio=0.25,num_sinks=2,leverage_type=key,local_window_size=8", 0)
                 ->describe(),
             "cur:ratio=0.25,n_sink=2,leverage=key,local=1,window=8,random_projection=0,seed=42,protect=0");
-  EXPECT_THROW(make_press("cur:leverage=foo", 0.5), Error);
+  EXPECT_THROW(make_press_impl("cur:leverage=foo", 0.5), Error);
 }
 
 // SimLayerKVPress: a layer is lazy when the last query's attention (every query head, causal
@@ -133,7 +133,7 @@ TEST(PressCatalogue, SimLayerKVKeepsInitialAndRecentInLazyLayers) {
   std::vector<double> sorted = score;
   std::sort(sorted.begin(), sorted.end());
   const double thr = (sorted[2] + sorted[3]) / 2;  // layers above the median are lazy
-  auto p = make_press(fmt::format("SimLayerKVPress:lazy_threshold={},n_last=2,n_recent=10,n_initial=4", thr), 0);
+  auto p = make_press_impl(fmt::format("SimLayerKVPress:lazy_threshold={},n_last=2,n_recent=10,n_initial=4", thr), 0);
   KVCache c = random_cache(m, n, 5);
   p->apply(c, m, obs, Target{0, size_t(n)});
   std::vector<int32_t> lazy_keep = range(0, 4), tail = range(32, 40);  // n_recent - n_last = 8
@@ -149,22 +149,22 @@ TEST(PressCatalogue, SimLayerKVKeepsInitialAndRecentInLazyLayers) {
   EXPECT_NE(p->report().find("2 of 5 layers lazy"), std::string::npos) << p->report();
   // Default threshold 1: nothing happens; a segment no longer than n_initial + n_recent + n_last
   // (here 16) is left as is.
-  auto d = make_press("simlayerkv", 0);
+  auto d = make_press_impl("simlayerkv", 0);
   KVCache c2 = random_cache(m, n, 5);
   d->apply(c2, m, obs, Target{0, size_t(n)});
   EXPECT_EQ(c2.entries(), size_t(n) * hp.n_layer * hp.n_head_kv);
-  auto z = make_press("simlayerkv:lazy_threshold=0,n_last=2,n_recent=10,n_initial=4", 0);
+  auto z = make_press_impl("simlayerkv:lazy_threshold=0,n_last=2,n_recent=10,n_initial=4", 0);
   KVCache c3 = random_cache(m, 16, 5);
   Observation o3 = random_window(m, {14, 15}, 6);
   z->apply(c3, m, o3, Target{0, 16});
   EXPECT_EQ(c3.entries(), size_t(16) * hp.n_layer * hp.n_head_kv);
   // With lazy_threshold 0 every long layer is lazy (prefill through the model, 1-2 token
   // contexts stay whole).
-  auto all = make_press("simlayerkv:lazy_threshold=0,n_recent=20", 0);
+  auto all = make_press_impl("simlayerkv:lazy_threshold=0,n_recent=20", 0);
   auto s = prefill(*all, story_tokens(100));
   EXPECT_EQ(s->cache().entries(), size_t(4 + 19) * hp.n_layer * hp.n_head_kv);
   for (size_t k : {1, 2}) EXPECT_EQ(prefill(*all, story_tokens(k))->cache().entries(), k * hp.n_layer * hp.n_head_kv);
-  EXPECT_THROW(make_press("simlayerkv:n_recent=1", 0), Error);
+  EXPECT_THROW(make_press_impl("simlayerkv:n_recent=1", 0), Error);
 }
 
 // CriticalAdaKVPress over KnormPress (scores -||k||), recomputed in float64: AdaKV's budgets
@@ -205,7 +205,7 @@ TEST(PressCatalogue, CriticalAdaKVIsCriticalKVInsideAdaKVBudgets) {
     return W;
   };
   KVCache c = make();
-  auto p = make_press("CriticalAdaKVPress(KnormPress)", r);
+  auto p = make_press_impl("CriticalAdaKVPress(KnormPress)", r);
   Observation obs;
   p->apply(c, m, obs, Target{r, size_t(n)});
   for (int l = 0; l < hp.n_layer; ++l) {
@@ -260,8 +260,8 @@ TEST(PressCatalogue, CriticalAdaKVIsCriticalKVInsideAdaKVBudgets) {
       EXPECT_EQ(c.seg(l, h).positions(), want) << "l" << l << " h" << h << " budget " << b[h];
     }
   }
-  EXPECT_THROW(make_press("critical_adakv(adakv(knorm))", 0.5), Error);
-  EXPECT_EQ(make_press("CriticalAdaKVPress(KnormPress,alpha_safeguard=0.3,first_stage_ratio=0.25)", 0.5)->describe(),
+  EXPECT_THROW(make_press_impl("critical_adakv(adakv(knorm))", 0.5), Error);
+  EXPECT_EQ(make_press_impl("CriticalAdaKVPress(KnormPress,alpha_safeguard=0.3,first_stage_ratio=0.25)", 0.5)->describe(),
             "critical_adakv(knorm:ratio=0.5):alpha=0.3,epsilon=0.0001,first_stage=0.25");
 }
 
@@ -297,7 +297,7 @@ TEST(PressCatalogue, ChunkScoresEveryChunkOnItsOwn) {
   const Model& m = bundled_model();
   const int n = 40;
   KVCache c = random_cache(m, n, 31);
-  auto p = make_press("ChunkPress(KeyDiffPress,chunk_length=16)", 0.5);
+  auto p = make_press_impl("ChunkPress(KeyDiffPress,chunk_length=16)", 0.5);
   Observation obs;
   p->apply(c, m, obs, Target{0.5, size_t(n)});
   KVCache ref = random_cache(m, n, 31);
@@ -314,7 +314,7 @@ TEST(PressCatalogue, ChunkScoresEveryChunkOnItsOwn) {
   // Chunked prefill (32 tokens a step, a multiple of 16) compresses each step's new entries only:
   // layer 0 (whose keys do not depend on earlier compression) keeps what one-shot keeps.
   auto toks = story_tokens(96);
-  auto a = make_press("chunk(knorm):chunk=16", 0.5), b = make_press("chunk(knorm):chunk=16", 0.5);
+  auto a = make_press_impl("chunk(knorm):chunk=16", 0.5), b = make_press_impl("chunk(knorm):chunk=16", 0.5);
   auto one = prefill(*a, toks), chunked = prefill(*b, toks, 32);
   for (int h = 0; h < one->cache().n_head_kv(); ++h) {
     EXPECT_EQ(one->cache().seg(0, h).size(), 48u);
@@ -322,10 +322,10 @@ TEST(PressCatalogue, ChunkScoresEveryChunkOnItsOwn) {
   }
   // A chunk shorter than 2 entries keeps 1; policies and accumulated attention are refused.
   KVCache tiny = random_cache(m, 17, 3);
-  make_press("chunk(knorm):chunk=16", 0.5)->apply(tiny, m, obs, Target{0.5, 17});
+  make_press_impl("chunk(knorm):chunk=16", 0.5)->apply(tiny, m, obs, Target{0.5, 17});
   EXPECT_EQ(tiny.seg(0, 0).size(), 9u);
-  EXPECT_THROW(make_press("chunk(adakv(snapkv))", 0.5), Error);
-  EXPECT_THROW(make_press("chunk(observed_attention)", 0.5), Error);
+  EXPECT_THROW(make_press_impl("chunk(adakv(snapkv))", 0.5), Error);
+  EXPECT_THROW(make_press_impl("chunk(observed_attention)", 0.5), Error);
 }
 
 // BlockPress(KeyDiffPress), block 8 over 40 entries at 0.5: keep [0, 20), then score kept + each
@@ -334,7 +334,7 @@ TEST(PressCatalogue, BlockKeepsTheBudgetWhileScanningBlocks) {
   const Model& m = bundled_model();
   const int n = 40, k = 20;
   KVCache c = random_cache(m, n, 41);
-  auto p = make_press("BlockPress(KeyDiffPress,block_size=8)", 0.5);
+  auto p = make_press_impl("BlockPress(KeyDiffPress,block_size=8)", 0.5);
   Observation obs;
   p->apply(c, m, obs, Target{0.5, size_t(n)});
   KVCache ref = random_cache(m, n, 41);
@@ -357,7 +357,7 @@ TEST(PressCatalogue, BlockKeepsTheBudgetWhileScanningBlocks) {
     }
   EXPECT_GT(differs, 0) << "block-wise KeyDiff should differ from one-shot KeyDiff somewhere";
   for (size_t t : {1, 2}) {
-    auto q = make_press("block(keydiff)", 0.5);
+    auto q = make_press_impl("block(keydiff)", 0.5);
     auto s = prefill(*q, story_tokens(t));
     EXPECT_EQ(s->cache().seg(0, 0).size(), 1u) << t;
   }
@@ -441,11 +441,11 @@ TEST(PressCatalogue, QFilterIsThePrincipalQueryDirection) {
         expect_close(sc[l][h][i], d, 1e-5, "qfilter score");
       }
     }
-  auto qp = make_press("qfilter:filters=" + path, 0.5);
+  auto qp = make_press_impl("qfilter:filters=" + path, 0.5);
   auto s = prefill(*qp, story_tokens(80));
   EXPECT_EQ(s->cache().entries(), size_t(40) * hp.n_layer * hp.n_head_kv);
-  EXPECT_THROW(make_press("qfilter", 0.5), Error);
-  EXPECT_THROW(make_press("qfilter:filters=/nonexistent.gguf", 0.5), Error);
+  EXPECT_THROW(make_press_impl("qfilter", 0.5), Error);
+  EXPECT_THROW(make_press_impl("qfilter:filters=/nonexistent.gguf", 0.5), Error);
   std::remove(path.c_str());
 }
 
@@ -468,7 +468,7 @@ TEST(PressCatalogue, QFilterFileOfAnotherModelIsACleanError) {
   const std::string shape = fmt::format("{} x {} x {}", hp.n_layer, hp.n_head_kv, hp.head_dim);
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    auto qp = make_press("qfilter:filters=" + path, 0.5);
+    auto qp = make_press_impl("qfilter:filters=" + path, 0.5);
     try {
       prefill(*qp, story_tokens(40));
       ADD_FAILURE() << "no error at " << threads << " threads";
@@ -640,10 +640,10 @@ TEST(PressCatalogue, NonCausalAttentionIsChunkedColumnSumsTimesValueNorm) {
         EXPECT_NEAR(sc[l][h][i], want[h][i], 2e-4) << "l" << l << " h" << h << " i" << i;
   }
   // Through the runner: int(40 x 0.5) = 20 per head.
-  auto q = make_press("non_causal_attention:chunk=16", 0.5);
+  auto q = make_press_impl("non_causal_attention:chunk=16", 0.5);
   EXPECT_EQ(prefill(*q, story_tokens(40))->cache().entries(), size_t(20) * m.hparams().n_layer * m.hparams().n_head_kv);
   // Chunked prefill cannot give it the queries of earlier steps: a clear error.
-  auto c = make_press("non_causal_attention", 0.5);
+  auto c = make_press_impl("non_causal_attention", 0.5);
   EXPECT_THROW(prefill(*c, story_tokens(40), 16), Error);
 }
 
@@ -689,11 +689,11 @@ TEST(PressCatalogue, CompactorBlendsLeverageAndAttentionBetweenSinks) {
         EXPECT_NEAR(sc[l][h][i], want, 3e-3) << "l" << l << " h" << h << " i" << i;
       }
   }
-  EXPECT_EQ(make_press("CompactorPress:blending=0.35", 0.5)->describe(),
+  EXPECT_EQ(make_press_impl("CompactorPress:blending=0.35", 0.5)->describe(),
             "compactor:ratio=0.5,sink_start=8,sink_end=4,chunk=256,sketch=48,blending=0.35,seed=42");
   // Contexts of 1-2 tokens and shorter than the sinks keep int(n (1 - r)), at least 1.
   for (size_t t : {1, 2, 10}) {
-    auto q = make_press("compactor", 0.5);
+    auto q = make_press_impl("compactor", 0.5);
     EXPECT_EQ(prefill(*q, story_tokens(t))->cache().seg(0, 0).size(), std::max<size_t>(1, t / 2)) << t;
   }
 }
@@ -715,7 +715,7 @@ TEST(PressCatalogue, LeanKVDynamicSparsityFollowsEachHeadsAttentionMass) {
     auto snap = scorer("snapkv", 0.5);
     run_observed(s, toks, snap->needs(), obs);
     Scores sc = snap->score_all(s.cache(), m, obs, Target{0.5, toks.size()});
-    auto p = make_press("leankv(snapkv):mass=0.9,mass_high=0.6", 0.5);
+    auto p = make_press_impl("leankv(snapkv):mass=0.9,mass_high=0.6", 0.5);
     p->apply(s.cache(), m, obs, Target{0.5, toks.size()});
     std::set<size_t> sizes;
     for (int l = 0; l < hp.n_layer; ++l)
@@ -742,7 +742,7 @@ TEST(PressCatalogue, LeanKVDynamicSparsityFollowsEachHeadsAttentionMass) {
       }
     EXPECT_GT(sizes.size(), 1u) << "every head kept the same count: not per-head";
   }
-  EXPECT_THROW(make_press("leankv(snapkv):mass=1.5", 0.5), Error);
+  EXPECT_THROW(make_press_impl("leankv(snapkv):mass=1.5", 0.5), Error);
 }
 
 // Expected Attention with statistics from a file (kvpress's ExpectedAttentionStatsPress): the
@@ -795,15 +795,15 @@ TEST(PressCatalogue, ExpectedAttentionStatsFileHoldsPreRoPEQueryMoments) {
   const std::string path = ::testing::TempDir() + "ea_stats_" + std::to_string(::getpid()) + ".gguf";
   own.save(path);
   EXPECT_EQ(QueryStatsFile::load(path).mean, own.mean);
-  auto a = make_press("expected_attention", 0.5);
-  auto b = make_press("ExpectedAttentionStatsPress:stats_folder=" + path, 0.5);
+  auto a = make_press_impl("expected_attention", 0.5);
+  auto b = make_press_impl("ExpectedAttentionStatsPress:stats_folder=" + path, 0.5);
   EXPECT_NE(b->describe().find("stats=" + path), std::string::npos);
   auto sa = prefill(*a, ctx), sb = prefill(*b, ctx);
   int same = 0, segs = 0;
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h, ++segs) same += sa->cache().seg(l, h).positions() == sb->cache().seg(l, h).positions();
   EXPECT_EQ(same, segs);
-  EXPECT_THROW(make_press("expected_attention:stats=/nonexistent.gguf", 0.5), Error);
+  EXPECT_THROW(make_press_impl("expected_attention:stats=/nonexistent.gguf", 0.5), Error);
   std::remove(path.c_str());
 }
 
@@ -816,7 +816,7 @@ TEST(PressCatalogue, MergingFoldsEvictedValuesIntoTheNearestKeptKey) {
   const int n = 24, hd = hp.head_dim, keep = 12;
   KVCache c = random_cache(m, n, 77), ref = random_cache(m, n, 77);
   Observation obs;
-  make_press("MergingPress(KnormPress)", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
+  make_press_impl("MergingPress(KnormPress)", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
       auto K = keys_of(ref.seg(l, h)), V = values_of(ref.seg(l, h));
@@ -859,8 +859,8 @@ TEST(PressCatalogue, MergingFoldsEvictedValuesIntoTheNearestKeptKey) {
     }
   // similarity_threshold 1: nothing merges, the cache is knorm's.
   KVCache d = random_cache(m, n, 77), e = random_cache(m, n, 77);
-  make_press("merging(knorm):similarity_threshold=1", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
-  make_press("knorm", 0.5)->apply(e, m, obs, Target{0.5, size_t(n)});
+  make_press_impl("merging(knorm):similarity_threshold=1", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
+  make_press_impl("knorm", 0.5)->apply(e, m, obs, Target{0.5, size_t(n)});
   EXPECT_TRUE(same_cache(d, e));
 }
 
@@ -881,7 +881,7 @@ TEST(PressCatalogue, DuoAttentionWithCalibratedLabelsStillRetrieves) {
   swapped.save(dir + "_swapped.gguf");
   const std::string prompt = duo_passkey_prompt(*m, 1500, 0.2, 71432);
   auto answer = [&](const std::string& spec) {
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     RequestOptions o;
     o.n_predict = 6;  // " 7 1 4 3 2": five tokens
     o.sampling.temp = 0;
@@ -913,9 +913,9 @@ TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
   std::vector<int32_t> wpos = range(n - w, n);
   Observation obs = random_window(m, wpos, 19);
   KVCache c = random_cache(m, n, 18), ref = random_cache(m, n, 18);
-  make_press("FinchPress:window_size=8,rerotate_keys=False", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
+  make_press_impl("FinchPress:window_size=8,rerotate_keys=False", 0.5)->apply(c, m, obs, Target{0.5, size_t(n)});
   KVCache d = random_cache(m, n, 18);
-  make_press("finch:window=8,rerotate=0,chunk=16", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
+  make_press_impl("finch:window=8,rerotate=0,chunk=16", 0.5)->apply(d, m, obs, Target{0.5, size_t(n)});
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
       std::vector<double> s(n, 1e9);  // window: chosen first
@@ -935,13 +935,13 @@ TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
       EXPECT_EQ(d.seg(l, h).positions(), want) << "chunks l" << l << " h" << h;
     }
   // Regression: the description lacked rerotate=0, so it parsed back to a doubly wrapped press.
-  EXPECT_EQ(make_press("finch:window=8", 0.5)->describe(),
+  EXPECT_EQ(make_press_impl("finch:window=8", 0.5)->describe(),
             "key_rerotation(finch:ratio=0.5,window=8,normalize=1,chunk=0,rerotate=0)");
-  EXPECT_EQ(make_press(make_press("finch:window=8", 0.5)->describe(), 0.5)->describe(),
-            make_press("finch:window=8", 0.5)->describe());
-  EXPECT_THROW(make_press("finch", 0.5), Error);
+  EXPECT_EQ(make_press_impl(make_press_impl("finch:window=8", 0.5)->describe(), 0.5)->describe(),
+            make_press_impl("finch:window=8", 0.5)->describe());
+  EXPECT_THROW(make_press_impl("finch", 0.5), Error);
   // Through the model with rerotation: int(100 x 0.5) per head, positions contiguous at the end.
-  auto p = make_press("finch:window=16", 0.5);
+  auto p = make_press_impl("finch:window=16", 0.5);
   auto sess = prefill(*p, story_tokens(100));
   EXPECT_EQ(sess->cache().seg(2, 1).positions(), range(50, 100));
 }
@@ -949,9 +949,9 @@ TEST(PressCatalogue, FinchScoresTheNormalisedPromptAttention) {
 // kvpress's CompressionRatioDecodingPress is the decoding wrapper with size=0 (the inner press's
 // ratio of every token seen); PrefillDecodingPress is a composition (PREFILL + decoding(...)).
 TEST(PressCatalogue, CompressionRatioDecodingIsDecodingToTheRatioOfTokensSeen) {
-  EXPECT_EQ(make_press("CompressionRatioDecodingPress(KnormPress,compression_interval=8,target_compression_ratio=0.25)", 0)
+  EXPECT_EQ(make_press_impl("CompressionRatioDecodingPress(KnormPress,compression_interval=8,target_compression_ratio=0.25)", 0)
                 ->describe(),
             "decoding(knorm:ratio=0.25):interval=8,size=0");
-  EXPECT_EQ(make_press("compression_ratio_decoding(snapkv)", 0.5)->describe(),
-            make_press("decoding(snapkv):size=0", 0.5)->describe());
+  EXPECT_EQ(make_press_impl("compression_ratio_decoding(snapkv)", 0.5)->describe(),
+            make_press_impl("decoding(snapkv):size=0", 0.5)->describe());
 }

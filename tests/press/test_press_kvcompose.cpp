@@ -106,7 +106,7 @@ TEST(PressKVCompose, PrefillMatchesTheReplayRecomputedInFloat64) {
   std::vector<int> per_layer(L, 0);
   for (int i = 0; i < n_kept; ++i) ++per_layer[all[i].second];
 
-  auto p = make_press("kvcompose", ratio);
+  auto p = make_press_impl("kvcompose", ratio);
   auto s = prefill(*p, toks);
   int total = 0;
   for (int l = 0; l < L; ++l)
@@ -127,13 +127,13 @@ TEST(PressKVCompose, PrefillMatchesTheReplayRecomputedInFloat64) {
 
 TEST(PressKVCompose, RatioZeroIsBitIdenticalAndNamesAreAliases) {
   auto toks = story_tokens(40);
-  auto none = make_press("none", 0.0);
-  auto p = make_press("kvcompose", 0.0);
+  auto none = make_press_impl("none", 0.0);
+  auto p = make_press_impl("kvcompose", 0.0);
   EXPECT_TRUE(same_cache(prefill(*p, toks)->cache(), prefill(*none, toks)->cache()));
-  EXPECT_EQ(make_press("KVComposePress:compression_ratio=0.4,structured=False,agg_task=mean", 0.0)->describe(),
-            make_press("kvcompose:ratio=0.4,structured=0,agg_task=mean", 0.0)->describe());
-  EXPECT_THROW(make_press("kvcompose:agg_task=median", 0.5), Error);
-  EXPECT_THROW(make_press("kvcompose:keep_token_lower_bound=-1", 0.5), Error);
+  EXPECT_EQ(make_press_impl("KVComposePress:compression_ratio=0.4,structured=False,agg_task=mean", 0.0)->describe(),
+            make_press_impl("kvcompose:ratio=0.4,structured=0,agg_task=mean", 0.0)->describe());
+  EXPECT_THROW(make_press_impl("kvcompose:agg_task=median", 0.5), Error);
+  EXPECT_THROW(make_press_impl("kvcompose:keep_token_lower_bound=-1", 0.5), Error);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "press/latent.h"
+#include "run/prefill.h"
 #include "train/latent_calibrate.h"
 #include "support/press_util.h"
 
@@ -25,7 +26,7 @@ TEST(PressLatent, PerRequestPcaStoresCodesWithExactBytes) {
   const Model& model = bundled_model();
   const HParams& hp = model.hparams();
   Session s(model, SessionOptions{});
-  auto press = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8,scales=token", 0.0);
+  auto press = make_press_impl("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8,scales=token", 0.0);
   press->reset();
   prefill_and_compress(s, *press, story_tokens(80), 0, nullptr, nullptr);
   const KVCache& c = s.cache();
@@ -40,13 +41,13 @@ TEST(PressLatent, PerRequestPcaStoresCodesWithExactBytes) {
   // Per-channel scales (the default): a widening byte per entry instead of the f16 scale, and a
   // (center, step) f32 pair per coordinate and segment.
   Session s2(model, SessionOptions{});
-  auto pc = make_press("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8", 0.0);
+  auto pc = make_press_impl("latent:k_rank=3,v_rank=5,k_bits=4,v_bits=8", 0.0);
   prefill_and_compress(s2, *pc, story_tokens(80), 0, nullptr, nullptr);
   EXPECT_EQ(s2.cache().bytes(), segs * 80 * ((2 + 1) + (5 + 1) + 4) + segs * (basis + (3 + 5) * 2 * 4));
-  EXPECT_THROW(make_press("latent:scales=row", 0.0), Error);
-  EXPECT_THROW(make_press("latent:k_bits=3", 0.0), Error);
-  EXPECT_THROW(make_press("latent:energy=1.5", 0.0), Error);
-  EXPECT_THROW(make_press("latent:file=/nonexistent/bases.gguf", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:scales=row", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:k_bits=3", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:energy=1.5", 0.0), Error);
+  EXPECT_THROW(make_press_impl("latent:file=/nonexistent/bases.gguf", 0.0), Error);
 }
 
 TEST(PressLatent, FullRankCodesReproduceTheFullCacheLogits) {
@@ -55,9 +56,9 @@ TEST(PressLatent, FullRankCodesReproduceTheFullCacheLogits) {
   SessionOptions so;
   so.key_codec = so.value_codec = KVCodec::F32;
   Session full(model, so), lat(model, so);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   const int hd = model.hparams().head_dim;
-  auto press = make_press(fmt::format("latent:k_rank={},v_rank={},k_bits=32,v_bits=32", hd, hd), 0.0);
+  auto press = make_press_impl(fmt::format("latent:k_rank={},v_rank={},k_bits=32,v_bits=32", hd, hd), 0.0);
   auto toks = story_tokens(60);
   prefill_and_compress(full, *none, toks, 0, nullptr, nullptr);
   prefill_and_compress(lat, *press, toks, 0, nullptr, nullptr);
@@ -94,7 +95,7 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
     EXPECT_EQ(r.key_bits[u], 4);
   }
   Session s(model, SessionOptions{});
-  auto press = make_press("latent:file=" + path, 0.0);
+  auto press = make_press_impl("latent:file=" + path, 0.0);
   prefill_and_compress(s, *press, story_tokens(40), 0, nullptr, nullptr);
   EXPECT_EQ(s.cache().seg(1, 2).latent_keys().rank(), b.key[1 * hp.n_head_kv + 2]->rank());
   // Calibrated bases are loaded once per process and shared by every request: the cache counts
@@ -108,7 +109,7 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   EXPECT_EQ(s.cache().bytes(), 40 * rows + params);
   EXPECT_EQ(s.cache().shared_bytes(), basis);
   Session s3(model, SessionOptions{});
-  auto press3 = make_press("latent:file=" + path, 0.0);
+  auto press3 = make_press_impl("latent:file=" + path, 0.0);
   prefill_and_compress(s3, *press3, story_tokens(30), 0, nullptr, nullptr);
   EXPECT_EQ(&s3.cache().seg(2, 1).latent_values().basis(), &s.cache().seg(2, 1).latent_values().basis());
   opt.memory_ratio = 0.01;
@@ -121,7 +122,7 @@ TEST(PressLatent, CalibratedBasesRoundTripThroughGgufAndMeetTheByteBudget) {
   other.key_bits.resize(hp.n_head_kv);
   other.value_bits.resize(hp.n_head_kv);
   other.save(path, "x");
-  auto bad = make_press("latent:file=" + path, 0.0);
+  auto bad = make_press_impl("latent:file=" + path, 0.0);
   Session s2(model, SessionOptions{});
   EXPECT_THROW(prefill_and_compress(s2, *bad, story_tokens(20), 0, nullptr, nullptr), Error);
   std::remove(path.c_str());
@@ -154,7 +155,7 @@ TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAr
   for (const Case& c : {Case{"", 8, 4}, Case{",k_bits=2", 2, 4}, Case{",v_bits=8", 8, 8},
                         Case{",k_bits=4,v_bits=2", 4, 2}}) {
     Session s(model, SessionOptions{});
-    auto press = make_press("latent:file=" + path + c.extra, 0.0);
+    auto press = make_press_impl("latent:file=" + path + c.extra, 0.0);
     prefill_and_compress(s, *press, story_tokens(static_cast<int>(n)), 0, nullptr, nullptr);
     EXPECT_EQ(s.cache().seg(3, 1).latent_keys().bits(), c.kb) << c.extra;
     EXPECT_EQ(s.cache().seg(3, 1).latent_values().bits(), c.vb) << c.extra;
@@ -164,7 +165,7 @@ TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAr
     }
   }
   for (const char* bad : {",k_rank=4", ",v_rank=8", ",energy=0.9", ",share=0.1", ",share_max=2"})
-    EXPECT_THROW(make_press("latent:file=" + path + bad, 0.0), Error) << bad;
+    EXPECT_THROW(make_press_impl("latent:file=" + path + bad, 0.0), Error) << bad;
   std::remove(path.c_str());
 }
 
@@ -173,12 +174,12 @@ TEST(PressLatent, FileBitsGivenInTheSpecReplaceTheFilesAndPerRequestParametersAr
 TEST(PressLatent, TwoLatentStagesInOneCompositionAreAnError) {
   for (const char* spec : {"think+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8", "latent+think", "latent+latent",
                            "kvzip+think+latent"})
-    EXPECT_THROW(make_press(spec, 0.5), Error) << spec;
-  EXPECT_NO_THROW(make_press("kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8", 0.5));
-  EXPECT_NO_THROW(make_press("kvzip+think", 0.5));
+    EXPECT_THROW(make_press_impl(spec, 0.5), Error) << spec;
+  EXPECT_NO_THROW(make_press_impl("kvzip+latent:k_rank=8,v_rank=8,k_bits=8,v_bits=8", 0.5));
+  EXPECT_NO_THROW(make_press_impl("kvzip+think", 0.5));
   // Candidates without the auto-budget: the message names the side that lists them, only.
   try {
-    auto p = make_press("latent:k_bits=8/4", 0.0);
+    auto p = make_press_impl("latent:k_bits=8/4", 0.0);
     Session s(bundled_model(), SessionOptions{});
     prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr);
     ADD_FAILURE() << "candidates without the auto-budget were accepted";
@@ -198,18 +199,18 @@ TEST(PressLatent, RanksAboveHeadDimAndClaCountsAboveTheLayersAreErrors) {
                                  fmt::format("latent:k_rank=2,v_rank={}", hp.head_dim + 4),
                                  fmt::format("latent:k_rank={}/2,v_rank=2,k_bits=8/4,per_layer=1", hp.head_dim + 1)}) {
     Session s(model, SessionOptions{});
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     EXPECT_THROW(prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr), Error) << spec;
   }
   {
     Session s(model, SessionOptions{});
-    auto p = make_press(fmt::format("cla:n={}", hp.n_layer), 0.0);
+    auto p = make_press_impl(fmt::format("cla:n={}", hp.n_layer), 0.0);
     EXPECT_THROW(prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr), Error);
   }
   // n = layers - 1: every layer reads layer 0's entries, so the cache holds layer 0's f16 entries
   // only: per entry and KV head 2 x head_dim f16 numbers and a 4-byte position.
   Session s(model, SessionOptions{});
-  auto p = make_press(fmt::format("cla:n={}", hp.n_layer - 1), 0.0);
+  auto p = make_press_impl(fmt::format("cla:n={}", hp.n_layer - 1), 0.0);
   prefill_and_compress(s, *p, story_tokens(20), 0, nullptr, nullptr);
   EXPECT_EQ(s.cache().bytes(), static_cast<size_t>(hp.n_head_kv) * 20 * (2 * hp.head_dim * 2 + 4));
 }

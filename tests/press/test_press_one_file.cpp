@@ -37,22 +37,22 @@ class NewestFirstPress : public ScorerPress {
 
 PressRegistrar reg({"test_newest_first", "test press: sinks, then the newest entries", "none (a test of the registry)",
                     {{"ratio", "0"}, {"sink", "2", "num_sink_tokens"}},
-                    [](const PressParams& p) -> std::unique_ptr<Press> {
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<NewestFirstPress>(param_double(p, "test_newest_first", "ratio"),
                                                                 param_int(p, "test_newest_first", "sink"));
                     }},
                    {"TestNewestFirstPress"});
 
 TEST(PressOneFile, ARegisteredPressIsReachableByEveryNameAndTheBudget) {
-  EXPECT_EQ(make_press("test_newest_first", 0.25)->describe(), "test_newest_first:ratio=0.25,sink=2");
-  EXPECT_EQ(make_press("TestNewestFirstPress:compression_ratio=0.5,num_sink_tokens=3", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("test_newest_first", 0.25)->describe(), "test_newest_first:ratio=0.25,sink=2");
+  EXPECT_EQ(make_press_impl("TestNewestFirstPress:compression_ratio=0.5,num_sink_tokens=3", 0.0)->describe(),
             "test_newest_first:ratio=0.5,sink=3");
-  EXPECT_EQ(make_press("adakv(TestNewestFirstPress)", 0.5)->describe(), make_press("adakv(test_newest_first)", 0.5)->describe());
+  EXPECT_EQ(make_press_impl("adakv(TestNewestFirstPress)", 0.5)->describe(), make_press_impl("adakv(test_newest_first)", 0.5)->describe());
 
   // Under the generic budget each KV head keeps the sinks and the newest entries, hand-derived.
   const Model& model = press_test::bundled_model();
   KVCache cache = press_test::random_cache(model, 40, 3);
-  auto press = make_press("test_newest_first:budget=10", 0.0);
+  auto press = make_press_impl("test_newest_first:budget=10", 0.0);
   Observation obs;
   press->compress(cache, model, obs);
   std::vector<int32_t> want = {0, 1};
@@ -64,7 +64,7 @@ TEST(PressOneFile, ARegisteredPressIsReachableByEveryNameAndTheBudget) {
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->kvpress, std::vector<std::string>{"TestNewestFirstPress"});
   try {
-    make_press("TestNewestFirstPress:n_sink=3", 0.5);
+    make_press_impl("TestNewestFirstPress:n_sink=3", 0.5);
     ADD_FAILURE() << "an undeclared kvpress field was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown parameter 'n_sink'"), std::string::npos) << e.what();

@@ -222,7 +222,7 @@ TEST(PressPolicy, PerLayerRatios) {
   KeepCounts k = run_policy("per_layer(knorm,ratios=0.2/0.7)", ramp(c, {{1, 1}, {1, 1}}), c, {0.0, 10});
   EXPECT_EQ(k, (KeepCounts{{8, 8}, {3, 3}}));
   EXPECT_THROW(run_policy("per_layer(knorm,ratios=0.2)", ramp(c, {{1, 1}, {1, 1}}), c, {0.0, 10}), Error);
-  EXPECT_DOUBLE_EQ(make_press("per_layer(knorm,ratios=0.2/0.6)", 0.0)->ratio(), 0.4);
+  EXPECT_DOUBLE_EQ(make_press_impl("per_layer(knorm,ratios=0.2/0.6)", 0.0)->ratio(), 0.4);
 }
 
 TEST(PressPolicy, ApportionMeetsTheTotalWithinBounds) {

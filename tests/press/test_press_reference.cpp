@@ -31,14 +31,14 @@ void expect_positions(const KVCache& cache, const std::vector<int32_t>& want, co
 // entry), so 0.9 requested on 256 tokens removes 90%, not 75%.
 TEST(PressReference, SnapKVHonoursTheRatioWhenTheBudgetIsSmallerThanTheWindow) {
   auto toks = story_tokens(256);
-  auto p = make_press("snapkv", 0.9);  // window 64, budget int(256 x 0.1) = 25
+  auto p = make_press_impl("snapkv", 0.9);  // window 64, budget int(256 x 0.1) = 25
   expect_positions(prefill(*p, toks)->cache(), range(231, 256), "snapkv r=0.9");
   // kvslim's option: the window is never evicted.
-  auto q = make_press("snapkv:protect=1", 0.9);
+  auto q = make_press_impl("snapkv:protect=1", 0.9);
   expect_positions(prefill(*q, toks)->cache(), range(192, 256), "snapkv protect=1");
   // Every policy over it honours the ratio too (kvpress's AdaKV: the window first, in the budget).
   for (const char* spec : {"adakv(snapkv)", "global(snapkv)"}) {
-    auto a = make_press(spec, 0.9);
+    auto a = make_press_impl(spec, 0.9);
     auto s = prefill(*a, toks);
     EXPECT_EQ(s->cache().entries(), size_t(25) * s->cache().n_layer() * s->cache().n_head_kv()) << spec;
   }
@@ -46,10 +46,10 @@ TEST(PressReference, SnapKVHonoursTheRatioWhenTheBudgetIsSmallerThanTheWindow) {
 
 TEST(PressReference, PromptShorterThanTheWindowStillHonoursTheRatio) {
   auto toks = story_tokens(40);
-  auto p = make_press("snapkv", 0.5);  // window 64 > 40 tokens: every entry is window, the newest 20 stay
+  auto p = make_press_impl("snapkv", 0.5);  // window 64 > 40 tokens: every entry is window, the newest 20 stay
   expect_positions(prefill(*p, toks)->cache(), range(20, 40), "snapkv n=40");
-  auto none = make_press("none", 0.0);
-  auto q = make_press("snapkv:protect=1", 0.5);
+  auto none = make_press_impl("none", 0.0);
+  auto q = make_press_impl("snapkv:protect=1", 0.5);
   EXPECT_TRUE(same_cache(prefill(*q, toks)->cache(), prefill(*none, toks)->cache()));
 }
 
@@ -57,7 +57,7 @@ TEST(PressReference, OneAndTwoTokenContextsKeepOneEntry) {
   for (const char* spec : {"snapkv", "knorm", "streaming_llm", "tova", "h2o", "expected_attention",
                            "pyramidkv(snapkv)", "observed_attention"})
     for (size_t n : {1, 2}) {
-      auto p = make_press(spec, 0.5);
+      auto p = make_press_impl(spec, 0.5);
       auto s = prefill(*p, story_tokens(n));
       for (int l = 0; l < s->cache().n_layer(); ++l)
         for (int h = 0; h < s->cache().n_head_kv(); ++h)
@@ -70,11 +70,11 @@ TEST(PressReference, OneAndTwoTokenContextsKeepOneEntry) {
 // budget (1) is below n_sink: one entry, a sink, stays.
 TEST(PressReference, StreamingLLMPrunesRightAfterTheSinks) {
   auto toks = story_tokens(100);
-  auto p = make_press("streaming_llm", 0.5);
+  auto p = make_press_impl("streaming_llm", 0.5);
   std::vector<int32_t> want = range(0, 4), tail = range(54, 100);
   want.insert(want.end(), tail.begin(), tail.end());
   expect_positions(prefill(*p, toks)->cache(), want, "streaming_llm r=0.5");
-  auto q = make_press("streaming_llm", 0.99);
+  auto q = make_press_impl("streaming_llm", 0.99);
   auto s = prefill(*q, toks);
   for (int l = 0; l < s->cache().n_layer(); ++l)
     for (int h = 0; h < s->cache().n_head_kv(); ++h) {
@@ -88,7 +88,7 @@ TEST(PressReference, StreamingLLMPrunesRightAfterTheSinks) {
 TEST(PressReference, H2OSplitsTheBudgetBetweenRecentAndHeavyHitters) {
   auto toks = story_tokens(120);
   for (auto [spec, first_recent] : {std::pair<const char*, int>{"h2o", 90}, {"h2o:recent=10", 110}}) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     auto s = prefill(*p, toks);
     for (int l = 0; l < s->cache().n_layer(); ++l)
       for (int h = 0; h < s->cache().n_head_kv(); ++h) {
@@ -110,7 +110,7 @@ TEST(PressReference, H2OSplitsTheBudgetBetweenRecentAndHeavyHitters) {
 // (347 - 64) / 4 = 70.75 -> 347, 276.25, 205.5, 134.75, 64 -> round: 347 276 206 135 64 per KV head.
 TEST(PressReference, PyramidKVKeepsTheReferenceScheduleOnTheStory) {
   auto toks = story_tokens(411);
-  auto p = make_press("pyramidkv(snapkv)", 0.5);
+  auto p = make_press_impl("pyramidkv(snapkv)", 0.5);
   auto s = prefill(*p, toks);
   const int H = s->cache().n_head_kv();
   const std::vector<size_t> per_head = {347, 276, 206, 135, 64};
@@ -118,7 +118,7 @@ TEST(PressReference, PyramidKVKeepsTheReferenceScheduleOnTheStory) {
   for (int l = 0; l < 5; ++l) EXPECT_EQ(s->cache().entries(l), per_head[l] * H) << "layer " << l;
   // A short prompt never empties a layer: n = 80 at 0.5 -> max 16 < min 64: every layer keeps
   // round(40) = 40 (the SnapKV fallback).
-  auto q = make_press("pyramidkv(snapkv)", 0.5);
+  auto q = make_press_impl("pyramidkv(snapkv)", 0.5);
   auto s2 = prefill(*q, story_tokens(80));
   for (int l = 0; l < 5; ++l) EXPECT_EQ(s2->cache().entries(l), size_t(40) * H) << "layer " << l;
 }
@@ -242,15 +242,15 @@ TEST(PressReference, ExpectedAttentionUsesEveryContextQueryAfterTheSinks) {
 // threshold), KVzipPress (kvzip_plus_normalization False), DecodingPress (interval 512, target
 // 2048), DuoAttention (128 sinks, 256 recent).
 TEST(PressReference, DefaultsAreTheReferences) {
-  EXPECT_NE(make_press("threshold(knorm):tau=-3", 0.0)->describe().find("window=128"), std::string::npos);
+  EXPECT_NE(make_press_impl("threshold(knorm):tau=-3", 0.0)->describe().find("window=128"), std::string::npos);
   try {
-    make_press("threshold(knorm)", 0.0);
+    make_press_impl("threshold(knorm)", 0.0);
     ADD_FAILURE() << "threshold without tau was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tau is required"), std::string::npos) << e.what();
   }
-  EXPECT_NE(make_press("kvzip", 0.5)->describe().find("plus=0"), std::string::npos);
-  EXPECT_NE(make_press("decoding(knorm)", 0.5)->describe().find("interval=512,size=2048"), std::string::npos);
+  EXPECT_NE(make_press_impl("kvzip", 0.5)->describe().find("plus=0"), std::string::npos);
+  EXPECT_NE(make_press_impl("decoding(knorm)", 0.5)->describe().find("interval=512,size=2048"), std::string::npos);
   DuoCalibration cal;
   EXPECT_EQ(cal.sink, 128);
   EXPECT_EQ(cal.recent, 256);
@@ -259,9 +259,9 @@ TEST(PressReference, DefaultsAreTheReferences) {
   EXPECT_EQ(labels.recent, 256);
   // kvpress's DuoAttentionPress: head_compression_ratio 0.0 (no head streams) unless given; the
   // press then leaves the cache as no press does, without calibrating.
-  EXPECT_NE(make_press("duo_attention", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
-  EXPECT_NE(make_press("DuoAttentionPress", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
-  auto duo = make_press("duo_attention", 0.0), none = make_press("none", 0.0);
+  EXPECT_NE(make_press_impl("duo_attention", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
+  EXPECT_NE(make_press_impl("DuoAttentionPress", 0.0)->describe().find("head_ratio=0,"), std::string::npos);
+  auto duo = make_press_impl("duo_attention", 0.0), none = make_press_impl("none", 0.0);
   const auto toks = press_test::story_tokens(200);
   EXPECT_TRUE(press_test::same_cache(press_test::prefill(*duo, toks)->cache(), press_test::prefill(*none, toks)->cache()));
 }
@@ -272,20 +272,20 @@ namespace {
 
 // kvpress's class and parameter names are aliases of ours: the same press, described in our names.
 TEST(PressReference, KvpressNamesAreAliases) {
-  EXPECT_EQ(make_press("SnapKVPress:compression_ratio=0.3,window_size=32,kernel_size=7", 0.0)->describe(),
-            make_press("snapkv:ratio=0.3,window=32,kernel=7", 0.0)->describe());
-  EXPECT_EQ(make_press("AdaKVPress(SnapKVPress,alpha_safeguard=0.3)", 0.5)->describe(),
-            make_press("adakv(snapkv):alpha=0.3", 0.5)->describe());
-  EXPECT_EQ(make_press("ExpectedAttentionPress:n_future_positions=64,use_covariance=False", 0.5)->describe(),
-            make_press("expected_attention:n_future=64,covariance=0", 0.5)->describe());
-  EXPECT_EQ(make_press("DMSPress(KnormPress):threshold=-4,sliding_window_size=64", 0.0)->describe(),
-            make_press("threshold(knorm):tau=-4,window=64", 0.0)->describe());
-  EXPECT_EQ(make_press("DecodingPress(KnormPress):compression_interval=8,target_size=100", 0.0)->describe(),
-            make_press("decoding(knorm):interval=8,size=100", 0.0)->describe());
-  EXPECT_EQ(make_press("StreamingLLMPress:n_sink=8", 0.5)->describe(), make_press("streaming_llm:n_sink=8", 0.5)->describe());
+  EXPECT_EQ(make_press_impl("SnapKVPress:compression_ratio=0.3,window_size=32,kernel_size=7", 0.0)->describe(),
+            make_press_impl("snapkv:ratio=0.3,window=32,kernel=7", 0.0)->describe());
+  EXPECT_EQ(make_press_impl("AdaKVPress(SnapKVPress,alpha_safeguard=0.3)", 0.5)->describe(),
+            make_press_impl("adakv(snapkv):alpha=0.3", 0.5)->describe());
+  EXPECT_EQ(make_press_impl("ExpectedAttentionPress:n_future_positions=64,use_covariance=False", 0.5)->describe(),
+            make_press_impl("expected_attention:n_future=64,covariance=0", 0.5)->describe());
+  EXPECT_EQ(make_press_impl("DMSPress(KnormPress):threshold=-4,sliding_window_size=64", 0.0)->describe(),
+            make_press_impl("threshold(knorm):tau=-4,window=64", 0.0)->describe());
+  EXPECT_EQ(make_press_impl("DecodingPress(KnormPress):compression_interval=8,target_size=100", 0.0)->describe(),
+            make_press_impl("decoding(knorm):interval=8,size=100", 0.0)->describe());
+  EXPECT_EQ(make_press_impl("StreamingLLMPress:n_sink=8", 0.5)->describe(), make_press_impl("streaming_llm:n_sink=8", 0.5)->describe());
   // An alias and our name for the same parameter is a repeat.
   try {
-    make_press("snapkv:window_size=8,window=16", 0.5);
+    make_press_impl("snapkv:window_size=8,window=16", 0.5);
     ADD_FAILURE() << "repeated parameter accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("given twice"), std::string::npos) << e.what();
@@ -303,8 +303,8 @@ TEST(PressReference, KvpressNamesAreAliases) {
   EXPECT_EQ(aliases, want);
   EXPECT_EQ(ea->kvpress, (std::vector<std::string>{"ExpectedAttentionPress", "ExpectedAttentionStatsPress"}));
   // kvpress's target ratio of CompressionRatioDecodingPress is the wrapper's ratio.
-  EXPECT_EQ(make_press("CompressionRatioDecodingPress(KnormPress):target_compression_ratio=0.4", 0.0)->describe(),
-            make_press("compression_ratio_decoding(knorm):ratio=0.4", 0.0)->describe());
+  EXPECT_EQ(make_press_impl("CompressionRatioDecodingPress(KnormPress):target_compression_ratio=0.4", 0.0)->describe(),
+            make_press_impl("compression_ratio_decoding(knorm):ratio=0.4", 0.0)->describe());
 }
 
 }  // namespace

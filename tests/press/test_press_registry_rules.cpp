@@ -87,7 +87,7 @@ struct RunResult {
   RequestStats stats;
 };
 
-RunResult generate_with(Press& press, const std::string& context, const std::string& question, int n,
+RunResult generate_with(PressImpl& press, const std::string& context, const std::string& question, int n,
                   const KVCache** cache_out = nullptr, std::unique_ptr<Request>* keep = nullptr) {
   auto r = std::make_unique<Request>(bundled_model(), press, greedy(n));
   r->set_prompt(context, question);
@@ -101,9 +101,9 @@ RunResult generate_with(Press& press, const std::string& context, const std::str
 /// after_decode(), and every call of the one layer hook at its three points (the spy adds its own
 /// hook next to the press's when the press needs anything, so a press that needs nothing keeps the
 /// batched decode path).
-class SpyPress : public Press, private LayerHook {
+class SpyPress : public PressImpl, private LayerHook {
  public:
-  explicit SpyPress(std::unique_ptr<Press> p) : p_(std::move(p)) {}
+  explicit SpyPress(std::unique_ptr<PressImpl> p) : p_(std::move(p)) {}
   std::string describe() const override { return p_->describe(); }
   ObservationNeeds needs() const override { return with_spy(p_->needs()); }
   ObservationNeeds decode_needs() const override { return with_spy(p_->decode_needs()); }
@@ -166,7 +166,7 @@ class SpyPress : public Press, private LayerHook {
     return fmt::format("w{} t{} m{} runner{} #{:016x}", o.n_window(), o.tokens.size(), o.attention_mass.size(),
                        o.runner != nullptr, h);
   }
-  std::unique_ptr<Press> p_;
+  std::unique_ptr<PressImpl> p_;
   std::vector<std::string> log_;
 };
 
@@ -176,17 +176,17 @@ TEST(RegistryRules, EveryRegisteredNameIsCoveredOrListed) {
   std::set<std::string> names;
   for (const PressInfo* info : PressRegistry::instance().all()) names.insert(info->name);
   for (const auto& n : kNeedsFile) EXPECT_TRUE(names.count(n)) << n << " is no longer registered: drop it from the list";
-  for (const std::string& spec : runnable_specs()) EXPECT_NO_THROW(make_press(spec, 0.5)) << spec;
+  for (const std::string& spec : runnable_specs()) EXPECT_NO_THROW(make_press_impl(spec, 0.5)) << spec;
 }
 
 TEST(RegistryRules, RatioZeroIsBitIdenticalToNoPress) {
   const std::string ctx = story(6);
-  auto none = make_press("none", 0.0);
+  auto none = make_press_impl("none", 0.0);
   std::unique_ptr<Request> ref;
   RunResult want = generate_with(*none, ctx, " The ball", 6, nullptr, &ref);
   for (const std::string& spec : runnable_specs()) {
     if (kRatioIndependent.count(name_of(spec))) continue;
-    auto p = make_press(spec, 0.0);
+    auto p = make_press_impl(spec, 0.0);
     if (p->ratio() != 0.0) continue;     // e.g. a policy whose inner press has its own ratio
     std::unique_ptr<Request> r;
     RunResult got = generate_with(*p, ctx, " The ball", 6, nullptr, &r);
@@ -199,7 +199,7 @@ TEST(RegistryRules, RatioZeroIsBitIdenticalToNoPress) {
 TEST(RegistryRules, NoSegmentBelowOneEntry) {
   for (const std::string& spec : runnable_specs())
     for (const std::string& text : {std::string("Once upon a"), story(4)}) {
-      Request r(bundled_model(), make_press(spec, 0.9), greedy(2));
+      Request r(bundled_model(), make_press_impl(spec, 0.9), greedy(2));
       r.set_prompt(text);
       r.run();
       const KVCache& c = r.cache();
@@ -212,7 +212,7 @@ TEST(RegistryRules, NoSegmentBelowOneEntry) {
 TEST(RegistryRules, NothingCarriesOverBetweenRequests) {
   const std::string a = story(5), b = "Tom had a red car. He drove it to the shop to buy bread and apples. ";
   for (const std::string& spec : runnable_specs()) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     std::unique_ptr<Request> r1, r3;
     RunResult first = generate_with(*p, a, " Lily", 8, nullptr, &r1);
     generate_with(*p, b, " Tom", 8);
@@ -231,7 +231,7 @@ TEST(RegistryRules, MeasuredRatioFollowsTheRequestedOne) {
         kGroupGranular.count(name_of(spec)))
       continue;
     for (double r : {0.5, 0.75}) {
-      auto p = make_press(spec, r);
+      auto p = make_press_impl(spec, r);
       Request req(bundled_model(), *p, greedy(1));
       req.set_prompt(ctx);
       req.prefill();
@@ -250,7 +250,7 @@ TEST(RegistryRules, EveryJobPathLeavesTheSameCacheAndLogits) {
   // tokens fed with advance()), and chunked prefill of one chunk: one runner, one result.
   const std::string ctx = story(6);
   for (const std::string& spec : runnable_specs()) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     std::unique_ptr<Request> gen;
     RunResult g = generate_with(*p, ctx, "", 6, nullptr, &gen);
     RequestOptions o = greedy(0);
@@ -273,20 +273,20 @@ TEST(RegistryRules, EveryJobPathShowsThePressTheSameObservations) {
   const std::string ctx = story(6);
   const int L = bundled_model().hparams().n_layer;
   for (const std::string& spec : runnable_specs()) {
-    SpyPress gen_spy(make_press(spec, 0.5));
+    SpyPress gen_spy(make_press_impl(spec, 0.5));
     Request gen(bundled_model(), gen_spy, greedy(6));
     gen.set_prompt(ctx);
     gen.run();
     ASSERT_FALSE(gen.generated().empty()) << spec;
 
-    SpyPress fed_spy(make_press(spec, 0.5));
+    SpyPress fed_spy(make_press_impl(spec, 0.5));
     Request fed(bundled_model(), fed_spy, greedy(0));
     fed.set_prompt(ctx);
     fed.prefill();
     for (size_t i = 0; i + 1 < gen.generated().size(); ++i) fed.advance(gen.generated()[i]);
     EXPECT_EQ(fed_spy.log(), gen_spy.log()) << spec;
 
-    SpyPress a_spy(make_press(spec, 0.5)), b_spy(make_press(spec, 0.5));
+    SpyPress a_spy(make_press_impl(spec, 0.5)), b_spy(make_press_impl(spec, 0.5));
     Request a(bundled_model(), a_spy, greedy(6)), b(bundled_model(), b_spy, greedy(6));
     a.set_prompt(ctx);
     b.set_prompt(ctx);
@@ -305,13 +305,13 @@ TEST(RegistryRules, EveryJobPathShowsThePressTheSameObservations) {
 
 TEST(RegistryRules, ACompositionCallsTheHooksOfEveryPress) {
   // Each stage's own hook survives composition (before, only one query hook did).
-  auto a = std::make_unique<SpyPress>(make_press("expected_attention:window=0", 0.3));
-  auto b = std::make_unique<SpyPress>(make_press("expected_attention:window=0", 0.3));
+  auto a = std::make_unique<SpyPress>(make_press_impl("expected_attention:window=0", 0.3));
+  auto b = std::make_unique<SpyPress>(make_press_impl("expected_attention:window=0", 0.3));
   SpyPress* pa = a.get();
   SpyPress* pb = b.get();
   ObservationNeeds n = merge_needs(a->needs(), b->needs());
   EXPECT_EQ(n.hooks.size(), 4u);  // each press's own hook and each spy
-  std::vector<std::unique_ptr<Press>> parts;
+  std::vector<std::unique_ptr<PressImpl>> parts;
   parts.push_back(std::move(a));
   parts.push_back(std::move(b));
   ComposedPress both(std::move(parts));
@@ -335,8 +335,8 @@ TEST(RegistryRules, RatioUseIsReportedAsTheBehaviourShowsIt) {
   for (const std::string& spec : runnable_specs()) {
     if (name_of(spec) == "none" || kActsLater.count(name_of(spec))) continue;
     bool used_lo = false, used_hi = false;
-    auto lo = make_press(spec, 0.3, used_lo);
-    auto hi = make_press(spec, 0.7, used_hi);
+    auto lo = make_press_impl(spec, 0.3, used_lo);
+    auto hi = make_press_impl(spec, 0.7, used_hi);
     EXPECT_EQ(used_lo, used_hi) << spec;
     std::unique_ptr<Request> rl, rh;
     RunResult a = generate_with(*lo, ctx, " The ball", 4, nullptr, &rl);
@@ -346,13 +346,13 @@ TEST(RegistryRules, RatioUseIsReportedAsTheBehaviourShowsIt) {
   }
   // The spec's own ratio replaces the caller's; a composition uses it when one term does.
   bool used = true;
-  make_press("snapkv:ratio=0.3", 0.5, used);
+  make_press_impl("snapkv:ratio=0.3", 0.5, used);
   EXPECT_FALSE(used);
-  make_press("snapkv:ratio=0.3+knorm", 0.5, used);
+  make_press_impl("snapkv:ratio=0.3+knorm", 0.5, used);
   EXPECT_TRUE(used);
-  make_press("adakv(snapkv):ratio=0.3", 0.5, used);
+  make_press_impl("adakv(snapkv):ratio=0.3", 0.5, used);
   EXPECT_FALSE(used);
-  make_press("think+cla", 0.5, used);
+  make_press_impl("think+cla", 0.5, used);
   EXPECT_FALSE(used);
   EXPECT_THROW(check_ratio_used("think", 0.5, "--compression-ratio"), Error);
   EXPECT_NO_THROW(check_ratio_used("think", 0.0, "--compression-ratio"));
@@ -373,7 +373,7 @@ TEST(RegistryRules, ReportedRatiosAreWhatTheCacheHolds) {
     specs.push_back(s);
   const HParams& hp = bundled_model().hparams();
   for (const std::string& spec : specs) {
-    auto p = make_press(spec, 0.5);
+    auto p = make_press_impl(spec, 0.5);
     Request r(bundled_model(), *p, greedy(24));
     r.set_prompt(story(6), " The ball");
     r.run();
@@ -404,14 +404,14 @@ TEST(RegistryRules, ReportedRatiosAreWhatTheCacheHolds) {
   }
   // The decode-time threshold evicts while decoding: more is removed over the request than the
   // prefill compression removed, and it is reported.
-  auto p = make_press(dms, 0.0);
+  auto p = make_press_impl(dms, 0.0);
   Request r(bundled_model(), *p, greedy(24));
   r.set_prompt(story(6));
   r.run();
   EXPECT_GT(r.stats().request_compression_ratio(), 0.2);
   EXPECT_LT(r.cache().entries(), r.stats().entries_seen);
   // And think inside a composition reports its channels while the other stage removes entries.
-  auto both = make_press("snapkv+think", 0.5);
+  auto both = make_press_impl("snapkv+think", 0.5);
   EXPECT_DOUBLE_EQ(both->key_channel_ratio(), 0.5);
   EXPECT_DOUBLE_EQ(both->ratio(), 0.5);
 }

@@ -18,6 +18,7 @@
 #include "press/authoring.h"
 #include "press/clusterkv.h"
 #include "press/duo_attention.h"
+#include "run/prefill.h"
 #include "train/duo_calibrate.h"
 #include "train/kvzap_train.h"
 #include "press/kvzap.h"
@@ -55,7 +56,7 @@ std::vector<Token> story_tokens() {
 
 /// Prefills `ctx` with `press`, then decodes `steps` greedy tokens passing the press's decode
 /// request and calling after_decode; returns every logit vector seen.
-std::vector<std::vector<float>> run_press(Press& press, const std::vector<Token>& ctx, int steps) {
+std::vector<std::vector<float>> run_press(PressImpl& press, const std::vector<Token>& ctx, int steps) {
   Session s(model(), exact_f32());
   press.reset();
   std::vector<std::vector<float>> all;
@@ -352,7 +353,7 @@ TEST(KVzipReplay, ALaterPrefillChunkQuotesTheChunkBefore) {
 
   // The press quotes the previous step's tail itself: two observed prefill steps score the second
   // chunk as the one replay does.
-  auto press = make_press("kvzip:plus=1,chunk=" + std::to_string(c), 0.5);  // KVzipOptions: KVzip+
+  auto press = make_press_impl("kvzip:plus=1,chunk=" + std::to_string(c), 0.5);  // KVzipOptions: KVzip+
   press->reset();
   Session t(model(), exact_f32());
   Observation obs;
@@ -378,7 +379,7 @@ TEST(KVzipReplay, PressKeepsGlobalTopKAndDiscardsTheReplay) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
-  auto press = make_press("kvzip:chunk=16", 0.5);
+  auto press = make_press_impl("kvzip:chunk=16", 0.5);
   Session s(model(), exact_f32());
   press->reset();
   prefill_and_compress(s, *press, ctx, 0);
@@ -397,7 +398,7 @@ TEST(KVzipReplay, PressKeepsGlobalTopKAndDiscardsTheReplay) {
   std::vector<float> lg = s.forward({42});
   for (float x : lg) ASSERT_TRUE(std::isfinite(x));
   // Ratio 0 is bit-identical to no press (and runs no replay).
-  auto none = make_press("none", 0.0), zero = make_press("kvzip", 0.0);
+  auto none = make_press_impl("none", 0.0), zero = make_press_impl("kvzip", 0.0);
   auto a = run_press(*none, ctx, 2), b = run_press(*zero, ctx, 2);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]);
 }
@@ -423,7 +424,7 @@ TEST(KVzipReplay, AContextWithoutRoomForTheReplayIsRefusedAtTheFirstChunk) {
   ro.chunk_size = 32;
   ro.n_predict = 1;
   ro.sampling.temp = 0.0f;
-  auto press = make_press("kvzip:budget=24,chunk=16", 0.0);
+  auto press = make_press_impl("kvzip:budget=24,chunk=16", 0.0);
   ro.session = exact_f32(n + need);
   {
     Request fits(model(), *press, ro);
@@ -519,7 +520,7 @@ TEST(KVzapThreshold, ThresholdPressScoresAtCreationInPrefillAndDecode) {
   };
   const std::string low = make(-10.0f), high = make(0.0f);
   // Every prediction under tau: only the sliding window of 8 remains, in prefill and decode.
-  auto p = make_press(fmt::format("kvzap:surrogate={},threshold=-4,window=8", low), 0.0);
+  auto p = make_press_impl(fmt::format("kvzap:surrogate={},threshold=-4,window=8", low), 0.0);
   Session s(model(), exact_f32());
   p->reset();
   prefill_and_compress(s, *p, ctx, 0);
@@ -536,7 +537,7 @@ TEST(KVzapThreshold, ThresholdPressScoresAtCreationInPrefillAndDecode) {
     EXPECT_EQ(s.cache().seg(0, 0).size(), 8u);
   }
   // Every prediction above tau: nothing leaves.
-  auto q = make_press(fmt::format("kvzap:surrogate={},threshold=-4,window=8", high), 0.0);
+  auto q = make_press_impl(fmt::format("kvzap:surrogate={},threshold=-4,window=8", high), 0.0);
   Session s2(model(), exact_f32());
   q->reset();
   prefill_and_compress(s2, *q, ctx, 0);
@@ -547,8 +548,8 @@ TEST(KVzapThreshold, ThresholdPressScoresAtCreationInPrefillAndDecode) {
   EXPECT_THROW(bad.check(hp, low), Error);
   std::remove(low.c_str());
   std::remove(high.c_str());
-  EXPECT_THROW(make_press("kvzap", 0.0), Error);
-  EXPECT_THROW(make_press("kvzap:surrogate=/nonexistent/kvzap.gguf", 0.0), Error);
+  EXPECT_THROW(make_press_impl("kvzap", 0.0), Error);
+  EXPECT_THROW(make_press_impl("kvzap:surrogate=/nonexistent/kvzap.gguf", 0.0), Error);
 }
 
 TEST(KVzapThreshold, TrainingDataComeFromKVzipScores) {
@@ -587,14 +588,14 @@ TEST(DuoAttentionHeads, AllRetrievalHeadsEqualNoPress) {
   EXPECT_EQ(back.recent, 4);
 
   std::vector<Token> ctx = story_tokens();
-  auto none = make_press("none", 0.0);
-  auto duo0 = make_press(fmt::format("duo_attention:labels={},head_ratio=0", path), 0.0);
+  auto none = make_press_impl("none", 0.0);
+  auto duo0 = make_press_impl(fmt::format("duo_attention:labels={},head_ratio=0", path), 0.0);
   auto a = run_press(*none, ctx, 6), b = run_press(*duo0, ctx, 6);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << i;
 
   // All streaming: every head keeps its 2 sinks and its 4 newest entries, in decode too.
-  auto duo1 = make_press(fmt::format("duo_attention:labels={},head_ratio=1", path), 0.0);
+  auto duo1 = make_press_impl(fmt::format("duo_attention:labels={},head_ratio=1", path), 0.0);
   Session s(model(), exact_f32());
   duo1->reset();
   prefill_and_compress(s, *duo1, ctx, 0);
@@ -667,8 +668,8 @@ TEST(ClusterKVSelection, KMeansRecoversSeparatedDirections) {
 
 TEST(ClusterKVSelection, BudgetCoveringTheSequenceIsExactlyFullAttention) {
   std::vector<Token> ctx = story_tokens();
-  auto none = make_press("none", 0.0);
-  auto ckv = make_press("clusterkv:budget=100000,sink=4,full_layers=0", 0.0);
+  auto none = make_press_impl("none", 0.0);
+  auto ckv = make_press_impl("clusterkv:budget=100000,sink=4,full_layers=0", 0.0);
   auto a = run_press(*none, ctx, 6), b = run_press(*ckv, ctx, 6);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << i;
 }
@@ -677,9 +678,10 @@ TEST(ClusterKVSelection, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size());
-  auto p = make_press("clusterkv:budget=16,sink=4,clusters=5,full_layers=1", 0.0);
-  auto* ckv = dynamic_cast<ClusterKVPress*>(p.get());
-  ASSERT_NE(ckv, nullptr);
+  // clusterkv:budget=16,sink=4,clusters=5,full_layers=1 (iters at its default, 20).
+  auto p = std::make_unique<ClusterKVPress>(0.0, 16, 4, 5, 20, 1);
+  ClusterKVPress* ckv = p.get();
+  EXPECT_EQ(p->describe(), make_press_impl("clusterkv:budget=16,sink=4,clusters=5,full_layers=1", 0.0)->describe());
   Session s(model(), exact_f32());
   p->reset();
   std::vector<float> lg = prefill_and_compress(s, *p, ctx, 0);
@@ -711,8 +713,9 @@ TEST(ClusterKVSelection, SmallBudgetAttendsToWholeClustersAndEvictsNothing) {
     EXPECT_EQ(v.size(), 16 + (n_old - n)) << "query head " << r;
   }
   // gqa=mean (the authors' qavg): one list per KV head.
-  auto pm = make_press("clusterkv:budget=16,sink=4,clusters=5,full_layers=1,gqa=mean", 0.0);
-  auto* cm = dynamic_cast<ClusterKVPress*>(pm.get());
+  auto pm = std::make_unique<ClusterKVPress>(0.0, 16, 4, 5, 20, 1, false);  // gqa=mean
+  ClusterKVPress* cm = pm.get();
+  EXPECT_EQ(pm->describe(), make_press_impl("clusterkv:budget=16,sink=4,clusters=5,full_layers=1,gqa=mean", 0.0)->describe());
   pm->reset();
   pm->apply(s.cache(), model(), Observation{}, Target{});
   std::vector<std::vector<int32_t>> sub2(hp.n_head_kv);
@@ -728,8 +731,11 @@ TEST(ClusterKVSelection, PerQueryHeadSelectionMatchesTheReferenceRule) {
   const HParams& hp = model().hparams();
   std::vector<Token> ctx = story_tokens();
   const int n = static_cast<int>(ctx.size()), sink = 4, budget = 20, k = 6;
-  auto p = make_press(fmt::format("clusterkv:budget={},sink={},clusters={},full_layers=0", budget, sink, k), 0.0);
-  auto* ckv = dynamic_cast<ClusterKVPress*>(p.get());
+  auto p = std::make_unique<ClusterKVPress>(0.0, budget, sink, k, 20, 0);
+  ClusterKVPress* ckv = p.get();
+  EXPECT_EQ(p->describe(),
+            make_press_impl(fmt::format("clusterkv:budget={},sink={},clusters={},full_layers=0", budget, sink, k), 0.0)
+                ->describe());
   Session s(model(), exact_f32());
   p->reset();
   prefill_and_compress(s, *p, ctx, 0);
@@ -821,14 +827,14 @@ TEST(ReplayPressSpecs, SpecsParseBackAndBadParametersAreNamed) {
   s.save(zap, "x");
   for (const std::string& spec : {std::string("kvzip:chunk=512,n_sink=2"), "kvzap:surrogate=" + zap + ",threshold=-3",
                                  "duo_attention:labels=" + duo + ",head_ratio=0.25", std::string("clusterkv:budget=64")}) {
-    auto p = make_press(spec, 0.5);
-    auto q = make_press(p->describe(), 0.0);
+    auto p = make_press_impl(spec, 0.5);
+    auto q = make_press_impl(p->describe(), 0.0);
     EXPECT_EQ(p->describe(), q->describe()) << spec;
   }
   for (const char* bad : {"kvzip:chunk=4", "kvzip:plus=2", "clusterkv:iters=0", "clusterkv:budget=-1",
                           "duo_attention:head_ratio=1.5", "kvzap:window=-1"}) {
     try {
-      make_press(bad, 0.0);
+      make_press_impl(bad, 0.0);
       ADD_FAILURE() << bad << " was accepted";
     } catch (const Error& e) {
       std::string what = e.what(), key = std::string(bad).substr(std::string(bad).find(':') + 1);

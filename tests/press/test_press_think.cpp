@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "kernels/attention.h"
+#include "run/prefill.h"
 #include "support/press_util.h"
 
 using namespace press_test;
@@ -26,7 +27,7 @@ TEST(PressThinK, PrunesTheLowestQueryWeightedChannelsAndFreesTheirBytes) {
       V0[l].push_back(values_of(cache.seg(l, h)));
     }
   const size_t before = cache.bytes();
-  auto press = make_press("think:key_ratio=0.5", 0.0);
+  auto press = make_press_impl("think:key_ratio=0.5", 0.0);
   press->compress(cache, model, obs);
   const int keep = hd - hd / 2;
   for (int l = 0; l < hp.n_layer; ++l)
@@ -93,7 +94,7 @@ TEST(PressThinK, ComposesWithEvictionAndDecodesThroughTheModel) {
   Session s(model, so);
   std::vector<Token> ctx;
   for (int i = 0; i < 200; ++i) ctx.push_back(static_cast<Token>(10 + (i * 7) % 200));  // beyond snapkv's window
-  auto press = make_press("snapkv+think:key_ratio=0.5", 0.5);
+  auto press = make_press_impl("snapkv+think:key_ratio=0.5", 0.5);
   press->reset();
   prefill_and_compress(s, *press, ctx, 0, nullptr, nullptr);
   // Half the entries (snapkv 0.5) with half the key channels (f16): bytes per entry drop from
@@ -109,8 +110,8 @@ TEST(PressThinK, ComposesWithEvictionAndDecodesThroughTheModel) {
   std::vector<float> logits = s.forward({5, 6, 7});
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(c.entries(), entries + 3 * hp.n_layer * hp.n_head_kv);
-  EXPECT_THROW(make_press("think:key_ratio=1", 0.0), Error);
-  EXPECT_THROW(make_press("think:window=0", 0.0), Error);
+  EXPECT_THROW(make_press_impl("think:key_ratio=1", 0.0), Error);
+  EXPECT_THROW(make_press_impl("think:window=0", 0.0), Error);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include "kvslim/error.h"
 #include "kvslim/gguf.h"
 #include "kvslim/request.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/input_override.h"
 #include "model/lora.h"
 #include "press/restorekv.h"
@@ -441,7 +441,7 @@ struct WeightsFile {
 std::unique_ptr<Request> prefilled(const std::string& spec, double ratio, size_t n,
                                    const std::vector<Token>& question = {}, const RequestOptions& o = press_options()) {
   const Model& m = bundled_model();
-  auto req = std::make_unique<Request>(m, make_press(spec, ratio), o);
+  auto req = std::make_unique<Request>(m, make_press_impl(spec, ratio), o);
   req->set_prompt_tokens(story_tokens(m, n), question);
   req->prefill();
   return req;
@@ -524,13 +524,13 @@ TEST(RestoreKVPress, RatioZeroIsNoPressAndSpecsParseBack) {
   EXPECT_TRUE(press_test::same_cache(a->cache(), b->cache()));
   EXPECT_EQ(a->position(), 40);
 
-  auto p = make_press("RestoreKVPress:compression_ratio=0.25,kvzip_plus_normalization=1,file=" + path, 0.0);
+  auto p = make_press_impl("RestoreKVPress:compression_ratio=0.25,kvzip_plus_normalization=1,file=" + path, 0.0);
   const std::string spec = p->describe();
   EXPECT_EQ(spec, fmt::format("restorekv:ratio=0.25,file={},chunk=2048,n_sink=4,plus=1", path));
-  EXPECT_EQ(make_press(spec, 0.0)->describe(), spec);
+  EXPECT_EQ(make_press_impl(spec, 0.0)->describe(), spec);
   // Its budget is its own: a policy over it is refused when the spec is parsed.
-  EXPECT_THROW(make_press("adakv(restorekv:file=" + path + ")", 0.5), Error);
-  EXPECT_THROW(make_press("restorekv", 0.5), Error);  // no file
+  EXPECT_THROW(make_press_impl("adakv(restorekv:file=" + path + ")", 0.5), Error);
+  EXPECT_THROW(make_press_impl("restorekv", 0.5), Error);  // no file
 }
 
 // The restore pass runs once over the whole context (kvpress has no chunked prefill): a context

@@ -52,7 +52,7 @@ double kl64(const float* p, const float* q, size_t n) {
 /// with `spec` at `ratio`.
 std::vector<float> question_logits(const std::string& spec, double ratio, const std::vector<Token>& context,
                                    const std::vector<Token>& question) {
-  Request req(bundled_model(), make_press(spec, ratio), opts());
+  Request req(bundled_model(), make_press_impl(spec, ratio), opts());
   req.set_prompt_tokens(context);
   req.prefill();
   return req.session().forward(question, true);
@@ -75,7 +75,7 @@ double question_kl(const std::string& spec, double ratio, const std::vector<Toke
 }
 
 size_t bytes_at(const std::string& spec, double ratio, const std::vector<Token>& context) {
-  Request req(bundled_model(), make_press(spec, ratio), opts());
+  Request req(bundled_model(), make_press_impl(spec, ratio), opts());
   req.set_prompt_tokens(context);
   req.prefill();
   return req.stats().kv_bytes;
@@ -88,7 +88,7 @@ size_t bytes_at(const std::string& spec, double ratio, const std::vector<Token>&
 std::vector<float> latent_by_hand(const std::vector<Token>& ctx, const std::vector<Token>& question,
                                   const std::vector<int>& kb, const std::vector<int>& vb, const std::vector<int>& kr,
                                   const std::vector<int>& vr, std::optional<KVCache>* out, size_t* bytes) {
-  Request r(bundled_model(), make_press("none", 0.0), opts());
+  Request r(bundled_model(), make_press_impl("none", 0.0), opts());
   r.set_prompt_tokens(ctx);
   r.prefill();
   KVCache& c = r.session().cache();
@@ -117,7 +117,7 @@ TEST(AutoBudget, ByteBudgetChoosesTheSmallestRatioThatFitsAndLeavesThatPressesCa
   const size_t budget = full * 2 / 5;
   RequestOptions o = opts();
   o.auto_budget.kv_budget_bytes = budget;
-  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  Request req(bundled_model(), make_press_impl("knorm", 0.0), o);
   req.set_prompt_tokens(ctx);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
@@ -128,7 +128,7 @@ TEST(AutoBudget, ByteBudgetChoosesTheSmallestRatioThatFitsAndLeavesThatPressesCa
   // Minimal: the ratio one tolerance lower does not fit.
   EXPECT_GT(bytes_at("knorm", ab.ratio - o.auto_budget.tolerance, ctx), budget);
   // The cache is exactly the plain press's at the chosen ratio (trials leave nothing behind).
-  Request plain(bundled_model(), make_press("knorm", ab.ratio), opts());
+  Request plain(bundled_model(), make_press_impl("knorm", ab.ratio), opts());
   plain.set_prompt_tokens(ctx);
   plain.prefill();
   EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
@@ -142,7 +142,7 @@ TEST(AutoBudget, KlTargetOnTheQuestionChoosesTheBoundaryRatio) {
   const double target = 0.02;
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  Request req(bundled_model(), make_press_impl("knorm", 0.0), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
@@ -167,7 +167,7 @@ TEST(AutoBudget, WithoutAQuestionTheContextTailIsHeldOutAndKeptUncompressed) {
   RequestOptions o = opts();
   o.auto_budget.target_kl = 0.05;
   o.auto_budget.probe_tokens = 16;
-  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  Request req(bundled_model(), make_press_impl("knorm", 0.0), o);
   req.set_prompt_tokens(ctx);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
@@ -175,7 +175,7 @@ TEST(AutoBudget, WithoutAQuestionTheContextTailIsHeldOutAndKeptUncompressed) {
   EXPECT_EQ(ab.probe_tokens, 16);
   // Equivalent plain request: the first 184 tokens compressed at the chosen ratio, the last 16 as a question.
   const std::vector<Token> head(ctx.begin(), ctx.end() - 16), tail(ctx.end() - 16, ctx.end());
-  Request plain(bundled_model(), make_press("knorm", ab.ratio), opts());
+  Request plain(bundled_model(), make_press_impl("knorm", ab.ratio), opts());
   plain.set_prompt_tokens(head, tail);
   plain.prefill();
   EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
@@ -191,7 +191,7 @@ TEST(AutoBudget, BudgetWinsOverTheTargetAndAnImpossibleBudgetIsReported) {
   const std::vector<Token> ctx = story_tokens(160);
   RequestOptions o = opts();
   o.auto_budget.kv_budget_bytes = 1;  // nothing fits
-  Request req(bundled_model(), make_press("knorm", 0.0), o);
+  Request req(bundled_model(), make_press_impl("knorm", 0.0), o);
   req.set_prompt_tokens(ctx);
   req.prefill();
   EXPECT_FALSE(req.stats().auto_budget.budget_met);
@@ -202,7 +202,7 @@ TEST(AutoBudget, BudgetWinsOverTheTargetAndAnImpossibleBudgetIsReported) {
   o.auto_budget.kv_budget_bytes = bytes_at("none", 0.0, ctx) / 4;
   o.auto_budget.probe_tokens = 8;
   o.auto_budget.target_kl = 1e-9;  // unreachable once 70% is removed
-  Request both(bundled_model(), make_press("knorm", 0.0), o);
+  Request both(bundled_model(), make_press_impl("knorm", 0.0), o);
   both.set_prompt_tokens(ctx);
   both.prefill();
   EXPECT_TRUE(both.stats().auto_budget.budget_met);
@@ -211,16 +211,16 @@ TEST(AutoBudget, BudgetWinsOverTheTargetAndAnImpossibleBudgetIsReported) {
 }
 
 TEST(AutoBudget, CompositionSetsTheFirstStageWithARatio) {
-  std::unique_ptr<Press> p = make_press("knorm+snapkv", 0.5);
+  std::unique_ptr<PressImpl> p = make_press_impl("knorm+snapkv", 0.5);
   p->set_ratio(0.2);
   EXPECT_NEAR(p->ratio(), 1 - 0.8 * 0.5, 1e-12);
-  EXPECT_THROW(make_press("none", 0.0)->set_ratio(0.3), Error);
+  EXPECT_THROW(make_press_impl("none", 0.0)->set_ratio(0.3), Error);
 }
 
 TEST(AutoBudget, InvalidUsesAreErrors) {
   const std::vector<Token> ctx = story_tokens(64);
   auto expect_error = [&](RequestOptions o, const std::string& spec, const std::string& part) {
-    Request req(bundled_model(), make_press(spec, 0.0), o);
+    Request req(bundled_model(), make_press_impl(spec, 0.0), o);
     req.set_prompt_tokens(ctx);
     try {
       req.prefill();
@@ -240,7 +240,7 @@ TEST(AutoBudget, InvalidUsesAreErrors) {
   bad.auto_budget.kv_budget_bytes = 100;
   expect_error(bad, "knorm", "target KL nan");
   RequestOptions tiny = o;
-  Request one(bundled_model(), make_press("knorm", 0.0), tiny);
+  Request one(bundled_model(), make_press_impl("knorm", 0.0), tiny);
   one.set_prompt_tokens({ctx[0]});
   EXPECT_THROW(one.prefill(), Error);
 }
@@ -260,8 +260,8 @@ TEST(AutoBudget, LatentBitsAreChosenWithTheRatioForTheFewestBytesWithinTheTarget
   };
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  std::unique_ptr<Press> press = make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0);
-  const Press* composed = press.get();
+  std::unique_ptr<PressImpl> press = make_press_impl("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0);
+  const PressImpl* composed = press.get();
   Request req(bundled_model(), std::move(press), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
@@ -278,7 +278,7 @@ TEST(AutoBudget, LatentBitsAreChosenWithTheRatioForTheFewestBytesWithinTheTarget
       EXPECT_EQ(req.cache().seg(l, h).latent_values().bits(), vb);
     }
   // The cache is the plain press's with those bits at the chosen ratio, and its KL the plain one's.
-  Request plain(bundled_model(), make_press(spec_of(kb, vb), ab.ratio), opts());
+  Request plain(bundled_model(), make_press_impl(spec_of(kb, vb), ab.ratio), opts());
   plain.set_prompt_tokens(ctx, question);
   plain.prefill();
   EXPECT_TRUE(same_cache(req.cache(), plain.cache()));
@@ -314,7 +314,7 @@ TEST(AutoBudget, LatentBitsAreChosenWithTheRatioForTheFewestBytesWithinTheTarget
 TEST(AutoBudget, LatentBitCandidatesNeedTheFidelityTargetAndListedValues) {
   const std::vector<Token> ctx = story_tokens(64);
   // Candidates without an auto-budget: the press cannot choose.
-  Request no_ab(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.5), opts());
+  Request no_ab(bundled_model(), make_press_impl("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.5), opts());
   no_ab.set_prompt_tokens(ctx);
   try {
     no_ab.prefill();
@@ -325,22 +325,22 @@ TEST(AutoBudget, LatentBitCandidatesNeedTheFidelityTargetAndListedValues) {
   // A byte budget alone cannot compare bit widths.
   RequestOptions o = opts();
   o.auto_budget.kv_budget_bytes = 1000;
-  Request budget_only(bundled_model(), make_press("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.0), o);
+  Request budget_only(bundled_model(), make_press_impl("knorm+latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8", 0.0), o);
   budget_only.set_prompt_tokens(ctx);
   EXPECT_THROW(budget_only.prefill(), Error);
   // Spec errors name the parameter.
   for (const char* bad : {"latent:k_bits=8/3", "latent:v_bits=8/8", "latent:k_bits=8/", "latent:k_bits=x"}) {
     try {
-      make_press(bad, 0.0);
+      make_press_impl(bad, 0.0);
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(7, 6)), std::string::npos) << e.what();
     }
   }
   // One value each is the plain press, whatever the auto-budget does.
-  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4", 0.0)->describe(),
             "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8,v_bits=4,scales=channel");
-  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2", 0.0)->describe(),
             "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8/4,v_bits=2,scales=channel");
 }
 
@@ -370,7 +370,7 @@ TEST(AutoBudget, LatentPressAloneChoosesOnlyItsBits) {
   ASSERT_GE(want_k, 0) << "no pair meets the target: the test needs a looser one";
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  Request req(bundled_model(), make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0), o);
+  Request req(bundled_model(), make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2", 0.0), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
@@ -402,8 +402,8 @@ TEST(AutoBudget, LatentBitsPerLayerLowerSingleLayersWithinTheTarget) {
 
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  std::unique_ptr<Press> press = make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2,per_layer=1", 0.0);
-  const Press* latent = press.get();
+  std::unique_ptr<PressImpl> press = make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=8/4/2,per_layer=1", 0.0);
+  const PressImpl* latent = press.get();
   Request req(bundled_model(), std::move(press), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
@@ -464,13 +464,13 @@ TEST(AutoBudget, LatentBitsPerLayerLowerSingleLayersWithinTheTarget) {
 
 TEST(AutoBudget, LatentPerLayerNeedsCandidates) {
   try {
-    make_press("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4,per_layer=1", 0.0);
+    make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8,v_bits=4,per_layer=1", 0.0);
     ADD_FAILURE() << "per_layer=1 without candidates";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("per_layer"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_press("latent:k_bits=8/4,per_layer=2", 0.0), Error);
-  EXPECT_EQ(make_press("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2,per_layer=1", 0.0)->describe(),
+  EXPECT_THROW(make_press_impl("latent:k_bits=8/4,per_layer=2", 0.0), Error);
+  EXPECT_EQ(make_press_impl("latent:k_rank=8,v_rank=8,k_bits=8/4,v_bits=2,per_layer=1", 0.0)->describe(),
             "latent:k_rank=8,v_rank=8,energy=0.99,k_bits=8/4,v_bits=2,scales=channel,per_layer=1");
 }
 
@@ -486,8 +486,8 @@ TEST(AutoBudget, LatentRanksPerLayerLowerSingleLayersWithinTheTarget) {
   auto kl_of = [&](const std::vector<float>& q) { return mean_kl(ref, q, question.size()); };
   RequestOptions o = opts();
   o.auto_budget.target_kl = target;
-  std::unique_ptr<Press> press = make_press("latent:k_rank=8/6/4,v_rank=8/6/4,k_bits=8,v_bits=8,per_layer=1", 0.0);
-  const Press* latent = press.get();
+  std::unique_ptr<PressImpl> press = make_press_impl("latent:k_rank=8/6/4,v_rank=8/6/4,k_bits=8,v_bits=8,per_layer=1", 0.0);
+  const PressImpl* latent = press.get();
   Request req(bundled_model(), std::move(press), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
@@ -538,16 +538,16 @@ TEST(AutoBudget, LatentRanksPerLayerLowerSingleLayersWithinTheTarget) {
 TEST(AutoBudget, LatentRankCandidatesNeedPerLayerAndPerRequestBases) {
   for (const char* bad : {"latent:k_rank=8/4", "latent:k_rank=8/0,per_layer=1", "latent:v_rank=8/8,per_layer=1"}) {
     try {
-      make_press(bad, 0.0);
+      make_press_impl(bad, 0.0);
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("rank"), std::string::npos) << e.what();
     }
   }
-  EXPECT_EQ(make_press("latent:k_rank=8/6,v_rank=4,k_bits=8,v_bits=8,per_layer=1", 0.0)->describe(),
+  EXPECT_EQ(make_press_impl("latent:k_rank=8/6,v_rank=4,k_bits=8,v_bits=8,per_layer=1", 0.0)->describe(),
             "latent:k_rank=8/6,v_rank=4,energy=0.99,k_bits=8,v_bits=8,scales=channel,per_layer=1");
   // Without the auto-budget the press cannot choose.
-  Request r(bundled_model(), make_press("latent:k_rank=8/6,v_rank=8,k_bits=8,v_bits=8,per_layer=1", 0.0), opts());
+  Request r(bundled_model(), make_press_impl("latent:k_rank=8/6,v_rank=8,k_bits=8,v_bits=8,per_layer=1", 0.0), opts());
   r.set_prompt_tokens(story_tokens(64));
   EXPECT_THROW(r.prefill(), Error);
 }
@@ -556,7 +556,7 @@ TEST(AutoBudget, LatentRankCandidatesNeedPerLayerAndPerRequestBases) {
 // of this test with one knob, the share of each segment's newest entries it keeps.
 namespace {
 
-class KeepNewestPress : public Press, public KnobControl {
+class KeepNewestPress : public PressImpl, public KnobControl {
  public:
   explicit KeepNewestPress(std::vector<int> keep) : keep_(std::move(keep)) {}
   std::string describe() const override {
@@ -597,7 +597,7 @@ class KeepNewestPress : public Press, public KnobControl {
 
 PressRegistrar keep_newest({"test_keep_newest", "test press: keeps a share of each segment's newest entries",
                             "none (a test of the auto-budget's knobs)", {{"keep", "100"}},
-                            [](const PressParams& p) -> std::unique_ptr<Press> {
+                            [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                               std::vector<int> keep;
                               for (double v : param_double_list(p, "test_keep_newest", "keep"))
                                 keep.push_back(static_cast<int>(v));
@@ -614,7 +614,7 @@ TEST(AutoBudget, KnobsOfAnyPressAreSearched) {
   ASSERT_LT(kl50, kl25) << "the test needs keeping less to cost more";
   RequestOptions o = opts();
   o.auto_budget.target_kl = 0.5 * (kl50 + kl25);
-  Request req(bundled_model(), make_press("test_keep_newest:keep=100/50/25", 0.0), o);
+  Request req(bundled_model(), make_press_impl("test_keep_newest:keep=100/50/25", 0.0), o);
   req.set_prompt_tokens(ctx, question);
   req.prefill();
   const AutoBudgetReport& ab = req.stats().auto_budget;
@@ -624,7 +624,7 @@ TEST(AutoBudget, KnobsOfAnyPressAreSearched) {
   // Without a fidelity target a byte budget cannot compare candidates: an error naming the knob.
   RequestOptions b = opts();
   b.auto_budget.kv_budget_bytes = 1 << 20;
-  Request no_target(bundled_model(), make_press("test_keep_newest:keep=100/50", 0.0), b);
+  Request no_target(bundled_model(), make_press_impl("test_keep_newest:keep=100/50", 0.0), b);
   no_target.set_prompt_tokens(ctx, question);
   try {
     no_target.prefill();

@@ -30,7 +30,7 @@ RequestOptions greedy(int n_predict) {
 TEST(Request, GreedyDecodeFeedsBackTheArgMaxOfEachStep) {
   // Independent re-computation with a bare Session: argmax, forward, argmax, ...
   const Model& m = bundled_model();
-  Request req(m, make_press("none", 0.0), greedy(12));
+  Request req(m, make_press_impl("none", 0.0), greedy(12));
   req.set_prompt(kStory);
   req.run();
   Session s(m, greedy(0).session);
@@ -50,7 +50,7 @@ TEST(Request, StepwisePrefillTakesOneCallPerChunkPlusOneForTheQuestion) {
   const Model& m = bundled_model();
   RequestOptions o = greedy(4);
   o.chunk_size = 8;
-  Request req(m, make_press("snapkv:window=4", 0.5), o);
+  Request req(m, make_press_impl("snapkv:window=4", 0.5), o);
   req.set_prompt(kStory, " The cat");
   const size_t n = req.context_tokens().size();
   int calls = 1;
@@ -59,7 +59,7 @@ TEST(Request, StepwisePrefillTakesOneCallPerChunkPlusOneForTheQuestion) {
   EXPECT_TRUE(req.prefilled());
   EXPECT_EQ(req.position(), static_cast<int32_t>(n + req.question_tokens().size()));
   // The same request in one run() gives the same tokens and cache.
-  Request whole(m, make_press("snapkv:window=4", 0.5), o);
+  Request whole(m, make_press_impl("snapkv:window=4", 0.5), o);
   whole.set_prompt(kStory, " The cat");
   whole.run();
   req.run();
@@ -69,7 +69,7 @@ TEST(Request, StepwisePrefillTakesOneCallPerChunkPlusOneForTheQuestion) {
 
 TEST(Request, StopStringCutsTheTextAndFinishes) {
   const Model& m = bundled_model();
-  Request free_run(m, make_press("none", 0.0), greedy(24));
+  Request free_run(m, make_press_impl("none", 0.0), greedy(24));
   free_run.set_prompt(kStory);
   free_run.run();
   const std::string full = free_run.text();
@@ -79,7 +79,7 @@ TEST(Request, StopStringCutsTheTextAndFinishes) {
   const size_t at = full.find(stop);
   RequestOptions o = greedy(24);
   o.stop = {stop};
-  Request req(m, make_press("none", 0.0), o);
+  Request req(m, make_press_impl("none", 0.0), o);
   req.set_prompt(kStory);
   std::string streamed;
   req.run([&](const TokenEvent& e) {
@@ -92,7 +92,7 @@ TEST(Request, StopStringCutsTheTextAndFinishes) {
 }
 
 TEST(Request, CallbackReturningFalseStopsAfterThatToken) {
-  Request req(bundled_model(), make_press("none", 0.0), greedy(20));
+  Request req(bundled_model(), make_press_impl("none", 0.0), greedy(20));
   req.set_prompt(kStory);
   int seen = 0;
   req.run([&](const TokenEvent& e) {
@@ -105,7 +105,7 @@ TEST(Request, CallbackReturningFalseStopsAfterThatToken) {
 }
 
 TEST(Request, CancelBeforePrefillRunsNothing) {
-  Request req(bundled_model(), make_press("none", 0.0), greedy(8));
+  Request req(bundled_model(), make_press_impl("none", 0.0), greedy(8));
   req.set_prompt(kStory);
   req.cancel();
   EXPECT_FALSE(req.step());
@@ -115,7 +115,7 @@ TEST(Request, CancelBeforePrefillRunsNothing) {
 }
 
 TEST(Request, CancelFromTheCallbackStopsAtTheNextStep) {
-  Request req(bundled_model(), make_press("none", 0.0), greedy(20));
+  Request req(bundled_model(), make_press_impl("none", 0.0), greedy(20));
   req.set_prompt(kStory);
   req.run([&](const TokenEvent& e) {
     if (e.index == 1) req.cancel();
@@ -128,7 +128,7 @@ TEST(Request, CancelFromTheCallbackStopsAtTheNextStep) {
 TEST(Request, UnlimitedGenerationStopsWhenTheContextIsFull) {
   RequestOptions o = greedy(-1);
   o.session.n_ctx = 40;
-  Request req(bundled_model(), make_press("none", 0.0), o);
+  Request req(bundled_model(), make_press_impl("none", 0.0), o);
   req.set_prompt(kStory);
   const int n = static_cast<int>(req.context_tokens().size());
   ASSERT_LT(n, 40);
@@ -145,7 +145,7 @@ TEST(Request, UnlimitedGenerationStopsWhenTheContextIsFull) {
 // generate() takes every request option, stop strings included: the text ends before the first
 // stop string that the same run without it generates.
 TEST(Request, GenerateHonoursStopStrings) {
-  auto press = make_press("none", 0.0);
+  auto press = make_press_impl("none", 0.0);
   GenerateOptions o;
   o.context = kStory;
   o.n_predict = 24;
@@ -164,13 +164,13 @@ TEST(Request, GenerateHonoursStopStrings) {
 TEST(Request, PromptLongerThanTheContextIsRefused) {
   RequestOptions o = greedy(4);
   o.session.n_ctx = 8;
-  Request req(bundled_model(), make_press("none", 0.0), o);
+  Request req(bundled_model(), make_press_impl("none", 0.0), o);
   EXPECT_THROW(req.set_prompt(kStory), Error);
   EXPECT_THROW(req.set_prompt(""), Error);
 }
 
 TEST(Request, RewindAndReplayGiveTheSameLogits) {
-  Request req(bundled_model(), make_press("none", 0.0), greedy(6));
+  Request req(bundled_model(), make_press_impl("none", 0.0), greedy(6));
   req.set_prompt(kStory);
   req.run();
   const int32_t p = static_cast<int32_t>(req.context_tokens().size());
@@ -190,7 +190,7 @@ TEST(Request, ConcurrentRequestsOverOneModelMatchSequentialOnes) {
   const std::vector<std::string> specs = {"none", "snapkv:window=4", "knorm", "h2o"};
   std::vector<std::vector<Token>> seq;
   for (const auto& s : specs) {
-    Request r(m, make_press(s, 0.5), greedy(10));
+    Request r(m, make_press_impl(s, 0.5), greedy(10));
     r.set_prompt(kStory);
     r.run();
     seq.push_back(r.generated());
@@ -199,7 +199,7 @@ TEST(Request, ConcurrentRequestsOverOneModelMatchSequentialOnes) {
   std::vector<std::thread> th;
   for (size_t i = 0; i < specs.size(); ++i)
     th.emplace_back([&, i] {
-      Request r(m, make_press(specs[i], 0.5), greedy(10));
+      Request r(m, make_press_impl(specs[i], 0.5), greedy(10));
       r.set_prompt(kStory);
       r.run();
       par[i] = r.generated();
@@ -212,10 +212,10 @@ TEST(Request, StepBatchMatchesRunningEachRequestAlone) {
   const Model& m = bundled_model();
   std::vector<std::unique_ptr<Request>> alone, batch;
   for (const char* ctx : {kStory, "Tom had a red car. He drove it to the shop"}) {
-    alone.push_back(std::make_unique<Request>(m, make_press("knorm", 0.25), greedy(8)));
+    alone.push_back(std::make_unique<Request>(m, make_press_impl("knorm", 0.25), greedy(8)));
     alone.back()->set_prompt(ctx);
     alone.back()->run();
-    batch.push_back(std::make_unique<Request>(m, make_press("knorm", 0.25), greedy(8)));
+    batch.push_back(std::make_unique<Request>(m, make_press_impl("knorm", 0.25), greedy(8)));
     batch.back()->set_prompt(ctx);
   }
   std::vector<Request*> ptrs = {batch[0].get(), batch[1].get()};
@@ -228,7 +228,7 @@ TEST(Request, StepBatchMatchesRunningEachRequestAlone) {
 
 TEST(Request, StatsAreMeasuredFromTheCache) {
   const Model& m = bundled_model();
-  Request req(m, make_press("knorm", 0.5), greedy(2));
+  Request req(m, make_press_impl("knorm", 0.5), greedy(2));
   req.set_prompt(kStory, " The cat");
   req.prefill();
   const RequestStats& st = req.stats();

@@ -13,7 +13,8 @@
 #include "kvslim/generate.h"
 #include "kvslim/model.h"
 #include "press/authoring.h"
-#include "kvslim/session.h"
+#include "model/session.h"
+#include "run/prefill.h"
 
 namespace press_test {
 
@@ -116,9 +117,10 @@ inline void expect_close(double got, double want, double rel, const std::string&
 
 /// Builds a scorer press from a spec and returns it as a ScorerPress (fails the test otherwise).
 inline std::unique_ptr<ScorerPress> scorer(const std::string& spec, double ratio) {
-  std::unique_ptr<Press> p = make_press(spec, ratio);
-  auto* sp = dynamic_cast<ScorerPress*>(p.get());
-  EXPECT_NE(sp, nullptr) << spec;
+  std::unique_ptr<PressImpl> p = make_press_impl(spec, ratio);
+  ScorerPress* sp = p->scorer();
+  EXPECT_EQ(static_cast<PressImpl*>(sp), p.get()) << spec << " is not a scorer press";
+  if (static_cast<PressImpl*>(sp) != p.get()) return nullptr;
   p.release();
   return std::unique_ptr<ScorerPress>(sp);
 }
@@ -143,7 +145,7 @@ inline std::vector<Token> story_tokens(size_t n) {
 }
 
 /// Prefills `tokens` into a fresh f32 session with `press` and returns the session.
-inline std::unique_ptr<Session> prefill(Press& press, const std::vector<Token>& tokens, int chunk = 0,
+inline std::unique_ptr<Session> prefill(PressImpl& press, const std::vector<Token>& tokens, int chunk = 0,
                                         size_t* peak = nullptr, KVCodec codec = KVCodec::F32) {
   SessionOptions so;
   so.key_codec = codec;

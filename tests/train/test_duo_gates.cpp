@@ -19,7 +19,7 @@
 #include "kernels/matmul.h"
 #include "kvslim/error.h"
 #include "kvslim/quant.h"
-#include "kvslim/session.h"
+#include "model/session.h"
 #include "model/layer_hook.h"
 #include "press/duo_attention.h"
 #include "train/duo_calibrate.h"

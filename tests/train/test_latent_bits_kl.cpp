@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "press/latent.h"
+#include "run/prefill.h"
 #include "train/latent_calibrate.h"
 #include "support/press_util.h"
 
@@ -52,8 +53,8 @@ double press_kl(const Model& model, const LatentBases& bases, const std::vector<
   bases.save(path, "test");
   const std::vector<Token> ctx(probe.begin(), probe.end() - 30), tail(probe.end() - 30, probe.end());
   Session full(model, SessionOptions{}), lat(model, SessionOptions{});
-  auto none = make_press("none", 0.0);
-  auto latent = make_press("latent:file=" + path, 0.0);
+  auto none = make_press_impl("none", 0.0);
+  auto latent = make_press_impl("latent:file=" + path, 0.0);
   prefill_and_compress(full, *none, ctx, 0, nullptr, nullptr);
   prefill_and_compress(lat, *latent, ctx, 0, nullptr, nullptr);
   std::remove(path.c_str());

@@ -109,7 +109,7 @@ TEST(RestoreKVTrain, TrainsSavesAndThePressLoadsIt) {
   RequestOptions ro;
   ro.n_predict = 2;
   ro.sampling.temp = 0;
-  Request req(m, make_press("restorekv:file=" + path, 0.5), ro);
+  Request req(m, make_press_impl("restorekv:file=" + path, 0.5), ro);
   req.set_prompt(slurp(std::string(KVSLIM_SOURCE_DIR) + "/models/story.txt").substr(0, 300));
   req.run();
   EXPECT_GT(req.stats().entries_kept, 0u);

@@ -5,8 +5,9 @@
 #include <memory>
 #include <vector>
 
-#include "kvslim/kv_cache.h"
+#include "kvslim/kv_options.h"
 #include "kvslim/model.h"
+#include "kv/cache.h"
 
 namespace kvslim {
 
@@ -37,21 +38,6 @@ class ModelRunner {
   virtual std::vector<float> run_inputs(const InputOverride& input, LayerHook* hook) = 0;
   /// Drops every entry at position >= `position` and continues there.
   virtual void rewind(int32_t position) = 0;
-};
-
-/// Options of a session.
-struct SessionOptions {
-  int n_ctx = 0;                       ///< max positions; 0 = the model's training context
-  KVCodec key_codec = KVCodec::F16;
-  KVCodec value_codec = KVCodec::F16;
-  KVQuantOptions kv_quant;             ///< KIVI and key rotation (see kv_cache.h)
-  bool exact = false;                  ///< f32 products everywhere (reference-logit tests)
-  int batch = 256;                     ///< tokens per forward batch during prefill
-  /// Called after every forward batch with next_position(): progress lines during a long prefill.
-  std::function<void(int32_t next_position)> on_batch_done;
-  /// The same, with the cache's bytes after the batch (KVCache::bytes): progress lines that show
-  /// the memory the cache holds now.
-  std::function<void(int32_t next_position, size_t kv_bytes)> on_batch_bytes;
 };
 
 /// Owns a KV cache and the position counter for one request. As a ModelRunner it is what a press
