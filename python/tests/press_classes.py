@@ -122,9 +122,11 @@ def describe_class(P, name: str) -> dict:
     return d
 
 
-def describe_all() -> dict:
+def describe_all(names=None) -> dict:
+    """The description of the classes `names` (default: all of kvslim.presses.__all__)."""
     from kvslim import presses as P
-    return {"__all__": list(P.__all__), "classes": {name: describe_class(P, name) for name in P.__all__}}
+    names = list(P.__all__) if names is None else list(names)
+    return {"__all__": list(P.__all__), "classes": {name: describe_class(P, name) for name in names}}
 
 
 def main(argv):
