@@ -91,14 +91,75 @@ enum class PressKind {
   Wrapper,  ///< a press around another press (make_wrapper)
 };
 
+/// A parameter's type in the Python press classes (kvslim.SnapKVPress): their annotation, the check
+/// of a value given, and how the value is written into the spec.
+enum class ParamType {
+  Auto,       ///< from the name and default: `ratio` and decimals ("0.5", "1e-4") Float, integers Int, else Str
+  Int,        ///< Python int
+  Float,      ///< Python float (an int is accepted)
+  Bool,       ///< Python bool, written 1 / 0
+  Str,        ///< Python str (a path-like object is accepted)
+  FloatList,  ///< a sequence of floats, written r0/r1/... (per_layer's ratios); an empty one cannot be run
+};
+
+/// How a parameter appears in the Python class of its press (python/kvslim/presses.py generates the
+/// classes from the registry). Designated initializers: `{.type = ParamType::Bool, .help = "..."}`.
+struct PythonParam {
+  ParamType type = ParamType::Auto;
+  std::string help = {};  ///< one line for the class docstring
+  /// The class's default where it differs from the engine's, as a Python literal ("None": left out
+  /// of the spec, so the engine's default applies; "0.0"; "16"); "" = the engine's default.
+  std::string default_value = {};
+  /// Not a field of the class: a kvslim setting kvpress's class does not have (Press(spec) reaches it).
+  bool kvslim_only = false;
+  /// A field of this class of the press only ("ExpectedAttentionStatsPress"); "" = of every class.
+  std::string only_in = {};
+};
+
 /// One parameter of a registered press, declared once with the press: the spec parser, `kvslim
 /// presses`, kvpress's names and the Python classes all read it.
 struct PressParam {
-  PressParam(std::string name_, std::string default_value_, std::string kvpress_ = {})
-      : name(std::move(name_)), default_value(std::move(default_value_)), kvpress(std::move(kvpress_)) {}
+  PressParam(std::string name_, std::string default_value_, std::string kvpress_ = {}, PythonParam python_ = {})
+      : name(std::move(name_)),
+        default_value(std::move(default_value_)),
+        kvpress(std::move(kvpress_)),
+        python(std::move(python_)) {}
   std::string name;           ///< kvslim's key in a spec ("window")
   std::string default_value;  ///< the value when a spec leaves it out ("" = none)
   std::string kvpress;        ///< kvpress's field name where it differs ("window_size"), else ""
+  PythonParam python;         ///< its field in the Python class
+};
+
+/// A PressParam::python for a kvslim setting that is no field of the press's Python class.
+inline const PythonParam kKvslimOnly{.kvslim_only = true};
+
+/// A field of a kvpress class that is no parameter of the kvslim press; the Python class takes it.
+/// Without `alias` or `policy` it is accepted and unused (ObservedAttentionPress's output_attentions).
+struct PythonField {
+  std::string name;           ///< the field's name ("layerwise")
+  std::string after = {};     ///< the parameter (kvslim's name) it follows in the class; "" = last
+  ParamType type = ParamType::Bool;
+  std::string default_value = "False";  ///< a Python literal
+  std::string help = {};      ///< one line for the class docstring
+  /// A parameter (kvslim's name) the field sets when it is not None, over the parameter's own field
+  /// (DecodingPress's older name compression_steps for interval).
+  std::string alias = {};
+  /// A budget policy a true value puts the press under (KVzipPress's layerwise: uniform).
+  std::string policy = {};
+};
+
+/// The Python class(es) of a press, generated from its registration (python/kvslim/presses.py):
+/// one per kvpress class name, with kvpress's field names and defaults (PressParam::python), the
+/// kvslim spec as spec(). The fields: a policy's or wrapper's inner press first, `ratio` first
+/// (as compression_ratio) for a scorer, then the parameters in their declared order.
+struct PythonClass {
+  std::string name = {};   ///< the class of a press kvpress does not have ("H2OPress"); "" = none
+  bool base_press = false;  ///< a BasePress, not a ScorerPress, though a scorer with a ratio (kvpress's KVzipPress)
+  std::string inner = "press";  ///< a policy's or wrapper's field holding its inner press
+  /// A policy whose class has its default inner press's fields instead of an inner press (kvpress's
+  /// PyramidKVPress is a SnapKVPress).
+  bool inner_fields = false;
+  std::vector<PythonField> fields = {};  ///< kvpress fields that are no parameters
 };
 
 /// A registered press: its parameters with defaults, its source, and a factory.
@@ -115,6 +176,7 @@ struct PressInfo {
   /// kvpress's class names for this press ("SnapKVPress"), the first the one `kvslim presses`
   /// shows; empty when kvpress has none.
   std::vector<std::string> kvpress = {};
+  PythonClass python = {};  ///< how the Python classes differ from the defaults
 };
 
 /// All presses, by name.

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from . import _kvslim
 from ._kvslim import KvslimError, Model
 from .presses import *  # noqa: F401,F403  (the press classes are the package's API)
-from .presses import BasePress, Press, kvpress_class, __all__ as _press_names
+from .presses import BasePress, Press, __all__ as _press_names
 from . import eval  # noqa: E402  (kvslim.eval.niah / ruler / fidelity)
 
 __version__ = _kvslim.__version__
@@ -57,13 +57,7 @@ def _model_file(model: str) -> str:
 
 
 def __getattr__(name: str):
-    # kvpress's class names for the engine's presses that have no hand-written class in
-    # kvslim.presses (ChunkKVPress, LagKVPress, FinchPress, ...), made from the engine's registry.
-    for info in _kvslim.presses():
-        if name in info["kvpress_classes"]:
-            cls = kvpress_class(name, info)
-            globals()[name] = cls
-            return cls
+    # A kvpress press kvslim does not have: say which it has.
     raise AttributeError(f"module 'kvslim' has no attribute {name!r} (kvpress presses kvslim has: "
                          f"{', '.join(sorted(c for i in _kvslim.presses() for c in i['kvpress_classes']))})")
 

@@ -1,24 +1,28 @@
 """Press classes with kvpress's names and parameters, turned into kvslim press specs.
 
-Each class mirrors the kvpress class of the same name (NVIDIA/kvpress, kvpress/presses/): the
-same constructor parameters and defaults, so code written for kvpress runs with `import kvslim`
-instead. ``spec()`` gives the kvslim press spec the engine runs (``kvslim presses`` lists them);
-``compression_ratio`` is the fraction of context entries removed, as in kvpress.
+Every press the engine registers with a kvpress class name (NVIDIA/kvpress, kvpress/presses/) is a
+class here (and a few of kvslim's own, such as H2OPress), generated at import from the engine's
+registry (``kvslim.available_presses()``): the same constructor fields, order and defaults as
+kvpress's class, so code written for kvpress runs with ``import kvslim`` instead. ``spec()`` gives the kvslim press spec the engine runs (``kvslim
+presses`` lists them); ``compression_ratio`` is the fraction of context entries removed, as in
+kvpress. The classes are dataclasses; a bad value raises TypeError or ValueError naming the field
+when the press is built.
 
 Presses kvslim does not implement are not defined here (an ImportError is clearer than a press
-that silently does something else). ``Press(spec)`` runs any kvslim spec directly.
+that silently does something else). ``Press(spec)`` runs any kvslim spec directly, and
+``ComposedPress([...])`` composes presses.
 """
 from __future__ import annotations
 
+import ast
+import dataclasses
+import math
+import os
+import textwrap
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-__all__ = [
-    "BasePress", "Press", "ScorerPress", "KnormPress", "RandomPress", "StreamingLLMPress", "SnapKVPress",
-    "TOVAPress", "ObservedAttentionPress", "ExpectedAttentionPress", "KeyDiffPress", "KVzipPress", "PyramidKVPress",
-    "AdaKVPress", "CriticalKVPress", "CriticalAdaKVPress", "ComposedPress", "KeyRerotationPress", "DecodingPress",
-    "PerLayerCompressionPress", "DuoAttentionPress", "DMSPress", "KVzapPress", "H2OPress", "ClusterKVPress",
-]
+from . import _kvslim
 
 
 def _fmt(v) -> str:
@@ -27,15 +31,6 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return repr(v)
     return str(v)
-
-
-def _spec(name: str, **params) -> str:
-    # An unset ratio (0) stays out of the spec, so the ratio given with the run (the pipeline's
-    # press ratio, an eval's ratios) fills it, as `--compression-ratio` does on the command line.
-    if not params.get("ratio"):
-        params.pop("ratio", None)
-    items = [f"{k}={_fmt(v)}" for k, v in params.items() if v is not None]
-    return name + (":" + ",".join(items) if items else "")
 
 
 class BasePress:
@@ -61,65 +56,15 @@ class BasePress:
         return self.spec()
 
 
-def _check_ratio(cls: str, r) -> None:
+def _check_ratio(cls: str, r, name: str = "compression_ratio") -> None:
     """Raises TypeError (not a number) or ValueError (outside [0, 1)) naming the class ``cls``."""
     if isinstance(r, BasePress):
-        raise TypeError(f"{cls}: compression_ratio must be a number, got the press {type(r).__name__}; "
-                        f"{cls} is a scorer press, not a wrapper: write {cls}(compression_ratio=0.5)")
+        raise TypeError(f"{cls}: {name} must be a number, got the press {type(r).__name__}; "
+                        f"{cls} is a scorer press, not a wrapper: write {cls}({name}=0.5)")
     if isinstance(r, bool) or not isinstance(r, (int, float)):
-        raise TypeError(f"{cls}: compression_ratio must be a number in [0, 1), got {r!r}")
+        raise TypeError(f"{cls}: {name} must be a number in [0, 1), got {r!r}")
     if not 0.0 <= float(r) < 1.0:
-        raise ValueError(f"{cls}: compression_ratio must be in [0, 1) (the fraction of entries removed), got {r!r}")
-
-
-def kvpress_class(name: str, info: dict) -> type:
-    """A press class named as kvpress's ``name`` for an engine press without a hand-written class
-    here (``info``: its entry in ``kvslim.available_presses()``). Parameters are keywords, with
-    kvpress's names (or kvslim's); a policy or wrapper takes its inner press first (or as
-    ``press=``), a scorer may take ``compression_ratio`` first. Unknown parameters raise TypeError."""
-    takes_inner = info["kind"] in ("policy", "wrapper")
-    allowed = set(info["params"]) | set(info.get("kvpress_params", {}))
-    if "ratio" in info["params"]:
-        allowed.add("compression_ratio")
-
-    def __init__(self, *args, **kwargs):
-        args = list(args)
-        inner = kwargs.pop("press", None) if takes_inner else None
-        if takes_inner and inner is None and args and isinstance(args[0], BasePress):
-            inner = args.pop(0)
-        if inner is not None and not isinstance(inner, BasePress):
-            raise TypeError(f"{name} expects a press object, got {type(inner).__name__}")
-        if args:
-            if len(args) > 1 or "compression_ratio" in kwargs or "compression_ratio" not in allowed:
-                raise TypeError(f"{name} takes keyword arguments ({', '.join(sorted(allowed)) or 'none'})")
-            kwargs["compression_ratio"] = args[0]
-        for k in kwargs:
-            if k not in allowed:
-                raise TypeError(f"{name}: unknown parameter {k!r} (parameters: {', '.join(sorted(allowed)) or 'none'})")
-        if "compression_ratio" in kwargs:
-            _check_ratio(name, kwargs["compression_ratio"])
-        self.press, self.params = inner, kwargs
-
-    def spec(self) -> str:
-        items = ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items()
-                         if not (k == "compression_ratio" and not v))
-        if takes_inner:
-            inner = self.press.spec() if self.press is not None else info["default_inner"]
-            return f"{name}({inner}{',' if inner and items else ''}{items})"
-        return name + (":" + items if items else "")
-
-    def compression_ratio(self) -> float:
-        if "compression_ratio" in self.params:
-            return float(self.params["compression_ratio"])
-        return self.press.ratio if self.press is not None else 0.0
-
-    def __repr__(self) -> str:
-        inner = [repr(self.press)] if self.press is not None else []
-        return f"{name}({', '.join(inner + [f'{k}={v!r}' for k, v in self.params.items()])})"
-
-    doc = f"{info['summary']}\n\nSource: {info['source']}"
-    return type(name, (BasePress,), {"__init__": __init__, "spec": spec, "__repr__": __repr__, "__doc__": doc,
-                                     "compression_ratio": property(compression_ratio)})
+        raise ValueError(f"{cls}: {name} must be in [0, 1) (the fraction of entries removed), got {r!r}")
 
 
 @dataclass
@@ -137,193 +82,10 @@ class ScorerPress(BasePress):
     """Base of presses that score entries and keep the best (kvpress's ScorerPress)."""
 
 
-@dataclass
-class KnormPress(ScorerPress):
-    """Evicts the keys with the largest L2 norm (Devoto et al. 2024, arXiv 2406.11430)."""
-
-    compression_ratio: float = 0.0
-
-    def spec(self) -> str:
-        return _spec("knorm", ratio=self.compression_ratio)
-
-
-@dataclass
-class RandomPress(ScorerPress):
-    """Random scores (baseline); ``seed=None`` uses kvslim's fixed default seed (kvslim is deterministic)."""
-
-    compression_ratio: float = 0.0
-    seed: Optional[int] = None
-
-    def spec(self) -> str:
-        return _spec("random", ratio=self.compression_ratio, seed=self.seed)
-
-
-@dataclass
-class StreamingLLMPress(ScorerPress):
-    """Attention sinks + most recent entries (Xiao et al. 2023, arXiv 2309.17453)."""
-
-    compression_ratio: float = 0.0
-    n_sink: int = 4
-
-    def spec(self) -> str:
-        return _spec("streaming_llm", ratio=self.compression_ratio, n_sink=self.n_sink)
-
-
-@dataclass
-class SnapKVPress(ScorerPress):
-    """Observation-window attention, pooled (Li et al. 2024, arXiv 2404.14469)."""
-
-    compression_ratio: float = 0.0
-    window_size: int = 64
-    kernel_size: int = 5
-
-    def spec(self) -> str:
-        return _spec("snapkv", ratio=self.compression_ratio, window=self.window_size, kernel=self.kernel_size)
-
-
-@dataclass
-class TOVAPress(ScorerPress):
-    """Attention of the newest token (Oren et al. 2024, arXiv 2401.06104)."""
-
-    compression_ratio: float = 0.0
-
-    def spec(self) -> str:
-        return _spec("tova", ratio=self.compression_ratio)
-
-
-@dataclass
-class ObservedAttentionPress(ScorerPress):
-    """Mean attention received; ``output_attentions`` is accepted for kvpress compatibility and unused."""
-
-    compression_ratio: float = 0.0
-    output_attentions: bool = False
-
-    def spec(self) -> str:
-        return _spec("observed_attention", ratio=self.compression_ratio)
-
-
-@dataclass
-class H2OPress(ScorerPress):
-    """Heavy hitters + a recent window (Zhang et al. 2023, arXiv 2306.14048); not in kvpress."""
-
-    compression_ratio: float = 0.0
-    recent: int = 16
-
-    def spec(self) -> str:
-        return _spec("h2o", ratio=self.compression_ratio, recent=self.recent)
-
-
-@dataclass
-class ExpectedAttentionPress(ScorerPress):
-    """Expected attention of future queries x value norm (Devoto, Jeblick, Jegou 2025, arXiv 2510.00636)."""
-
-    compression_ratio: float = 0.0
-    n_future_positions: int = 512
-    n_sink: int = 4
-    use_covariance: bool = True
-    use_vnorm: bool = True
-    epsilon: float = 0.0
-
-    def spec(self) -> str:
-        return _spec("expected_attention", ratio=self.compression_ratio, n_future=self.n_future_positions,
-                     n_sink=self.n_sink, covariance=self.use_covariance, vnorm=self.use_vnorm, epsilon=self.epsilon)
-
-
-@dataclass
-class KeyDiffPress(ScorerPress):
-    """Evicts keys most similar to the mean key direction (Park et al. 2025, arXiv 2504.15364)."""
-
-    compression_ratio: float = 0.0
-
-    def spec(self) -> str:
-        return _spec("keydiff", ratio=self.compression_ratio)
-
-
-@dataclass
-class KVzipPress(BasePress):
-    """Context-reconstruction scores (Kim et al. 2025, arXiv 2505.23416). ``layerwise=True``: the same
-    ratio in every layer (kvslim's uniform policy) instead of one top-k over all layers."""
-
-    compression_ratio: float = 0.0
-    layerwise: bool = False
-    n_sink: int = 4
-
-    def spec(self) -> str:
-        inner = _spec("kvzip", ratio=self.compression_ratio, n_sink=self.n_sink)
-        return f"uniform({inner})" if self.layerwise else inner
-
-
-@dataclass
-class PyramidKVPress(ScorerPress):
-    """SnapKV scores with per-layer budgets linear in depth (Cai et al. 2024, arXiv 2406.02069)."""
-
-    compression_ratio: float = 0.0
-    window_size: int = 64
-    kernel_size: int = 5
-    beta: int = 20
-
-    def spec(self) -> str:
-        inner = _spec("snapkv", ratio=self.compression_ratio, window=self.window_size, kernel=self.kernel_size)
-        return f"pyramidkv({inner},beta={self.beta})"
-
-
-# Policies and wrappers put their own parameters inside the parentheses, after the inner spec
-# ("adakv(snapkv:window=32,alpha=0.3)"): the first key the inner press does not have and all later
-# ones go to the outer press, which nests to any depth.
-def _inner(press: BasePress, what: str) -> str:
+def _press_spec(press, what: str) -> str:
     if not isinstance(press, BasePress):
         raise TypeError(f"{what} expects a press object, got {type(press).__name__}")
     return press.spec()
-
-
-@dataclass
-class AdaKVPress(BasePress):
-    """Head-adaptive budgets over a scorer press (Feng et al. 2024, arXiv 2407.11550)."""
-
-    press: BasePress = field(default_factory=SnapKVPress)
-    alpha_safeguard: float = 0.20
-
-    def spec(self) -> str:
-        return f"adakv({_inner(self.press, 'AdaKVPress')},alpha={_fmt(self.alpha_safeguard)})"
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.press.ratio
-
-
-@dataclass
-class CriticalKVPress(BasePress):
-    """Two-stage selection reweighted by ||W_o v|| (Feng et al. 2025, arXiv 2502.03805)."""
-
-    press: BasePress = field(default_factory=SnapKVPress)
-    epsilon: float = 1e-4
-    first_stage_ratio: float = 0.5
-
-    def spec(self) -> str:
-        return (f"criticalkv({_inner(self.press, 'CriticalKVPress')},epsilon={_fmt(self.epsilon)},"
-                f"first_stage={_fmt(self.first_stage_ratio)})")
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.press.ratio
-
-
-@dataclass
-class CriticalAdaKVPress(BasePress):
-    """CriticalKV's selection with AdaKV's head-adaptive budgets."""
-
-    press: BasePress = field(default_factory=SnapKVPress)
-    alpha_safeguard: float = 0.20
-    epsilon: float = 1e-4
-    first_stage_ratio: float = 0.5
-
-    def spec(self) -> str:
-        crit = CriticalKVPress(self.press, self.epsilon, self.first_stage_ratio).spec()
-        return f"adakv({crit},alpha={_fmt(self.alpha_safeguard)})"
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.press.ratio
 
 
 @dataclass
@@ -335,7 +97,7 @@ class ComposedPress(BasePress):
     def spec(self) -> str:
         if not self.presses:
             raise ValueError("ComposedPress needs at least one press")
-        return "+".join(_inner(p, "ComposedPress") for p in self.presses)
+        return "+".join(_press_spec(p, "ComposedPress") for p in self.presses)
 
     @property
     def compression_ratio(self) -> float:
@@ -345,106 +107,358 @@ class ComposedPress(BasePress):
         return 1.0 - kept
 
 
-@dataclass
-class KeyRerotationPress(BasePress):
-    """Re-rotates kept keys to contiguous positions after eviction."""
+# ---------------------------------------------------------------------------------------------
+# The classes generated from the engine's registry (include/kvslim/press.h: PressParam::python,
+# PressInfo::python). Each press is declared once, in its C++ registration.
 
-    press: BasePress = field(default_factory=StreamingLLMPress)
-
-    def spec(self) -> str:
-        return f"key_rerotation({_inner(self.press, 'KeyRerotationPress')})"
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.press.ratio
+_RATIO_HELP = ("the fraction of the context's entries removed, in [0, 1); 0 leaves it to the run (the "
+               "pipeline's press ratio, an eval's ratios)")
 
 
-@dataclass
-class DecodingPress(BasePress):
-    """Compresses during decoding: every ``compression_interval`` tokens down to ``target_size``
-    entries per KV head, with kvpress's current names and defaults (kvpress/presses/decoding_press.py:
-    512 and 2048, as the CLI's ``decoding``); older kvpress named these ``compression_steps`` and
-    ``token_buffer_size``, accepted too (they win when given)."""
-
-    base_press: BasePress = field(default_factory=KnormPress)
-    compression_interval: int = 512
-    target_size: int = 2048
-    compression_steps: Optional[int] = None
-    token_buffer_size: Optional[int] = None
-
-    def spec(self) -> str:
-        steps = self.compression_steps if self.compression_steps is not None else self.compression_interval
-        size = self.token_buffer_size if self.token_buffer_size is not None else self.target_size
-        return f"decoding({_inner(self.base_press, 'DecodingPress')},interval={steps},size={size})"
+class _Field(NamedTuple):
+    """One field of a generated class and what it is in the spec."""
+    name: str            # the Python field ("window_size")
+    type: str            # int, float, bool, str, float_list or press
+    default: Any         # the Python default; a callable for a press (its default factory)
+    help: str
+    param: str = ""      # the kvslim parameter it gives ("window"); "" for a kvpress-only field
+    alias: str = ""      # the kvslim parameter it sets when not None (an older kvpress name)
+    policy: str = ""     # the budget policy a true value puts the press under
+    inner: bool = False  # a field of the press's default inner press (PyramidKVPress's window_size)
 
     @property
-    def compression_ratio(self) -> float:
-        return self.base_press.ratio
+    def annotation(self) -> str:
+        base = {"float_list": "Sequence[float]", "press": "BasePress"}.get(self.type, self.type)
+        return f"Optional[{base}]" if self.default is None else base
 
 
-@dataclass
-class PerLayerCompressionPress(BasePress):
-    """One compression ratio per layer over a scorer press."""
-
-    press: BasePress = field(default_factory=KnormPress)
-    compression_ratios: Sequence[float] = ()
-
-    def spec(self) -> str:
-        if not self.compression_ratios:
-            raise ValueError("PerLayerCompressionPress needs compression_ratios, one per layer")
-        ratios = "/".join(_fmt(float(r)) for r in self.compression_ratios)
-        return f"per_layer({_inner(self.press, 'PerLayerCompressionPress')},ratios={ratios})"
-
-
-@dataclass
-class DuoAttentionPress(BasePress):
-    """Retrieval heads keep everything, streaming heads keep sinks + recent (Xiao et al. 2024,
-    arXiv 2410.10819). ``head_compression_ratio``: the fraction of heads made streaming."""
-
-    head_compression_ratio: float = 0.0
-    labels: str = ""
-
-    def spec(self) -> str:
-        return _spec("duo_attention", head_ratio=self.head_compression_ratio, labels=self.labels or None)
+def _resolve_type(t: str, name: str, default: str) -> str:
+    if t != "auto":
+        return t
+    if name == "ratio":
+        return "float"
+    try:
+        int(default)
+        return "int"
+    except ValueError:
+        pass
+    try:
+        float(default)
+        return "float"
+    except ValueError:
+        return "str"
 
 
-@dataclass
-class DMSPress(BasePress):
-    """Threshold eviction outside a sliding window (Lancucki et al. 2025, arXiv 2506.05345):
-    entries the inner press scores below ``threshold`` leave; ``decoding=True`` also acts while
-    generating."""
-
-    press: BasePress = field(default_factory=KnormPress)
-    threshold: float = 0.0
-    sliding_window_size: int = 128
-    decoding: bool = False
-
-    def spec(self) -> str:
-        return (f"threshold({_inner(self.press, 'DMSPress')},tau={_fmt(float(self.threshold))},"
-                f"window={self.sliding_window_size},decode={1 if self.decoding else 0})")
-
-
-@dataclass
-class KVzapPress(BasePress):
-    """Surrogate-predicted KVzip+ scores with threshold eviction (Jegou et al. 2026, arXiv 2601.07891).
-    ``surrogate``: a file from ``kvslim kvzap-train``."""
-
-    surrogate: str = ""
-    threshold: float = -4.0
-    sliding_window_size: int = 128
-    decoding: bool = True
-
-    def spec(self) -> str:
-        return _spec("kvzap", surrogate=self.surrogate or None, threshold=float(self.threshold),
-                     window=self.sliding_window_size, decoding=self.decoding)
+def _parse_default(text: str, t: str):
+    """The Python value of an engine default (the text a spec would give)."""
+    if t == "bool":
+        if text not in ("0", "1"):
+            raise ValueError(f"a bool parameter's default is 0 or 1, not {text!r}")
+        return text == "1"
+    if t == "float_list":
+        return tuple(float(x) for x in text.split("/")) if text else ()
+    if t == "str":
+        return text
+    if not text:
+        return None
+    return int(text) if t == "int" else float(text)
 
 
-@dataclass
-class ClusterKVPress(BasePress):
-    """Decode-time attention over whole key clusters, nothing evicted (Liu et al. 2024, arXiv 2412.03213)."""
+def _literal(text: str, what: str):
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as e:
+        raise RuntimeError(f"{what}: the Python default {text!r} is not a Python literal") from e
+    return tuple(v) if isinstance(v, list) else v
 
-    compression_ratio: float = 0.0
-    budget: int = 0
 
-    def spec(self) -> str:
-        return _spec("clusterkv", ratio=self.compression_ratio, budget=self.budget)
+class _Registry:
+    """The engine's presses by kvslim name and by class name."""
+
+    def __init__(self, infos: List[dict]):
+        self.infos = {i["name"]: i for i in infos}
+        self.by_class: Dict[str, dict] = {}
+        for i in infos:
+            for c in _class_names(i):
+                if c in self.by_class or c in _MACHINERY:
+                    raise RuntimeError(f"press {i['name']}: the class name {c} is taken")
+                self.by_class[c] = i
+
+    def find(self, name: str) -> Optional[dict]:
+        return self.infos.get(name) or self.by_class.get(name)
+
+
+_MACHINERY = ("BasePress", "Press", "ScorerPress", "ComposedPress")
+
+
+def _class_names(info: dict) -> List[str]:
+    return list(info["kvpress_classes"]) + ([info["python"]["name"]] if info["python"]["name"] else [])
+
+
+def _inner_default(spec: str) -> Tuple[str, Dict[str, Any]]:
+    """The class and keyword arguments of the default inner press `spec` ("expected_attention:
+    epsilon=0.02" -> ExpectedAttentionPress, {"epsilon": 0.02}); ("Press", {"press_spec": spec})
+    for a spec no class states."""
+    name, _, params = spec.partition(":")
+    info = _REGISTRY.find(name)
+    if info is None or not _class_names(info) or "(" in spec or "+" in spec:
+        return "Press", {"press_spec": spec}
+    cls = _class_names(info)[0]
+    by_param = {f.param: f for f in _class_fields(info, cls) if f.param}
+    kwargs = {}
+    for item in filter(None, params.split(",")):
+        k, _, v = item.partition("=")
+        if k not in by_param:
+            return "Press", {"press_spec": spec}
+        kwargs[by_param[k].name] = _parse_default(v, by_param[k].type)
+    return cls, kwargs
+
+
+def _default_press(spec: str) -> Callable[[], BasePress]:
+    """The default factory of an inner press given as a spec."""
+    def make():
+        cls, kwargs = _inner_default(spec)
+        return globals()[cls](**kwargs)
+    make.__qualname__ = make.__name__ = "default_" + "".join(c if c.isalnum() else "_" for c in spec)
+    return make
+
+
+def _class_fields(info: dict, cls_name: str) -> List[_Field]:
+    """The fields of the class `cls_name` of the press `info`, in order."""
+    press = info["name"]
+    py = info["python"]
+    out: List[_Field] = []
+    if info["kind"] in ("policy", "wrapper"):
+        inner = _REGISTRY.find(info["default_inner"]) if py["inner_fields"] else None
+        if py["inner_fields"]:
+            if inner is None or not _class_names(inner):
+                raise RuntimeError(f"press {press}: inner_fields needs a default inner press with a class, not "
+                                   f"{info['default_inner']!r}")
+            out += [f._replace(inner=True) for f in _class_fields(inner, _class_names(inner)[0])]
+        else:
+            what = "the scorer press this policy budgets" if info["kind"] == "policy" else "the press it wraps"
+            out.append(_Field(py["inner"], "press", _default_press(info["default_inner"]), what))
+    params = [p for p in info["param_fields"]
+              if not p["kvslim_only"] and p["only_in"] in ("", cls_name)]
+    if info["kind"] == "scorer":  # compression_ratio first, as kvpress's ScorerPress
+        params.sort(key=lambda p: p["name"] != "ratio")
+    extra = {}
+    for x in py["fields"]:
+        extra.setdefault(x["after"], []).append(x)
+    known = {p["name"] for p in info["param_fields"]}
+    for anchor in extra:
+        if anchor and anchor not in known:
+            raise RuntimeError(f"press {press}: field {extra[anchor][0]['name']} follows {anchor!r}, no parameter")
+
+    def add_extra(anchor):
+        for x in extra.get(anchor, []):
+            what = f"press {press}, field {x['name']}"
+            if x["alias"] and x["alias"] not in known:
+                raise RuntimeError(f"{what}: alias of {x['alias']!r}, no parameter")
+            out.append(_Field(x["name"], x["type"], _literal(x["default"], what), x["help"],
+                              alias=x["alias"], policy=x["policy"]))
+
+    for p in params:
+        t = _resolve_type(p["type"], p["name"], p["default"])
+        what = f"press {press}, parameter {p['name']}"
+        try:
+            default = _literal(p["python_default"], what) if p["python_default"] else _parse_default(p["default"], t)
+        except ValueError as e:
+            raise RuntimeError(f"{what}: {e}") from e
+        name = p["kvpress"] or ("compression_ratio" if p["name"] == "ratio" else p["name"])
+        out.append(_Field(name, t, default, p["help"] or (_RATIO_HELP if p["name"] == "ratio" else ""),
+                          param=p["name"]))
+        add_extra(p["name"])
+    add_extra("")
+    seen = set()
+    for f in out:
+        if f.name in seen:
+            raise RuntimeError(f"press {press}: class {cls_name} has two fields named {f.name}")
+        seen.add(f.name)
+    return out
+
+
+def _check_value(cls: str, f: _Field, v) -> None:
+    """Raises TypeError / ValueError naming the class and field when `v` is not a value of `f`."""
+    if f.type == "press":
+        if not isinstance(v, BasePress):
+            raise TypeError(f"{cls}: {f.name} must be a press object (e.g. kvslim.SnapKVPress() or "
+                            f"kvslim.Press('snapkv')), got {type(v).__name__} {v!r}")
+        return
+    if v is None and f.default is None:
+        return
+    if f.param == "ratio":
+        _check_ratio(cls, v, f.name)
+        return
+    if f.type == "bool":
+        if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
+            raise TypeError(f"{cls}: {f.name} must be a bool, got {v!r}")
+    elif f.type == "int":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{cls}: {f.name} must be an int, got {v!r}")
+    elif f.type == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{cls}: {f.name} must be a number, got {v!r}")
+        if not math.isfinite(v):
+            raise ValueError(f"{cls}: {f.name} must be finite, got {v!r}")
+    elif f.type == "str":
+        if not isinstance(v, (str, os.PathLike)):
+            raise TypeError(f"{cls}: {f.name} must be a str, got {v!r}")
+    elif f.type == "float_list":
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+            raise TypeError(f"{cls}: {f.name} must be a sequence of numbers, got {v!r}")
+        for r in v:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+                raise TypeError(f"{cls}: {f.name} must be a sequence of finite numbers, got {r!r} in it")
+
+
+def _format(f: _Field, v) -> str:
+    if f.type == "float":
+        return repr(float(v))
+    if f.type == "float_list":
+        return "/".join(repr(float(r)) for r in v)
+    if f.type == "str":
+        return os.fspath(v)
+    return _fmt(bool(v) if f.type == "bool" else v)
+
+
+def _listed_params(spec: str) -> set:
+    """The parameter names of the press whose ':' list ends `spec` (as the engine's parser reads a
+    key after an inner spec: it goes to that press when the press has it); empty when none."""
+    depth, start, colon = 0, 0, -1
+    for i, c in enumerate(spec):
+        depth += c == "("
+        depth -= c == ")"
+        if depth == 0 and c == "+" and i + 1 < len(spec) and (spec[i + 1].isalpha() or spec[i + 1] == "_"):
+            start, colon = i + 1, -1
+        elif depth == 0 and c == ":" and colon < 0:
+            colon = i
+    if colon < 0:
+        return set()
+    term = spec[start:]
+    cut = min((k for k in (term.find("("), term.find(":")) if k >= 0), default=len(term))
+    info = _REGISTRY.find(term[:cut].strip())
+    if info is None:
+        return set()
+    names = set(info["params"]) | set(info["kvpress_params"])
+    return names | ({"compression_ratio"} if "ratio" in info["params"] else set())
+
+
+def _spec(self) -> str:
+    cls = type(self)
+    self.__post_init__()
+    info = cls._kvslim_info
+    values: Dict[str, Tuple[_Field, Any]] = {}
+    by_param = {f.param: f for f in cls._kvslim_fields if f.param}
+    policies = []
+    for f in cls._kvslim_fields:
+        v = getattr(self, f.name)
+        if f.param and not f.inner:
+            values.setdefault(f.param, (f, v))
+        elif f.alias and v is not None:
+            values[f.alias] = (by_param[f.alias], v)
+        elif f.policy and v:
+            policies.append(f.policy)
+    items = []
+    for f, v in values.values():
+        if v is None or (f.type == "str" and v == "") or (f.param == "ratio" and not v):
+            continue  # the engine's default (an unset ratio: the run's)
+        if f.type == "float_list" and len(v) == 0:
+            raise ValueError(f"{cls.__name__} needs {f.name} ({f.help})")
+        items.append(f"{f.param}={_format(f, v)}")
+    name = info["name"]
+    if info["kind"] == "scorer":
+        spec = name + (":" + ",".join(items) if items else "")
+    else:
+        inner_fields = [f for f in cls._kvslim_fields if f.inner]
+        if inner_fields:
+            inner_cls = globals()[_class_names(_REGISTRY.find(info["default_inner"]))[0]]
+            inner = inner_cls(**{f.name: getattr(self, f.name) for f in inner_fields}).spec()
+        else:
+            inner = getattr(self, info["python"]["inner"]).spec()
+        if not items:
+            spec = f"{name}({inner})"
+        elif items[0].partition("=")[0] in _listed_params(inner):
+            spec = f"{name}({inner}):{','.join(items)}"  # inside, the key would go to the inner press
+        else:
+            spec = f"{name}({inner},{','.join(items)})"
+    for p in policies:
+        spec = f"{p}({spec})"
+    return spec
+
+
+def _post_init(self) -> None:
+    cls = type(self)
+    for f in cls._kvslim_fields:
+        _check_value(cls.__name__, f, getattr(self, f.name))
+
+
+def _fill(text: str, first: str = "", rest: str = "") -> str:
+    return textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def _doc(info: dict, cls_name: str, flds: List[_Field]) -> str:
+    summary = info["summary"].strip().rstrip(".")
+    paras = [summary[:1].upper() + summary[1:] + "."]
+    if cls_name not in info["kvpress_classes"]:
+        paras.append("kvslim's own class: kvpress has no such press.")
+    source = info["source"].strip().rstrip(".")
+    paras.append(f"kvslim press ``{info['name']}``" + ("" if source in ("", "-") else f"; {source}") + ".")
+    doc = "\n\n".join(_fill(p) for p in paras)
+    if flds:
+        lines = ["Args:"]
+        for f in flds:
+            if f.type == "press":
+                cls, kwargs = _inner_default(info["default_inner"])
+                default = f"{cls}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+            else:
+                default = repr(f.default)
+            spec_key = f"; spec ``{f.param}``" if f.param and f.param != f.name else ""
+            text = f"{f.name} ({f.annotation}, default {default}{spec_key})" + (": " + f.help if f.help else "")
+            lines.append(_fill(text, "    ", "        "))
+        doc += "\n\n" + "\n".join(lines)
+    return doc
+
+
+def _make_class(info: dict, cls_name: str) -> type:
+    flds = _class_fields(info, cls_name)
+    py = info["python"]
+    inner_cls = _REGISTRY.find(info["default_inner"]) if py["inner_fields"] else None
+    scorer = not py["base_press"] and (
+        (info["kind"] == "scorer" and "ratio" in info["params"])
+        or (inner_cls is not None and any(f.param == "ratio" for f in flds)))
+    ns = {
+        "__doc__": _doc(info, cls_name, flds),
+        "__module__": __name__,
+        "__post_init__": _post_init,
+        "spec": _spec,
+        "_kvslim_info": info,
+        "_kvslim_fields": tuple(flds),
+    }
+    if info["kind"] != "scorer" and not py["inner_fields"]:
+        inner = py["inner"]
+
+        def compression_ratio(self) -> float:
+            """The inner press's compression ratio."""
+            press = getattr(self, inner)
+            return press.ratio if isinstance(press, BasePress) else 0.0
+        ns["compression_ratio"] = property(compression_ratio)
+    spec = []
+    for f in flds:
+        default = field(default_factory=f.default) if f.type == "press" else field(default=f.default)
+        spec.append((f.name, f.annotation, default))
+    cls = dataclasses.make_dataclass(cls_name, spec, bases=(ScorerPress if scorer else BasePress,), namespace=ns)
+    cls.__qualname__ = cls_name
+    return cls
+
+
+_REGISTRY = _Registry(_kvslim.presses())
+_GENERATED: List[str] = []
+for _info in _REGISTRY.infos.values():
+    for _name in _class_names(_info):
+        globals()[_name] = _make_class(_info, _name)
+        _GENERATED.append(_name)
+del _info, _name
+
+__all__ = list(_MACHINERY) + sorted(_GENERATED)

@@ -160,6 +160,18 @@ py::dict request_result(Request& req, const std::string& desc) {
   return out;
 }
 
+const char* type_name(ParamType t) {
+  switch (t) {
+    case ParamType::Auto: return "auto";
+    case ParamType::Int: return "int";
+    case ParamType::Float: return "float";
+    case ParamType::Bool: return "bool";
+    case ParamType::Str: return "str";
+    case ParamType::FloatList: return "float_list";
+  }
+  return "auto";
+}
+
 py::list presses() {
   py::list out;
   for (const PressInfo* p : PressRegistry::instance().all()) {
@@ -180,6 +192,40 @@ py::list presses() {
     for (const PressParam& pp : p->params)
       if (!pp.kvpress.empty()) aliases[py::str(pp.kvpress)] = pp.name;
     d["kvpress_params"] = aliases;
+    // What python/kvslim/presses.py generates the press's classes from.
+    py::list fields;
+    for (const PressParam& pp : p->params) {
+      py::dict f;
+      f["name"] = pp.name;
+      f["default"] = pp.default_value;
+      f["kvpress"] = pp.kvpress;
+      f["type"] = type_name(pp.python.type);
+      f["help"] = pp.python.help;
+      f["python_default"] = pp.python.default_value;
+      f["kvslim_only"] = pp.python.kvslim_only;
+      f["only_in"] = pp.python.only_in;
+      fields.append(f);
+    }
+    d["param_fields"] = fields;
+    py::dict cls;
+    cls["name"] = p->python.name;
+    cls["base_press"] = p->python.base_press;
+    cls["inner"] = p->python.inner;
+    cls["inner_fields"] = p->python.inner_fields;
+    py::list extra;
+    for (const PythonField& pf : p->python.fields) {
+      py::dict f;
+      f["name"] = pf.name;
+      f["after"] = pf.after;
+      f["type"] = type_name(pf.type);
+      f["default"] = pf.default_value;
+      f["help"] = pf.help;
+      f["alias"] = pf.alias;
+      f["policy"] = pf.policy;
+      extra.append(f);
+    }
+    cls["fields"] = extra;
+    d["python"] = cls;
     out.append(d);
   }
   return out;

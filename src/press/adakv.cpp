@@ -44,7 +44,8 @@ PressRegistrar reg([] {
   i.summary = "budget policy: head-adaptive within each layer (top-k over the layer's heads), per-head floor alpha";
   i.source = "Feng et al. 2024, Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient "
              "LLM Inference, arXiv 2407.11550";
-  i.params = {{"alpha", "0.2", "alpha_safeguard"}};
+  i.params = {{"alpha", "0.2", "alpha_safeguard",
+               {.help = "the fraction of its even share every head keeps whatever the scores (the safeguard)"}}};
   i.kind = PressKind::Policy;
   i.default_inner = "snapkv";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

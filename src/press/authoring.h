@@ -315,6 +315,13 @@ struct PressRegistrar {
     info.kvpress = std::move(kvpress);
     PressRegistry::instance().add(std::move(info));
   }
+  /// With kvpress's class names and how the Python classes differ from the defaults
+  /// (PressInfo::python), e.g. `{.name = "H2OPress"}` for a press kvpress does not have.
+  PressRegistrar(PressInfo info, std::vector<std::string> kvpress, PythonClass python) {
+    info.kvpress = std::move(kvpress);
+    info.python = std::move(python);
+    PressRegistry::instance().add(std::move(info));
+  }
 };
 
 /// Typed parameter readers for factories; errors name the press, the key and the value.

@@ -74,7 +74,7 @@ PressRegistrar reg([] {
   i.source = "Park et al. 2025, KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in "
              "Resource-Constrained Environments, arXiv 2504.15364; reference: kvpress/presses/block_press.py "
              "(BlockPress)";
-  i.params = {{"block", "128", "block_size"}};
+  i.params = {{"block", "128", "block_size", {.help = "entries scored together with the kept ones at each step"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "keydiff";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {

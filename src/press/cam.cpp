@@ -151,9 +151,14 @@ PressRegistrar reg([] {
               "(mean over KV heads) and merge the best evicted values into the next kept ones (CaM)";
   i.source = "Zhang et al. 2024, CaM: Cache Merging for Memory-efficient LLMs Inference, ICML 2024 "
              "(openreview.net/forum?id=LCTmppB165); reference: kvpress/presses/cam_press.py (CAMPress)";
-  i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}, {"merge_budget", "32"}, {"seed", "42"}};
+  i.params = {{"interval", "512", "compression_interval", {.help = "decode steps between two compressions"}},
+              {"size", "2048", "target_size", {.help = "entries per layer after each compression"}},
+              {"merge_budget", "32", {},
+               {.help = "the kept entries after an evicted one that its value is merged into"}},
+              {"seed", "42", {}, kKvslimOnly}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
+  i.python = {.inner = "base_press"};
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const int iv = param_int(p, "cam", "interval"), sz = param_int(p, "cam", "size"), mb = param_int(p, "cam", "merge_budget");
     const int seed = param_int(p, "cam", "seed");

@@ -166,8 +166,13 @@ PressRegistrar reg([] {
   i.kvpress = {"CapPress"};
   i.summary = "query relevance exp(tau cos(anchor, key)) x value leverage v^T (I + sum w v v^T)^-1 v (CAPKV)";
   i.source = "CAPKV, arXiv 2604.25975; reference: kvpress/presses/cap_press.py (CapPress)";
-  i.params = {{"ratio", "0"}, {"tau", "5"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"epsilon", "1e-06"},
-              {"protect", "0"}};
+  i.params = {{"ratio", "0"},
+              {"tau", "5", {}, {.type = ParamType::Float, .help = "the temperature of the query relevance"}},
+              {"n_future", "512", "n_future_positions",
+               {.help = "the future positions whose RoPE rotations the anchor query is averaged over"}},
+              {"n_sink", "4", {}, {.help = "the first entries, chosen first"}},
+              {"epsilon", "1e-06", {}, {.help = "added to every relevance weight in the value leverage"}},
+              {"protect", "0", {}, kKvslimOnly}};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const char* n = "cap";
     const int f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");

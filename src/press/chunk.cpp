@@ -81,7 +81,7 @@ PressRegistrar reg([] {
   i.summary = "wrapper over a scorer: compresses independent chunks of the context, each to the same ratio";
   i.source = "kvpress/presses/chunk_press.py (ChunkPress), after FINCH (Corallo & Papotti 2024, TACL, doi "
              "10.1162/tacl_a_00716)";
-  i.params = {{"chunk", "1024", "chunk_length"}};
+  i.params = {{"chunk", "1024", "chunk_length", {.help = "entries per chunk, each compressed on its own"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {

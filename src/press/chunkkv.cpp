@@ -100,7 +100,7 @@ PressRegistrar reg([] {
   i.summary = "budget policy: keeps whole chunks of consecutive entries, chosen per layer by their mean score";
   i.source = "Liu et al. 2025, ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM "
              "Inference, arXiv 2502.00299; reference: kvpress/presses/chunkkv_press.py (ChunkKVPress)";
-  i.params = {{"chunk", "20", "chunk_length"}};
+  i.params = {{"chunk", "20", "chunk_length", {.help = "consecutive entries kept or evicted together"}}};
   i.kind = PressKind::Policy;
   i.default_inner = "snapkv";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

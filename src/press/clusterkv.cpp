@@ -254,8 +254,16 @@ PressRegistrar reg([] {
               "the budget, plus sinks and new entries; nothing evicted (budget=0: (1 - ratio) of the context)";
   i.source = "Liu et al. 2024, ClusterKV: Manipulating LLM KV Cache in Semantic Space for Recallable Compression, "
              "arXiv 2412.03213; reference: github.com/sjtu-zhao-lab/ClusterKV accuracy/cluster_attention.py";
-  i.params = {{"ratio", "0"},  {"budget", "0"},      {"sink", "16"}, {"clusters", "400"},
-              {"iters", "20"}, {"full_layers", "2"}, {"gqa", "head"}};
+  i.params = {{"ratio", "0", {},
+               {.help = "the fraction of the context each query head does not attend to when budget is 0; 0 leaves "
+                        "it to the run"}},
+              {"budget", "0", {}, {.help = "entries each query head attends to; 0: (1 - ratio) of the context"}},
+              {"sink", "16", {}, kKvslimOnly},
+              {"clusters", "400", {}, kKvslimOnly},
+              {"iters", "20", {}, kKvslimOnly},
+              {"full_layers", "2", {}, kKvslimOnly},
+              {"gqa", "head", {}, kKvslimOnly}};
+  i.python = {.name = "ClusterKVPress", .base_press = true};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const char* n = "clusterkv";
     int budget = param_int(p, n, "budget"), sink = param_int(p, n, "sink"), clusters = param_int(p, n, "clusters"),

@@ -70,12 +70,15 @@ PressRegistrar reg({"compactor", "blends leverage (geometry) and non-causal chun
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: kvpress/presses/compactor_press.py "
                     "(CompactorPress)",
                     {{"ratio", "0"},
-                     {"sink_start", "8", "sink_size_start"},
-                     {"sink_end", "4", "sink_size_end"},
-                     {"chunk", "256", "chunk_size"},
-                     {"sketch", "48", "sketch_dimension"},
-                     {"blending", "ratio"},
-                     {"seed", "42"}},
+                     {"sink_start", "8", "sink_size_start", {.help = "the first entries, chosen first"}},
+                     {"sink_end", "4", "sink_size_end", {.help = "the last entries, chosen first"}},
+                     {"chunk", "256", "chunk_size", {.help = "entries per chunk of the non-causal attention"}},
+                     {"sketch", "48", "sketch_dimension", {.help = "columns of the leverage's random sketch"}},
+                     {"blending", "ratio", {},
+                      {.type = ParamType::Float,
+                       .help = "the leverage's weight against the attention's; None: the compression ratio",
+                       .default_value = "None"}},
+                     {"seed", "42", {}, kKvslimOnly}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int s = param_int(p, "compactor", "sink_start"), e = param_int(p, "compactor", "sink_end"),
                                 c = param_int(p, "compactor", "chunk"), k = param_int(p, "compactor", "sketch");

@@ -108,7 +108,11 @@ PressRegistrar reg([] {
   i.summary = "wrapper over a scorer: CriticalKV's two stages inside AdaKV's head-adaptive budgets";
   i.source = "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation "
              "Perspective, arXiv 2502.03805; reference: kvpress/presses/criticalkv_press.py (CriticalAdaKVPress)";
-  i.params = {{"alpha", "0.2", "alpha_safeguard"}, {"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
+  i.params = {{"alpha", "0.2", "alpha_safeguard",
+               {.help = "the fraction of its even share every head keeps whatever the scores (AdaKV's safeguard)"}},
+              {"epsilon", "1e-4", {}, {.help = "added to the inner scores before ||W_o v|| weighs them"}},
+              {"first_stage", "0.5", "first_stage_ratio",
+               {.help = "the fraction of each head's budget stage 1 fills by the inner scores alone"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {

@@ -80,7 +80,9 @@ PressRegistrar reg([] {
               "by ||W_o v||_1";
   i.source = "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation "
              "Perspective, arXiv 2502.03805";
-  i.params = {{"epsilon", "1e-4"}, {"first_stage", "0.5", "first_stage_ratio"}};
+  i.params = {{"epsilon", "1e-4", {}, {.help = "added to the inner scores before ||W_o v|| weighs them"}},
+              {"first_stage", "0.5", "first_stage_ratio",
+               {.help = "the fraction of the budget stage 1 fills by the inner scores alone"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {

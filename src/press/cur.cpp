@@ -121,13 +121,16 @@ PressRegistrar reg({"cur", "approximate CUR leverage: local-window-normalised ||
                     "Sengupta et al. 2025, Value-Guided KV Compression for LLMs via Approximated CUR Decomposition "
                     "(CurDKV), arXiv 2509.15038; reference: kvpress/presses/cur_press.py (CURPress)",
                     {{"ratio", "0"},
-                     {"n_sink", "4", "num_sinks"},
-                     {"leverage", "kv_product", "leverage_type"},
-                     {"local", "1", "use_local_approximation"},
-                     {"window", "16", "local_window_size"},
-                     {"random_projection", "0", "use_random_leverage"},
-                     {"seed", "42"},
-                     {"protect", "0"}},
+                     {"n_sink", "4", "num_sinks", {.help = "the first entries, chosen first"}},
+                     {"leverage", "kv_product", "leverage_type",
+                      {.help = "the score: key, value, kv_avg or kv_product of the row norms"}},
+                     {"random_projection", "0", "use_random_leverage",
+                      {.type = ParamType::Bool, .help = "project keys and values on a Gaussian sketch first"}},
+                     {"local", "1", "use_local_approximation",
+                      {.type = ParamType::Bool, .help = "normalise the norms over local windows"}},
+                     {"window", "16", "local_window_size", {.help = "entries per local window"}},
+                     {"seed", "42", {}, kKvslimOnly},
+                     {"protect", "0", {}, kKvslimOnly}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int s = param_int(p, "cur", "n_sink"), w = param_int(p, "cur", "window");
                       if (s < 0) throw Error(fmt::format("press cur: n_sink={} must be >= 0", s));

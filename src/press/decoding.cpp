@@ -50,9 +50,23 @@ PressRegistrar reg([] {
   i.summary = "wrapper: during decode, every `interval` tokens, compress to `size` entries per KV head "
               "(or, size=0, to the inner press's ratio of all tokens seen)";
   i.source = "kvpress DecodingPress (kvpress/presses/decoding_press.py)";
-  i.params = {{"interval", "512", "compression_interval"}, {"size", "2048", "target_size"}};
+  i.params = {{"interval", "512", "compression_interval", {.help = "decode steps between two compressions"}},
+              {"size", "2048", "target_size",
+               {.help = "entries per KV head after each compression (0: the inner press's ratio of all tokens)"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
+  // Older kvpress named interval and size compression_steps and token_buffer_size.
+  i.python = {.inner = "base_press",
+              .fields = {{.name = "compression_steps",
+                          .type = ParamType::Int,
+                          .default_value = "None",
+                          .help = "older kvpress's name of compression_interval (wins when given)",
+                          .alias = "interval"},
+                         {.name = "token_buffer_size",
+                          .type = ParamType::Int,
+                          .default_value = "None",
+                          .help = "older kvpress's name of target_size (wins when given)",
+                          .alias = "size"}}};
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     int iv = param_int(p, "decoding", "interval"), sz = param_int(p, "decoding", "size");
     if (iv < 1) throw Error(fmt::format("press decoding: interval={} must be >= 1", iv));
@@ -85,9 +99,12 @@ PressRegistrar reg_ratio([] {
               "seen (decoding with size=0)";
   i.source = "kvpress CompressionRatioDecodingPress (kvpress/presses/compression_ratio_decoding_press.py)";
   // kvpress's target ratio is the wrapper's `ratio`, which every wrapper takes (it sets the inner press's).
-  i.params = {{"interval", "512", "compression_interval"}, {"ratio", "", "target_compression_ratio"}};
+  i.params = {{"interval", "512", "compression_interval", {.help = "decode steps between two compressions"}},
+              {"ratio", "", "target_compression_ratio",
+               {.help = "the fraction of all tokens seen removed at each compression", .default_value = "0.5"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "knorm";
+  i.python = {.inner = "base_press"};
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {
     const PressInfo* d = PressRegistry::instance().find("decoding");
     if (!d) throw Error("press compression_ratio_decoding: decoding is not registered");

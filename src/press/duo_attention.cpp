@@ -209,7 +209,13 @@ PressRegistrar reg([] {
              "Heads, arXiv 2410.10819; reference: github.com/mit-han-lab/duo-attention (duo_attn/train.py for the "
              "gates) and kvpress/presses/duo_attention_press.py (128 sinks + 256 recent)";
   // head_ratio 0 by default: kvpress's head_compression_ratio default (no head streams).
-  i.params = {{"labels", ""}, {"head_ratio", "0", "head_compression_ratio"}, {"sink", "0"}, {"recent", "0"}};
+  i.params = {{"head_ratio", "0", "head_compression_ratio",
+               {.type = ParamType::Float,
+                .help = "the fraction of heads made streaming (those with the lowest gates)"}},
+              {"labels", "", {},
+               {.type = ParamType::Str, .help = "a gates file (`kvslim duo-calibrate`); '': fitted on first use"}},
+              {"sink", "0", {}, kKvslimOnly},
+              {"recent", "0", {}, kKvslimOnly}};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::string path = param_file(p, "duo_attention", "labels");
     double r = param_double(p, "duo_attention", "head_ratio");

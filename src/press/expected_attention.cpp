@@ -260,8 +260,23 @@ PressRegistrar reg({"expected_attention",
                     "Devoto, Jeblick, Jegou 2025, Expected Attention: KV Cache Compression by Estimating Attention "
                     "from Future Queries Distribution, arXiv 2510.00636; reference: "
                     "kvpress/presses/expected_attention_press.py (ExpectedAttentionPress)",
-                    {{"ratio", "0"}, {"window", "0"}, {"n_future", "512", "n_future_positions"}, {"n_sink", "4"}, {"covariance", "1", "use_covariance"},
-                     {"vnorm", "1", "use_vnorm"}, {"epsilon", "0"}, {"protect", "0"}, {"stats", "", "stats_folder"}},
+                    {{"ratio", "0"},
+                     {"window", "0", {}, kKvslimOnly},
+                     {"n_future", "512", "n_future_positions",
+                      {.help = "the future positions whose RoPE rotations the expected query is averaged over"}},
+                     {"n_sink", "4", {}, {.help = "the first entries (attention sinks) always kept"}},
+                     {"covariance", "1", "use_covariance",
+                      {.type = ParamType::Bool, .help = "include the queries' covariance in the expected attention"}},
+                     {"vnorm", "1", "use_vnorm",
+                      {.type = ParamType::Bool, .help = "multiply the scores by the values' norms"}},
+                     {"epsilon", "0", {},
+                      {.type = ParamType::Float, .help = "added to the scores before the value norms multiply them"}},
+                     {"protect", "0", {}, kKvslimOnly},
+                     {"stats", "", "stats_folder",
+                      {.type = ParamType::Str,
+                       .help = "a file of query statistics (`kvslim ea-stats`) used instead of the context's queries",
+                       .default_value = "None",
+                       .only_in = "ExpectedAttentionStatsPress"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const char* n = "expected_attention";
                       int w = param_int(p, n, "window"), f = param_int(p, n, "n_future"), s = param_int(p, n, "n_sink");

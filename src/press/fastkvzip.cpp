@@ -346,8 +346,17 @@ PressRegistrar reg([] {
               "(revisit=1: re-rank all each chunk)";
   i.source = "Kim, Han, Yun 2026, Fast KVzip, arXiv 2601.17668; kvpress fastkvzip_press.py, "
              "github.com/Janghyun1230/FastKVzip";
-  i.params = {{"ratio", "0"},      {"gates", ""},           {"layerwise", "0"}, {"n_sink", "4"},
-              {"window_size", "4096"}, {"window_ratio", "0.02"}, {"protect", "0"}, {"revisit", "0"}};
+  i.params = {{"ratio", "0"},
+              {"layerwise", "0", {},
+               {.type = ParamType::Bool, .help = "one bottom-k per layer instead of one over all layers"}},
+              {"n_sink", "4", {}, {.help = "the first entries, chosen first"}},
+              {"window_size", "4096", {}, {.help = "the last entries chosen first, from 32,000 context tokens on"}},
+              {"window_ratio", "0.02", {},
+               {.help = "the fraction of the context at its end chosen first, below 32,000 tokens"}},
+              {"gates", "", {}, {.type = ParamType::Str, .help = "the gates file (`kvslim fastkvzip-train`)"}},
+              {"protect", "0", {}, kKvslimOnly},
+              {"revisit", "0", {}, kKvslimOnly}};
+  i.python.base_press = true;  // kvpress's FastKVzipPress is no ScorerPress
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const std::string path = param_file(p, "fastkvzip", "gates");
     if (path.empty()) throw Error("press fastkvzip: give gates=FILE (train them with `kvslim fastkvzip-train`)");

@@ -99,7 +99,16 @@ class FinchPress : public ScorerPress {
 PressRegistrar reg({"finch", "prompt-guided SnapKV: the question's attention, normalised per row, kept keys re-rotated",
                     "Corallo & Papotti 2024, FINCH: Prompt-guided Key-Value Cache Compression for Large Language "
                     "Models, TACL (doi 10.1162/tacl_a_00716); reference: kvpress/presses/finch_press.py (FinchPress)",
-                    {{"ratio", "0"}, {"window", "0", "window_size"}, {"normalize", "1", "normalize_scores"}, {"chunk", "0", "chunk_length"}, {"rerotate", "1", "rerotate_keys"}},
+                    {{"ratio", "0"},
+                     {"chunk", "0", "chunk_length",
+                      {.help = "compress every chunk of this many entries on its own; 0: the whole context"}},
+                     {"normalize", "1", "normalize_scores",
+                      {.type = ParamType::Bool, .help = "weigh each query's attention by the entries it can see"}},
+                     {"rerotate", "1", "rerotate_keys",
+                      {.type = ParamType::Bool, .help = "re-rotate the kept keys to contiguous positions"}},
+                     // kvpress finds the prompt after a delimiter token; kvslim is told its length.
+                     {"window", "0", "window_size",
+                      {.help = "the prompt's tokens at the end of the context (required, >= 1)"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int w = param_int(p, "finch", "window"), c = param_int(p, "finch", "chunk");
                       if (w < 1)

@@ -103,12 +103,19 @@ PressRegistrar reg({"h2o", "accumulated attention over all queries (prefill and 
                     "Zhang et al. 2023, H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large "
                     "Language Models, arXiv 2306.14048; reference: github.com/FMInference/H2O (heavy and recent "
                     "budgets equal)",
-                    {{"ratio", "0"}, {"recent", "-1"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
+                    {{"ratio", "0"},
+                     {"recent", "-1", {},
+                      {.help = "the newest entries kept first, inside the budget (the engine's default -1: half the "
+                               "budget)",
+                       .default_value = "16"}},
+                     {"protect", "0", {}, kKvslimOnly}},
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int r = param_int(p, "h2o", "recent");
                       if (r < -1)
                         throw Error(fmt::format("press h2o: recent={} must be >= 0 (or -1: half the budget)", r));
                       return std::make_unique<H2OPress>(param_double(p, "h2o", "ratio"), r, param_bool(p, "h2o", "protect"));
-                    }});
+                    }},
+                   {}, {.name = "H2OPress"});
 
 }  // namespace
 }  // namespace kvslim

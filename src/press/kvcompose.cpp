@@ -287,9 +287,17 @@ PressRegistrar reg([] {
               "for layer budgets; structured=1: every head of a layer keeps the same count";
   i.source = "Akulov et al. 2025, KVCompose: Efficient Structured KV Cache Compression with Composite Tokens, arXiv "
              "2509.05165; reference: kvpress/presses/kvcompose_press.py (KVComposePress)";
-  i.params = {{"ratio", "0"},        {"structured", "1"}, {"agg_task", "max"},
-              {"agg_group", "mean"}, {"agg_head", "mean"}, {"add_v_norm", "0"},
-              {"add_mean_across_heads", "1"}, {"keep_token_lower_bound", "0"}};
+  i.params = {{"ratio", "0"},
+              {"structured", "1", {},
+               {.type = ParamType::Bool, .help = "every KV head of a layer keeps the same count"}},
+              {"agg_task", "max", {}, {.help = "the reduction over the replay queries: max or mean"}},
+              {"agg_group", "mean", {}, {.help = "the reduction over a GQA group's query heads: max or mean"}},
+              {"agg_head", "mean", {}, {.help = "the reduction over a layer's KV heads (composite tokens)"}},
+              {"add_v_norm", "0", {}, {.type = ParamType::Bool, .help = "multiply the scores by the value norms"}},
+              {"add_mean_across_heads", "1", {},
+               {.type = ParamType::Bool, .help = "add the mean over the layer's KV heads to every head's scores"}},
+              {"keep_token_lower_bound", "0", {}, {.help = "ranks of every layer taken first"}}};
+  i.python.base_press = true;  // kvpress's KVComposePress is no ScorerPress
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     KVComposeOptions o;
     o.structured = param_bool(p, "kvcompose", "structured");

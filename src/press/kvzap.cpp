@@ -218,7 +218,11 @@ PressRegistrar reg([] {
   i.summary = "surrogate-predicted KVzip+ scores at entry creation; default policy threshold (evict below tau once "
               "outside a sliding window, in prefill and decode)";
   i.source = "Jegou et al. 2026, KVzap: Fast, Adaptive, and Faithful KV Cache Pruning, arXiv 2601.07891";
-  i.params = {{"surrogate", ""}, {"threshold", "-4"}, {"window", "128"}, {"decoding", "1"}};
+  // kvpress runs KVzap under DMSPress, whose names the window and decoding take.
+  i.params = {{"surrogate", "", {}, {.type = ParamType::Str, .help = "the surrogate file (`kvslim kvzap-train`)"}},
+              {"threshold", "-4", {}, {.type = ParamType::Float, .help = "entries scoring below it leave"}},
+              {"window", "128", "sliding_window_size", {.help = "the newest entries, never evicted"}},
+              {"decoding", "1", {}, {.type = ParamType::Bool, .help = "evict during decode too"}}};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     std::string path = param_file(p, "kvzap", "surrogate");
     double tau = param_double(p, "kvzap", "threshold");

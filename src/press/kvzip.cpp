@@ -364,7 +364,18 @@ PressRegistrar reg([] {
   i.source = "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction, arXiv "
              "2505.23416 (KVzip+: arXiv 2601.07891); reference: kvpress/presses/kvzip_press.py (KVzipPress, "
              "kvzip_plus_normalization=False by default)";
-  i.params = {{"ratio", "0"}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
+  i.params = {{"ratio", "0"},
+              {"chunk", "2048", {}, kKvslimOnly},
+              {"n_sink", "4", {}, {.help = "the first entries of every segment, never evicted"}},
+              // KVzipPress's fields are compression_ratio, layerwise and n_sink: KVzip+ is kvzip:plus=1.
+              {"plus", "0", "kvzip_plus_normalization", kKvslimOnly}};
+  // kvpress's KVzipPress is no ScorerPress; its layerwise is kvslim's uniform policy.
+  i.python = {.base_press = true,
+              .fields = {{.name = "layerwise",
+                          .after = "ratio",
+                          .help = "the same ratio in every layer (kvslim's uniform policy) instead of one top-k over "
+                                  "all layers and heads",
+                          .policy = "uniform"}}};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     KVzipOptions o;
     o.chunk = param_int(p, "kvzip", "chunk");

@@ -87,7 +87,12 @@ class LagKVPress : public ScorerPress {
 PressRegistrar reg({"lagkv", "lag-relative scores: each partition normalised by the next one's range",
                     "Liang et al. 2025, LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are "
                     "Important, arXiv 2504.04704; reference: kvpress/presses/lagkv_press.py (LagKVPress)",
-                    {{"ratio", "0"}, {"n_sink", "4"}, {"lag", "128", "lag_size"}, {"cross_scoring", "0"}},
+                    {{"ratio", "0"},
+                     {"n_sink", "4", {}, {.help = "the first entries, always kept"}},
+                     {"lag", "128", "lag_size", {.help = "entries per partition"}},
+                     {"cross_scoring", "0", {},
+                      {.type = ParamType::Bool,
+                       .help = "keep the scores instead of their ranks within the partition"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int s = param_int(p, "lagkv", "n_sink"), lag = param_int(p, "lagkv", "lag");
                       if (s < 0) throw Error(fmt::format("press lagkv: n_sink={} must be >= 0", s));

@@ -41,7 +41,9 @@ PressRegistrar reg({"leverage", "approximate leverage of the pre-RoPE keys (Comp
                     "Chari & Van Durme 2025, Compactor: Calibrated Query-Agnostic KV Cache Compression with "
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: kvpress/presses/leverage_press.py "
                     "(LeverageScorePress)",
-                    {{"ratio", "0"}, {"sketch", "48", "sketch_dimension"}, {"seed", "42"}},
+                    {{"ratio", "0"},
+                     {"sketch", "48", "sketch_dimension", {.help = "columns of the random sketch"}},
+                     {"seed", "42", {}, kKvslimOnly}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int k = param_int(p, "leverage", "sketch");
                       if (k < 1) throw Error(fmt::format("press leverage: sketch={} must be >= 1", k));

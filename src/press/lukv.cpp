@@ -191,7 +191,9 @@ PressRegistrar reg([] {
               "first `sink` and last `window` entries chosen first";
   i.source = "Tang et al. 2026, Predicting Future Utility: Global Combinatorial Optimization for Task-Agnostic KV "
              "Cache Eviction, arXiv 2602.08585; kvpress lukv_press.py";
-  i.params = {{"curve", ""}, {"sink", "4"}, {"window", "1"}};
+  i.params = {{"sink", "4", {}, {.help = "the first entries, chosen first"}},
+              {"window", "1", {}, {.help = "the last entries, chosen first"}},
+              {"curve", "", {}, {.type = ParamType::Str, .help = "the budget curve file (`kvslim lukv-curve`)"}}};
   i.kind = PressKind::Policy;
   i.default_inner = "expected_attention:epsilon=0.02";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

@@ -129,7 +129,10 @@ PressRegistrar reg([] {
   i.summary = "wrapper over a scorer: evicted values are merged into their most key-similar kept entry";
   i.source = "kvpress/presses/merging_press.py (MergingPress), after Token Merging (Bolya et al. 2023, arXiv "
              "2210.09461) and D2O (Wan et al. 2024, arXiv 2406.13035)";
-  i.params = {{"similarity_threshold", "0"}, {"merge_fraction", "1"}};
+  i.params = {{"similarity_threshold", "0", {},
+               {.type = ParamType::Float, .help = "the least key cosine similarity at which an evicted value merges"}},
+              {"merge_fraction", "1", {},
+               {.type = ParamType::Float, .help = "the fraction of the most similar evicted entries that merge"}}};
   i.kind = PressKind::Wrapper;
   i.default_inner = "snapkv";
   i.make_wrapper = [](const PressParams& p, std::unique_ptr<PressImpl> inner) -> std::unique_ptr<PressImpl> {

@@ -41,7 +41,7 @@ PressRegistrar reg({"non_causal_attention", "attention received within non-causa
                     "Chari & Van Durme 2025, Compactor: Calibrated Query-Agnostic KV Cache Compression with "
                     "Approximate Leverage Scores, arXiv 2507.08143; reference: "
                     "kvpress/presses/non_causal_attention_press.py (NonCausalAttnPress)",
-                    {{"ratio", "0"}, {"chunk", "256", "chunk_size"}},
+                    {{"ratio", "0"}, {"chunk", "256", "chunk_size", {.help = "entries per non-causal chunk"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const int c = param_int(p, "non_causal_attention", "chunk");
                       if (c < 1) throw Error(fmt::format("press non_causal_attention: chunk={} must be >= 1", c));

@@ -50,7 +50,11 @@ PressRegistrar reg({"observed_attention", "mean attention received per query tha
                     "kvpress ObservedAttentionPress; related to H2O, Zhang et al. 2023, arXiv 2306.14048",
                     {{"ratio", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<ObservedAttentionPress>(param_double(p, "observed_attention", "ratio"));
-                    }}, {"ObservedAttentionPress"});
+                    }},
+                   {"ObservedAttentionPress"},
+                   {.fields = {{.name = "output_attentions",
+                                .help = "accepted for kvpress compatibility and unused (kvslim records attention "
+                                        "without it)"}}});
 
 }  // namespace
 }  // namespace kvslim

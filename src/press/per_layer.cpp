@@ -44,7 +44,8 @@ PressRegistrar reg([] {
   i.kvpress = {"PerLayerCompressionPress"};
   i.summary = "budget policy: one compression ratio per layer, ratios=r0/r1/... (one per layer)";
   i.source = "kvpress PerLayerCompressionPress";
-  i.params = {{"ratios", "", "compression_ratios"}};
+  i.params = {{"ratios", "", "compression_ratios",
+               {.type = ParamType::FloatList, .help = "the compression ratio of each layer, one per layer"}}};
   i.kind = PressKind::Policy;
   i.default_inner = "knorm";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

@@ -73,7 +73,12 @@ PressRegistrar reg([] {
   i.source = "Cai et al. 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling, "
              "arXiv 2406.02069; reference: kvpress/presses/pyramidkv_press.py (PyramidKVPress.get_layer_budget, "
              "after github.com/Zefan-Cai/KVCache-Factory pyramidkv/pyramidkv_utils.py)";
-  i.params = {{"beta", "20"}, {"window", "0", "window_size"}};
+  // PyramidKVPress is kvpress's SnapKVPress with beta: its window_size is the scorer's, which the
+  // policy's window follows by default.
+  i.params = {{"beta", "20", {},
+               {.help = "the steepness: the top layer keeps 1/beta of the mean budget beyond the window"}},
+              {"window", "0", "window_size", kKvslimOnly}};
+  i.python = {.inner_fields = true};
   i.kind = PressKind::Policy;
   i.default_inner = "snapkv";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

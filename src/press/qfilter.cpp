@@ -55,7 +55,9 @@ PressRegistrar reg({"qfilter", "keeps the keys that project most on the queries'
                     "Godey et al. 2025, Q-Filters: Leveraging QK Geometry for Efficient KV Cache Compression, arXiv "
                     "2503.02812; reference: kvpress/presses/qfilter_press.py (QFilterPress); filters from kvslim "
                     "qfilter-calibrate",
-                    {{"ratio", "0"}, {"filters", ""}},
+                    {{"ratio", "0"},
+                     {"filters", "", {},
+                      {.type = ParamType::Str, .help = "the filters file (`kvslim qfilter-calibrate`)"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const std::string path = param_file(p, "qfilter", "filters");
                       if (path.empty())

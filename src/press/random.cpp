@@ -37,7 +37,11 @@ class RandomPress : public ScorerPress {
 };
 
 PressRegistrar reg({"random", "random scores (baseline); deterministic for a seed",
-                    "kvpress RandomPress (baseline)", {{"ratio", "0"}, {"seed", "42"}},
+                    "kvpress RandomPress (baseline)",
+                    {{"ratio", "0"},
+                     {"seed", "42", {},
+                      {.help = "the random generator's seed; None: kvslim's fixed default (kvslim is deterministic)",
+                       .default_value = "None"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int seed = param_int(p, "random", "seed");
                       return std::make_unique<RandomPress>(param_double(p, "random", "ratio"),

@@ -150,7 +150,13 @@ PressRegistrar reg([] {
               "R / n of the context); the context must be prefilled in one step";
   i.source = "RestoreKV, arXiv 2608.01247; reference: kvpress/presses/restorekv_press.py (RestoreKVPress, a "
              "subclass of KVzipPress)";
-  i.params = {{"ratio", "0"}, {"file", ""}, {"chunk", "2048"}, {"n_sink", "4"}, {"plus", "0", "kvzip_plus_normalization"}};
+  i.params = {{"ratio", "0"},
+              {"n_sink", "4", {}, {.help = "the first entries of every segment, never evicted"}},
+              {"plus", "0", "kvzip_plus_normalization", {.type = ParamType::Bool, .help = "KVzip+'s normalisation"}},
+              {"file", "", {},
+               {.type = ParamType::Str, .help = "the restore embeddings and LoRA adapter for this model (GGUF)"}},
+              {"chunk", "2048", {}, kKvslimOnly}};
+  i.python.base_press = true;  // kvpress's RestoreKVPress is a KVzipPress
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const std::string path = param_file(p, "restorekv", "file");
     if (path.empty())

@@ -98,7 +98,13 @@ class SimLayerKVPress : public PressImpl {
 PressRegistrar reg({"simlayerkv", "lazy layers (attention on the first and recent entries) keep only those",
                     "Zhang et al. 2024, SimLayerKV: A Simple Framework for Layer-Level KV Cache Reduction, arXiv "
                     "2410.13846; reference: kvpress/presses/simlayerkv_press.py (SimLayerKVPress)",
-                    {{"lazy_threshold", "1"}, {"n_last", "1"}, {"n_recent", "1024"}, {"n_initial", "4"}},
+                    {{"lazy_threshold", "1", {},
+                      {.type = ParamType::Float,
+                       .help = "a layer is lazy when its last queries give more than this share of their "
+                               "attention to the first and recent entries (1: none is)"}},
+                     {"n_last", "1", {}, {.help = "the last queries that decide whether a layer is lazy"}},
+                     {"n_recent", "1024", {}, {.help = "the recent entries a lazy layer keeps"}},
+                     {"n_initial", "4", {}, {.help = "the first entries a lazy layer keeps"}}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       const double t = param_double(p, "simlayerkv", "lazy_threshold");
                       const int last = param_int(p, "simlayerkv", "n_last"),

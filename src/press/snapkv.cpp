@@ -69,7 +69,12 @@ class SnapKVPress : public ScorerPress {
 PressRegistrar reg({"snapkv", "observation-window attention, pooled, averaged over the GQA group",
                     "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation, arXiv 2404.14469; "
                     "reference: kvpress/presses/snapkv_press.py (SnapKVPress)",
-                    {{"ratio", "0"}, {"window", "64", "window_size"}, {"kernel", "5", "kernel_size"}, {"pooling", "avg"}, {"protect", "0"}},
+                    {{"ratio", "0"},
+                     {"window", "64", "window_size",
+                      {.help = "the last context queries whose attention scores the entries (the observation window)"}},
+                     {"kernel", "5", "kernel_size", {.help = "width of the pooling over neighbouring scores (odd)"}},
+                     {"pooling", "avg", {}, kKvslimOnly},
+                     {"protect", "0", {}, kKvslimOnly}},
                     [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int w = param_int(p, "snapkv", "window"), k = param_int(p, "snapkv", "kernel");
                       std::string pool = param_str(p, "snapkv", "pooling");

@@ -33,7 +33,9 @@ class StreamingLLMPress : public ScorerPress {
 PressRegistrar reg({"streaming_llm", "attention sinks + most recent entries",
                     "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks, arXiv 2309.17453; "
                     "reference: kvpress/presses/streaming_llm_press.py (StreamingLLMPress)",
-                    {{"ratio", "0"}, {"n_sink", "4"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
+                    {{"ratio", "0"},
+                     {"n_sink", "4", {}, {.help = "the first entries (attention sinks) always kept"}},
+                     {"protect", "0", {}, kKvslimOnly}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       int n_sink = param_int(p, "streaming_llm", "n_sink");
                       if (n_sink < 0) throw Error(fmt::format("press streaming_llm: n_sink={} must be >= 0", n_sink));
                       return std::make_unique<StreamingLLMPress>(param_double(p, "streaming_llm", "ratio"), n_sink,

@@ -99,7 +99,10 @@ PressRegistrar reg([] {
   i.summary = "prunes the key channels with the lowest query-weighted magnitude (per KV head); entries stay, "
               "the pruned channels' bytes are freed";
   i.source = "Xu et al. 2024, ThinK: Thinner Key Cache by Query-Driven Pruning, arXiv 2407.21018";
-  i.params = {{"key_ratio", "0.5", "key_channel_compression_ratio"}, {"window", "32", "window_size"}};
+  i.params = {{"key_ratio", "0.5", "key_channel_compression_ratio",
+               {.help = "the fraction of key channels pruned", .default_value = "0.0"}},
+              {"window", "32", "window_size",
+               {.help = "the last context queries whose magnitudes score the channels"}}};
   i.make = [](const PressParams& p) -> std::unique_ptr<PressImpl> {
     const double r = param_double(p, "think", "key_ratio");
     if (!(r >= 0.0 && r < 1.0)) throw Error(fmt::format("press think: key_ratio={} must be in [0, 1)", r));

@@ -55,7 +55,12 @@ PressRegistrar reg([] {
               "(no ratio); decode=N also acts every N decode steps";
   i.source = "Lancucki et al. 2025, Inference-Time Hyper-Scaling with KV Cache Compression (DMS), arXiv 2506.05345; "
              "reference: kvpress/presses/dms_press.py (DMSPress)";
-  i.params = {{"tau", "", "threshold"}, {"window", "128", "sliding_window_size"}, {"decode", "0", "decoding"}};
+  i.params = {{"tau", "", "threshold",
+               {.type = ParamType::Float,
+                .help = "entries the inner press scores below it leave (its scale is the scorer's)",
+                .default_value = "0.0"}},
+              {"window", "128", "sliding_window_size", {.help = "the newest entries, never evicted"}},
+              {"decode", "0", "decoding", {.type = ParamType::Bool, .help = "evict during decode too, at every step"}}};
   i.kind = PressKind::Policy;
   i.default_inner = "knorm";
   i.make_policy = [](const PressParams& p) -> std::unique_ptr<BudgetPolicy> {

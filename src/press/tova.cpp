@@ -60,7 +60,8 @@ class TOVAPress : public ScorerPress {
 PressRegistrar reg({"tova", "attention of the newest token, averaged over the layer's query heads",
                     "Oren et al. 2024, Transformers are Multi-State RNNs (TOVA), arXiv 2401.06104; reference: "
                     "kvpress/presses/tova_press.py (TOVAPress)",
-                    {{"ratio", "0"}, {"protect", "0"}}, [](const PressParams& p) -> std::unique_ptr<PressImpl> {
+                    {{"ratio", "0"}, {"protect", "0", {}, kKvslimOnly}},
+                    [](const PressParams& p) -> std::unique_ptr<PressImpl> {
                       return std::make_unique<TOVAPress>(param_double(p, "tova", "ratio"), param_bool(p, "tova", "protect"));
                     }}, {"TOVAPress"});
 

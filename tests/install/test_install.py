@@ -169,6 +169,7 @@ import os, kvslim
 site = os.path.realpath(os.path.dirname(kvslim.__file__))
 assert site.startswith(os.path.realpath(os.environ["VENV"])), site
 assert os.path.realpath(kvslim.bundled_model()).startswith(site), kvslim.bundled_model()
+assert os.path.isfile(os.path.join(site, "presses.pyi")) and os.path.isfile(os.path.join(site, "py.typed")), site
 assert kvslim.__version__ == os.environ["VERSION"], kvslim.__version__
 out = kvslim.pipeline(threads=1)("Once upon a time, there was a little girl.", question=" Then", max_new_tokens=4)
 assert out["answer"] and out["stats"]["context_tokens"] > 5, out
