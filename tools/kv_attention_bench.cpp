@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kernels/quant_dot.h"
 #include "kv/cache.h"
 #include "run/decode_floor.h"

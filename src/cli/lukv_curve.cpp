@@ -1,6 +1,6 @@
 // `kvslim lukv-curve`: computes a LU-KV budget curve (arXiv 2602.08585) on the user's model and
 // text for a scorer, for `--press lukv(SCORER):curve=FILE` (kvpress downloads one curve, made by
-// the LU-KV repository's scripts for Llama-3.1-8B). The work is the library's (src/press/lukv.h).
+// the LU-KV repository's scripts for Llama-3.1-8B). The work is the library's (src/press/policies/lukv.h).
 #include <cstdio>
 
 #include <fmt/format.h>

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kernels/matmul.h"
 #include "press/authoring.h"
 #include "kvslim/request.h"

@@ -136,7 +136,7 @@ class LatentCodes {
   const std::vector<float>& centers() const { return center_; }
   const std::vector<float>& steps() const { return step_; }
   /// Row i's bytes as stored (row_bytes() of them, i < size()), for kernels that read codes
-  /// without dequantizing them (src/kernels/latent_code_dot.h). Quantized per channel: the
+  /// without dequantizing them (src/attention/latent_code_dot.h). Quantized per channel: the
   /// widening exponent byte e, then the packed codes; per token: the f16 scale, then the packed
   /// codes; f16 / f32 codes: the coordinates.
   const uint8_t* row(size_t i) const { return data_.data() + i * row_; }

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/activation.h"
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
 #include "model/input_override.h"

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/window_attention.h"
+#include "attention/window_attention.h"
 #include "press/ranking.h"
 #include "kernels/threads.h"
 

@@ -17,11 +17,11 @@
 // Calibration and training (`kvslim calibrate ...`, `kvslim train ...`), and the press file
 // formats they write (Q-Filters' directions, latent bases, query statistics, DuoAttention's
 // labels, LU-KV's budget curve).
-#include "press/duo_attention.h"
+#include "press/scorers/duo_attention.h"
 #include "press/ea_stats.h"
-#include "press/latent.h"
-#include "press/lukv.h"
-#include "press/qfilter.h"
+#include "press/scorers/latent.h"
+#include "press/policies/lukv.h"
+#include "press/scorers/qfilter.h"
 #include "train/duo_calibrate.h"
 #include "train/fastkvzip_train.h"
 #include "train/kvzap_train.h"

@@ -9,10 +9,10 @@
 
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kernels/threads.h"
 #include "press/authoring.h"
-#include "press/kvzip.h"
+#include "press/scorers/kvzip.h"
 #include "model/session.h"
 #include "press/recorders.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvslim/model.h"
-#include "press/duo_attention.h"
+#include "press/scorers/duo_attention.h"
 
 namespace kvslim {
 

@@ -9,7 +9,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/threads.h"
 #include "kvslim/quant.h"

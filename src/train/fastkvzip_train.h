@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "kvslim/model.h"
-#include "press/fastkvzip.h"
-#include "press/kvzip.h"
+#include "press/scorers/fastkvzip.h"
+#include "press/scorers/kvzip.h"
 
 namespace kvslim {
 

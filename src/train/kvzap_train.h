@@ -11,7 +11,7 @@
 
 #include "kvslim/model.h"
 #include "kvslim/press.h"
-#include "press/kvzap.h"
+#include "press/scorers/kvzap.h"
 
 namespace kvslim {
 

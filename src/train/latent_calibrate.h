@@ -6,7 +6,7 @@
 
 #include "kv/latent.h"
 #include "kvslim/model.h"
-#include "press/latent.h"
+#include "press/scorers/latent.h"
 
 namespace kvslim {
 

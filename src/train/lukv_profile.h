@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kvslim/model.h"
-#include "press/lukv.h"
+#include "press/policies/lukv.h"
 
 namespace kvslim {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kvslim/model.h"
-#include "press/qfilter.h"
+#include "press/scorers/qfilter.h"
 
 namespace kvslim {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kvslim/model.h"
-#include "press/restorekv.h"
+#include "press/scorers/restorekv.h"
 
 namespace kvslim {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kv/cache.h"
-#include "press/precision_tiers.h"
+#include "press/wrappers/precision_tiers.h"
 #include "kv/store.h"
 #include "kvslim/quant.h"
 #include "kernels/quant_dot.h"

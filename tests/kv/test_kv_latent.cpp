@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kv/cache.h"
 #include "kv/latent.h"
 #include "kvslim/quant.h"

@@ -16,7 +16,7 @@
 #include <random>
 #include <thread>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kv/store.h"
 #include "kvslim/context.h"
 #include "server/engine.h"

@@ -21,7 +21,7 @@
 #include "kvslim/generate.h"
 #include "model/session.h"
 #include "model/layer_hook.h"
-#include "press/fastkvzip.h"
+#include "press/scorers/fastkvzip.h"
 #include "train/fastkvzip_train.h"
 #include "support/files.h"
 #include "support/press_util.h"

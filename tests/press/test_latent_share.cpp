@@ -12,8 +12,8 @@
 
 #include "kvslim/gguf.h"
 #include "model/layer_hook.h"
-#include "press/cross_layer.h"
-#include "press/latent.h"
+#include "press/scorers/cross_layer.h"
+#include "press/scorers/latent.h"
 #include "run/prefill.h"
 #include "train/latent_calibrate.h"
 #include "press/latent_share.h"

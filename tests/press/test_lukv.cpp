@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "kvslim/error.h"
-#include "press/lukv.h"
+#include "press/policies/lukv.h"
 #include "train/lukv_profile.h"
 #include "support/files.h"
 #include "support/press_util.h"

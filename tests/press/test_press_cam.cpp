@@ -6,7 +6,7 @@
 #include <deque>
 
 #include "kvslim/request.h"
-#include "press/cam.h"
+#include "press/wrappers/cam.h"
 #include "support/press_util.h"
 
 using namespace press_test;

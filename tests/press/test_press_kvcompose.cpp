@@ -6,7 +6,7 @@
 #include <numeric>
 #include <set>
 
-#include "press/kvcompose.h"
+#include "press/scorers/kvcompose.h"
 #include "press/recorders.h"
 #include "support/press_util.h"
 

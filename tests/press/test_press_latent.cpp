@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "press/latent.h"
+#include "press/scorers/latent.h"
 #include "run/prefill.h"
 #include "train/latent_calibrate.h"
 #include "support/press_util.h"

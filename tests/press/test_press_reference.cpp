@@ -4,7 +4,7 @@
 #include <cmath>
 #include <set>
 
-#include "press/duo_attention.h"
+#include "press/scorers/duo_attention.h"
 #include "train/duo_calibrate.h"
 #include "press/recorders.h"
 #include "support/press_util.h"

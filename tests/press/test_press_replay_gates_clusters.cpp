@@ -11,18 +11,18 @@
 #include <fmt/format.h>
 
 #include "eval/attention_stats.h"
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "kvslim/generate.h"
 #include "kvslim/gguf.h"
 #include "kvslim/request.h"
 #include "press/authoring.h"
-#include "press/clusterkv.h"
-#include "press/duo_attention.h"
+#include "press/scorers/clusterkv.h"
+#include "press/scorers/duo_attention.h"
 #include "run/prefill.h"
 #include "train/duo_calibrate.h"
 #include "train/kvzap_train.h"
-#include "press/kvzap.h"
-#include "press/kvzip.h"
+#include "press/scorers/kvzap.h"
+#include "press/scorers/kvzip.h"
 #include "press/recorders.h"
 #include "support/files.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kernels/attention.h"
+#include "attention/attention.h"
 #include "run/prefill.h"
 #include "support/press_util.h"
 

@@ -20,7 +20,7 @@
 #include "model/session.h"
 #include "model/input_override.h"
 #include "model/lora.h"
-#include "press/restorekv.h"
+#include "press/scorers/restorekv.h"
 #include "support/files.h"
 #include "support/press_util.h"
 

@@ -21,7 +21,7 @@
 #include "kvslim/quant.h"
 #include "model/session.h"
 #include "model/layer_hook.h"
-#include "press/duo_attention.h"
+#include "press/scorers/duo_attention.h"
 #include "train/duo_calibrate.h"
 #include "support/press_util.h"
 

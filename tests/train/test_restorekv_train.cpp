@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvslim/request.h"
-#include "press/restorekv.h"
+#include "press/scorers/restorekv.h"
 #include "support/files.h"
 #include "support/press_util.h"
 #include "train/restorekv_train.h"
