@@ -57,7 +57,8 @@ class CMakeBuild(build_ext):
             args += shlex.split(os.environ.get("KVSLIM_CMAKE_ARGS", ""))
             subprocess.run(args, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
-        subprocess.run(["cmake", "--build", build_dir, "--target", ext.target, "-j", jobs], check=True)
+        subprocess.run(["cmake", "--build", build_dir, "--target", ext.target, "kvslim_press_stub", "-j", jobs],
+                       check=True)
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         built = os.path.join(build_dir, "python", "kvslim", "_kvslim" + suffix)
         if not os.path.isfile(built):
@@ -67,6 +68,9 @@ class CMakeBuild(build_ext):
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(built, dest)
+        # The press classes' type stub, written by the build from the generated classes.
+        shutil.copyfile(os.path.join(os.path.dirname(built), "presses.pyi"),
+                        os.path.join(os.path.dirname(dest), "presses.pyi"))
 
 
 class BuildPyWithModel(build_py):
