@@ -98,14 +98,47 @@ const char* kind_name(PressKind k) {
   return "?";
 }
 
+/// A table cell: '|' would end the cell, a newline the row.
+std::string cell(std::string s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string(" ") : std::string(1, c);
+  return out;
+}
+
+/// The registry as the Markdown table docs/PRESSES.md carries ("Every press's parameters"), so the
+/// docs table is the registry's, not a second statement of it.
+void print_markdown() {
+  fmt::print("| press | kind | kvpress class | parameters (default; kvpress field) | what |\n|---|---|---|---|---|\n");
+  for (const PressInfo* p : PressRegistry::instance().all()) {
+    if (p->name.rfind("test_", 0) == 0) continue;
+    std::string params;
+    for (const auto& pp : p->params)
+      params += fmt::format("{}`{}={}`{}", params.empty() ? "" : ", ", pp.name, pp.default_value,
+                            pp.kvpress.empty() ? "" : " (" + pp.kvpress + ")");
+    std::string classes;
+    for (const auto& c : p->kvpress) classes += (classes.empty() ? "" : ", ") + c;
+    std::string what = p->summary;
+    if (!p->default_inner.empty()) what += "; inner press by default: `" + p->default_inner + "`";
+    fmt::print("| `{}` | {} | {} | {} | {} |\n", p->name, kind_name(p->kind), classes.empty() ? "-" : cell(classes),
+               params.empty() ? "-" : cell(params), cell(what));
+  }
+}
+
 }  // namespace
 
 void add_presses(CLI::App& app, Action& action) {
   auto* sub = app.add_subcommand("presses", "list the presses with their parameters and source papers");
   auto json = std::make_shared<std::string>();
   add_json_option(sub, *json);
-  sub->callback([&action, json] {
-    action = [json] {
+  auto markdown = std::make_shared<bool>(false);
+  sub->add_flag("--markdown", *markdown, "print the registry as the Markdown table of docs/PRESSES.md instead");
+  sub->callback([&action, json, markdown] {
+    action = [json, markdown] {
+      if (*markdown) {
+        if (!json->empty()) throw Error("--markdown and --json print two different formats: give one");
+        print_markdown();
+        return 0;
+      }
       if (!json->empty()) {
         nlohmann::ordered_json list = nlohmann::ordered_json::array();
         for (const PressInfo* p : PressRegistry::instance().all()) {

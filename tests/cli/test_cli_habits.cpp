@@ -322,6 +322,24 @@ TEST(Progress, NothingWithoutATerminalOrWhenDisabled) {
   }
 }
 
+// docs/PRESSES.md's parameter table is the registry's, as `kvslim presses --markdown` prints it: a
+// press's registration changes the table, and the docs cannot drift from it.
+TEST(CliHabits, PressesDocsTableIsWhatTheRegistryPrints) {
+  Result r = run_cli("presses --markdown");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "| `snapkv` | scorer | SnapKVPress | `ratio=0`, `window=64` (window_size)")) << r.out;
+  const std::string doc = slurp(std::string(KVSLIM_SOURCE_DIR) + "/docs/PRESSES.md");
+  const std::string begin = "<!-- kvslim presses --markdown -->\n", end = "<!-- end kvslim presses --markdown -->";
+  const size_t b = doc.find(begin), e = doc.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), r.out)
+      << "docs/PRESSES.md's table differs from the registry: replace it with `kvslim presses --markdown`";
+  Result both = run_cli("presses --markdown --json -");
+  EXPECT_NE(both.rc, 0);
+  EXPECT_TRUE(contains(both.err, "--markdown and --json")) << both.err;
+}
+
 TEST(CliHabits, EverySubcommandWritesAJsonSummary) {
   const std::string m = quote(kModel);
   const std::string duo = temp_path("duo.gguf"), synth = temp_path("synth.gguf"), fkz = temp_path("fkz.gguf");
