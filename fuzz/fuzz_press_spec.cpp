@@ -13,15 +13,15 @@ using namespace kvslim;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string spec(reinterpret_cast<const char*>(data), size);
-  std::unique_ptr<PressImpl> p;
+  std::unique_ptr<Press> p;
   try {
-    p = make_press_impl(spec, 0.5);
+    p = make_press(spec, 0.5);
   } catch (const Error&) {
     return 0;
   }
   const std::string d = p->describe();
   try {
-    if (make_press_impl(d, 0.5)->describe() != d) std::abort();  // describe() is not a fixed point
+    if (make_press(d, 0.5)->describe() != d) std::abort();  // describe() is not a fixed point
   } catch (const Error&) {
     std::abort();  // describe() wrote a spec make_press rejects
   }
