@@ -85,15 +85,12 @@ def main() -> int:
         mod = path.relative_to(src).parts[0]
         if mod not in RANK:
             continue
-        for line in path.read_text(errors="replace").splitlines():
-            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
-            if not m:
-                continue
-            dep = module_of_include(m.group(1))
+        for kind, target in includes(path):
+            dep = module_of_include(target) if kind == '"' else None
             if dep is None or dep == mod:
                 continue
-            if RANK[dep] > RANK[mod] or (RANK[dep] == RANK[mod] and mod != "cli"):
-                found.setdefault((mod, dep), []).append(f"{path.relative_to(src)}: {m.group(1)}")
+            if RANK[dep] >= RANK[mod]:
+                found.setdefault((mod, dep), []).append(f"{path.relative_to(src)}: {target}")
     bad = 0
     for key, where in sorted(found.items()):
         if key not in KNOWN:
