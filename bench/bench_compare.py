@@ -13,10 +13,11 @@ repository").
 Groups of tests (each a kvslim run and a llama.cpp run on the same file):
   short   for each model: pp512 (prefill of 512 tokens from an empty cache) and decode at depth 512
           (tg32 @ d512; kvslim with --floor, so its paired read floor and thread hand-off are kept)
-  dN      Q8_0 at depth N: the prefill of N tokens (kvslim's `fill dN`; llama.cpp's untimed depth
-          fill, timed here from its --progress lines), decode at N with the full f16 cache, and
-          kvslim's SnapKV 0.75 (compression after every 1,024-token chunk) against llama.cpp's full
-          cache
+  dN      the --depth-model file (Q8_0 unless named) at depth N: the prefill of N tokens (kvslim's
+          `fill dN`; llama.cpp's untimed depth fill, timed here from its --progress lines), decode at
+          N with the full f16 cache, and kvslim's compressed cache against llama.cpp's full cache:
+          SnapKV 0.75 (compression after every 1,024-token chunk), or with --depth-budget B SnapKV
+          keeping at most B entries per KV head after every chunk
 Levels: `native` runs kvslim at the level it detects against --llama-bench; `avx2` runs kvslim with
 KVSLIM_SIMD=avx2 against --llama-bench-avx2 (a build without AVX-512), or against --llama-bench
 where the CPU has no AVX-512 (then the two levels are the same and `native` alone is enough).
@@ -44,9 +45,10 @@ import serve_client  # noqa: E402  (its cpu_seconds reads a process's CPU time f
 PP512_TARGET = 1.2
 DECODE512_TARGET = 1.1
 FLOOR_TARGET = 0.80  # Q4_K_M decode at 512: share of kvslim's paired read floor (median token)
-PREFILL_TARGETS = {4096: 1.5, 16384: 2.0}
-DECODE_TARGETS = {4096: 1.2, 16384: 2.0}
-SNAPKV_TARGETS = {4096: 1.5, 16384: 3.0}
+PREFILL_TARGETS = {4096: 1.5, 16384: 2.0, 32768: 2.5}
+DECODE_TARGETS = {4096: 1.2, 16384: 2.0, 32768: 2.5}
+SNAPKV_TARGETS = {4096: 1.5, 16384: 3.0}  # SnapKV 0.75
+BUDGET_TARGETS = {32768: 4.0}  # SnapKV under a per-head budget (--depth-budget)
 # The weight type kvslim's JSON reports (model_type) for each model flag.
 EXPECTED_TYPE = {"q8_0": "q8_0", "q4_k_m": "q4_K"}
 
@@ -256,16 +258,27 @@ def run_short(args, level, llama_bin, model, path, rnd, raw):
     return recs
 
 
-def run_depth(args, level, llama_bin, path, depth, rnd, raw):
-    """The prefill of `depth` tokens and decode at `depth` (full cache; kvslim also SnapKV 0.75)."""
+def depth_press(args):
+    """kvslim bench's arguments for the dN groups' compressed cache, the label of its test, and its
+    target by depth."""
+    if args.depth_budget:
+        return (["--press", f"snapkv:budget={args.depth_budget}"], f"SnapKV budget {args.depth_budget}",
+                BUDGET_TARGETS)
+    return ["--press", "snapkv", "--compression-ratio", "0.75"], "SnapKV 0.75", SNAPKV_TARGETS
+
+
+def run_depth(args, level, llama_bin, model, path, depth, rnd, raw):
+    """The prefill of `depth` tokens and decode at `depth` (full cache; kvslim also its compressed
+    cache, depth_press)."""
     n = args.depth_n_gen
-    stem = os.path.join(raw, f"{level}-d{depth}-q8_0-r{rnd}")
+    stem = os.path.join(raw, f"{level}-d{depth}-{model}-r{rnd}")
+    press_args, press_label, press_targets = depth_press(args)
     out = {}
 
     def kvslim():
         out["kv"] = run_kvslim(args, level, ["-m", path, "-p", "0", "--depth", str(depth), "-n", str(n), "-r", "1",
-                                             "--floor", "--press", "none", "--press", "snapkv",
-                                             "--compression-ratio", "0.75", "--chunk-size", str(args.chunk_size)],
+                                             "--floor", "--press", "none", *press_args,
+                                             "--chunk-size", str(args.chunk_size)],
                                stem + "-kvslim")
 
     def llama():
@@ -286,14 +299,15 @@ def run_depth(args, level, llama_bin, path, depth, rnd, raw):
     full = kvslim_row(kv, f"tg{n} @ d{depth}")
     snap = kvslim_row(kv, f"tg{n} @ d{depth}", "snapkv")
     return [
-        ratio_record(f"prefill of {depth}", level, "q8_0", rnd, fill["avg_ts"], ll["fill"]["fill_ts"],
-                     PREFILL_TARGETS.get(depth), {**kvslim_notes(fill, "q8_0"), "llama_fill_s": ll["fill"]["fill_s"],
+        ratio_record(f"prefill of {depth}", level, model, rnd, fill["avg_ts"], ll["fill"]["fill_ts"],
+                     PREFILL_TARGETS.get(depth), {**kvslim_notes(fill, model), "llama_fill_s": ll["fill"]["fill_s"],
+                                                  "kvslim_fill_s": depth / fill["avg_ts"],
                                                   "llama_fill_cpu_s": ll["fill"]["fill_cpu_s"],
                                                   "llama_fa": ll["fill"]["fa"]}),
-        ratio_record(f"decode at {depth}, full f16 cache", level, "q8_0", rnd, full["avg_ts"], ll["tg"]["tg_ts"],
-                     DECODE_TARGETS.get(depth), {**decode_notes(full, "q8_0"), "llama_fa": ll["tg"]["fa"]}),
-        ratio_record(f"decode at {depth}, SnapKV 0.75 (llama.cpp: full cache)", level, "q8_0", rnd, snap["avg_ts"],
-                     ll["tg"]["tg_ts"], SNAPKV_TARGETS.get(depth), decode_notes(snap, "q8_0")),
+        ratio_record(f"decode at {depth}, full f16 cache", level, model, rnd, full["avg_ts"], ll["tg"]["tg_ts"],
+                     DECODE_TARGETS.get(depth), {**decode_notes(full, model), "llama_fa": ll["tg"]["fa"]}),
+        ratio_record(f"decode at {depth}, {press_label} (llama.cpp: full cache)", level, model, rnd, snap["avg_ts"],
+                     ll["tg"]["tg_ts"], press_targets.get(depth), decode_notes(snap, model)),
     ]
 
 
@@ -368,6 +382,10 @@ def main(argv=None):
     ap.add_argument("--n-gen", type=int, default=32, help="short group's decode steps")
     ap.add_argument("--depth-n-gen", type=int, default=16, help="dN groups' decode steps")
     ap.add_argument("--chunk-size", type=int, default=1024, help="SnapKV's compression chunk in dN groups")
+    ap.add_argument("--depth-model", default="q8_0", choices=("q8_0", "q4_k_m"),
+                    help="the file the dN groups run (--q8_0 or --q4_k_m)")
+    ap.add_argument("--depth-budget", type=int, default=0,
+                    help="dN groups: SnapKV keeps at most this many entries per KV head (0: SnapKV 0.75)")
     ap.add_argument("--llama-fa", default="0,1", help="llama-bench -fa values for the short group (best kept)")
     ap.add_argument("--llama-fa-depth", default="0", help="llama-bench -fa values for dN groups (a run each)")
     ap.add_argument("--out", required=True, help="output folder (created)")
@@ -403,8 +421,11 @@ def main(argv=None):
         models = [(m, p) for m, p in (("q8_0", args.q8_0), ("q4_k_m", args.q4_k_m)) if p]
         if not models:
             return bad("the short group needs --q8_0 or --q4_k_m")
-    if depths and not args.q8_0:
-        return bad("the dN groups need --q8_0")
+    depth_path = args.q8_0 if args.depth_model == "q8_0" else args.q4_k_m
+    if depths and not depth_path:
+        return bad(f"the dN groups need --{args.depth_model} (--depth-model {args.depth_model})")
+    if args.depth_budget < 0:
+        return bad(f"--depth-budget {args.depth_budget}: must be >= 0")
     for m, p in (("--q8_0", args.q8_0), ("--q4_k_m", args.q4_k_m)):
         if p and not os.path.isfile(p):
             return bad(f"{m} {p}: no such file")
@@ -426,7 +447,7 @@ def main(argv=None):
               f"- kvslim: {args.kvslim}; llama.cpp: {args.llama_bench}",
               f"- {args.rounds} rounds (kvslim first in odd ones); short group: pp{args.prompt}, tg{args.n_gen} @ "
               f"d{args.short_depth}, -r {args.reps} (both engines), llama.cpp -fa {args.llama_fa}; dN groups: "
-              f"tg{args.depth_n_gen}, llama.cpp -fa {args.llama_fa_depth}",
+              f"{args.depth_model}, tg{args.depth_n_gen}, {depth_press(args)[1]}, llama.cpp -fa {args.llama_fa_depth}",
               "- hand-off: one way between kvslim's first two threads, before / after its decode test (tens of ns: "
               "the two cores share a last-level cache, one chiplet; hundreds: two chiplets)",
               f"- at the start: {machine_state()}"]
@@ -435,7 +456,7 @@ def main(argv=None):
             header.append(f"- {m}: {p} ({filesystem_of(p)})")
     # Each job runs one group for one model or depth: job(level, llama-bench binary, round) -> records.
     jobs = ([lambda lv, lb, rnd, m=m, p=p: run_short(args, lv, lb, m, p, rnd, raw) for m, p in models]
-            + [lambda lv, lb, rnd, d=d: run_depth(args, lv, lb, args.q8_0, d, rnd, raw) for d in depths])
+            + [lambda lv, lb, rnd, d=d: run_depth(args, lv, lb, args.depth_model, depth_path, d, rnd, raw) for d in depths])
     recs, failures = [], []
     for rnd in range(1, args.rounds + 1):
         for lv in levels:

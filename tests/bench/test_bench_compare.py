@@ -131,12 +131,35 @@ class BenchCompare(unittest.TestCase):
         snap_rows = [row for row in kv if row["test"] == "tg4 @ d64" and row["press"].startswith("snapkv")]
         self.assertEqual(snap["kvslim_ts"], snap_rows[0]["avg_ts"])
 
+    def test_depth_group_with_a_budget_on_the_other_model(self):
+        r = self.drive("--groups", "d64", "--rounds", "1", "--depth-n-gen", "4", "--chunk-size", "16",
+                       "--q4_k_m", MODEL, "--depth-model", "q4_k_m", "--depth-budget", "24")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        recs = {x["test"]: x for x in self.records()}
+        budget = recs["decode at 64, SnapKV budget 24 (llama.cpp: full cache)"]
+        self.assertEqual(budget["model"], "q4_k_m")
+        self.assertIsNone(budget["target"])  # budget targets are set at 32,768 only
+        with open(os.path.join(self.dir, "out", "raw", "native-d64-q4_k_m-r1-kvslim.json")) as f:
+            kv = json.load(f)
+        rows = [row for row in kv if row["test"] == "tg4 @ d64" and row["press"].startswith("snapkv")]
+        self.assertIn("budget=24", rows[0]["press"])
+        self.assertEqual(budget["kvslim_ts"], rows[0]["avg_ts"])
+        # The budgeted cache holds 24 entries per KV head after the 64-token fill, the full one 64.
+        self.assertLess(rows[0]["kv_bytes"], [row for row in kv if row["test"] == "tg4 @ d64"
+                                              and row["press"] == "none"][0]["kv_bytes"])
+        r = self.drive("--groups", "d64", "--depth-model", "q4_k_m")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("the dN groups need --q4_k_m", r.stderr)
+
     def test_targets_at_their_bounds(self):
         # pp512's target is 1.2x: 120 against 100 meets it, 119 does not.
         self.assertTrue(bench_compare.ratio_record("pp512", "native", "q8_0", 1, 120.0, 100.0, 1.2)["met"])
         self.assertFalse(bench_compare.ratio_record("pp512", "native", "q8_0", 1, 119.0, 100.0, 1.2)["met"])
         self.assertEqual(bench_compare.PREFILL_TARGETS[16384], 2.0)
         self.assertEqual(bench_compare.SNAPKV_TARGETS[16384], 3.0)
+        self.assertEqual(bench_compare.PREFILL_TARGETS[32768], 2.5)
+        self.assertEqual(bench_compare.DECODE_TARGETS[32768], 2.5)
+        self.assertEqual(bench_compare.BUDGET_TARGETS[32768], 4.0)
 
     def test_failed_run_and_bad_arguments(self):
         r = self.drive("--groups", "short", "--rounds", "1", "--reps", "1", "--prompt", "32", "--short-depth", "32",
