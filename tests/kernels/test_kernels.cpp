@@ -682,6 +682,7 @@ TEST(Kernels, WeightPrefetchKeepsBits) {
 
 // A small batch runs its activation rows in passes over stripes of weight rows (about 128 KiB of
 // packed bytes each); the first pass requests lines ahead for the whole call, the later ones none.
+// (The AVX-512 q4_K passes enter each stripe with 2 rows, so 5 and 6 rows take stripes too.)
 // Over matrices of several stripes, ending mid-stripe and mid-block, every batch size up to
 // kDecodeMaxRows gives the scalar reference's bits, under both prefetch settings.
 TEST(Kernels, SmallBatchStripesKeepBits) {
@@ -691,7 +692,8 @@ TEST(Kernels, SmallBatchStripesKeepBits) {
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
       const int64_t rows = 1195, cols = 512;  // q8_0: 544 bytes a row, 240 rows a stripe at AVX-512
       Matrix m = make_matrix(t, rows, cols, 141);
-      for (int64_t n : {int64_t{4}, int64_t{8}, int64_t{11}, int64_t{16}, int64_t{17}, qdot::kDecodeMaxRows}) {
+      for (int64_t n : {int64_t{4}, int64_t{5}, int64_t{6}, int64_t{8}, int64_t{11}, int64_t{16}, int64_t{17},
+                        qdot::kDecodeMaxRows}) {
         std::vector<float> x = make_acts(n, cols, 142 + static_cast<uint32_t>(n));
         const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
         for (qdot::Level lv : levels()) {
