@@ -357,7 +357,7 @@ def summary(recs, header, failures=()):
     judged = [r for r in recs if r["met"] is not None]
     lines += ["", f"{sum(r['met'] for r in judged)} of {len(judged)} targets met "
                   f"(t/s; prefill rows: tokens over the fill's wall time; targets exist for pp512, decode at 512, "
-                  f"and depths 4,096 and 16,384 only)"]
+                  f"and depths 4,096, 16,384 and 32,768 only)"]
     if failures:
         lines += ["", f"**{len(failures)} failed run(s)** (their tests have no line above):"]
         lines += [f"- {m}" for m in failures]
