@@ -31,7 +31,8 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 // Runs shrink as the rows run out (half the rest divided by the threads, at least 1/32 of a
 // thread's share): long runs keep each thread's memory stream going, short last ones leave the
 // threads finishing together (fixed runs of 1/8 of a share left one waiting for up to a run:
-// Zen 5, Q4_K_M decode 5 of 6 rounds 2-10% slower).
+// Zen 5, Q4_K_M decode 5 of 6 rounds 2-10% slower). Runs are an even number of units where they
+// can be: the AVX-512 prefill kernel takes tiles in pairs (32 rows), and a lone tile runs slower.
 constexpr int64_t kRowUnit = 16;
 
 void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
@@ -42,7 +43,10 @@ void parallel_units(int64_t units, int64_t macs, const std::function<void(int64_
   }
   const int64_t min_grab = std::max<int64_t>(1, units / (int64_t(nt) * 32));
   RangeClaim claim(units);  // every thread claims from the front
-  auto next = [&] { return claim.front(std::max(min_grab, claim.left() / (int64_t(nt) * 2))); };
+  auto next = [&] {
+    const int64_t n = std::max(min_grab, claim.left() / (int64_t(nt) * 2));
+    return claim.front(n + (n & 1));
+  };
   parallel_for(nt, [&](int64_t, int64_t) {
     for (auto u = next(); u.first < u.second; u = next()) fn(u.first, u.second);
   });
