@@ -13,9 +13,11 @@
 // 3. With -m: a prefill of -p tokens at each SIMD level (KVSLIM_SIMD's levels, forced with
 //    qdot::set_level) on -t threads, its multiply-accumulates per token counted from the model's
 //    weight matrices, and its rate per CPU-second as a share of one core's best int8 rate.
-// GCC 12's avx512fintrin.h builds some broadcasts from an undefined register and warns about it.
+// GCC 12's avx512fintrin.h builds some broadcasts and conversions from an undefined register and
+// warns about it.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
 
@@ -101,6 +103,7 @@ __attribute__((target("avx2,fma"))) void fma256(int64_t n) {
     KV_REP12(KV_STEP)
 #undef KV_STEP
   }
+#undef KV_DOT
   float out = 0;
 #define KV_OUT(i) out += _mm256_cvtss_f32(c##i);
   KV_REP12(KV_OUT)
@@ -120,6 +123,7 @@ __attribute__((target("avx512f"))) void fma512(int64_t n) {
     KV_REP12(KV_STEP)
 #undef KV_STEP
   }
+#undef KV_DOT
   float out = 0;
 #define KV_OUT(i) out += _mm512_cvtss_f32(c##i);
   KV_REP12(KV_OUT)
@@ -204,6 +208,42 @@ __attribute__((target("avx512f,avx512vnni"))) void dpbusd512(int64_t n) {
   asm volatile("" ::"m"(out));
 }
 
+// The AVX-512 prefill tile's group (src/kernels/quant_dot_simd.inc, micro2): per activation row and
+// 16 weight rows, 8 vpdpbusd zmm over a group of 32 columns from an accumulator set to the group's
+// offset term (a broadcast load), then the float step of q8_0's per-group scales (vcvtdq2ps,
+// vmulps, vfmadd231ps). The float step is part of every group, so this is the ceiling of the
+// weight kernels at this level, below vpdpbusd's own rate where the two share pipes.
+__attribute__((target("avx512f,avx512vnni"))) void dpbusd512_group(int64_t n) {
+  volatile int seed = 3;
+  __m512i u = _mm512_set1_epi8(static_cast<char>(seed)), x = _mm512_set1_epi8(static_cast<char>(seed + 1));
+  __m512 ws = _mm512_set1_ps(0.5f * static_cast<float>(seed)), xd = _mm512_set1_ps(0.25f);
+  alignas(64) int32_t ic[16];
+  for (int i = 0; i < 16; ++i) ic[i] = seed * i;
+#define KV_INIT(i) __m512 f##i = _mm512_setzero_ps();
+  KV_REP12(KV_INIT)
+#undef KV_INIT
+#define KV_DOT c = _mm512_dpbusd_epi32(c, u, x); asm volatile("" : "+v"(c));
+  for (int64_t it = 0; it < n; ++it) {
+    asm volatile("" : "+v"(u), "+v"(x), "+v"(xd) : "m"(ic));
+#define KV_STEP(i)                                                            \
+  {                                                                           \
+    __m512i c = _mm512_set1_epi32(ic[i]);                                     \
+    KV_DOT KV_DOT KV_DOT KV_DOT KV_DOT KV_DOT KV_DOT KV_DOT                   \
+    asm volatile("" : "+v"(ws));                                              \
+    f##i = _mm512_fmadd_ps(_mm512_mul_ps(ws, xd), _mm512_cvtepi32_ps(c), f##i); \
+    asm volatile("" : "+v"(f##i));                                            \
+  }
+    KV_REP12(KV_STEP)
+#undef KV_STEP
+  }
+#undef KV_DOT
+  float out = 0;
+#define KV_OUT(i) out += _mm512_cvtss_f32(f##i);
+  KV_REP12(KV_OUT)
+#undef KV_OUT
+  asm volatile("" ::"m"(out));
+}
+
 struct Probe {
   const char* name;
   int level;               // the qdot::Level whose weight kernels use this sequence, -1 for none
@@ -231,6 +271,7 @@ void probe_instructions(double& hz) {
       {"int8 MAC, AVX-VNNI (vpdpbusd ymm, VEX)", 2, "MAC", 32, 1, has_avxvnni, dpbusd256_vex},
       {"int8 MAC, AVX-512 VNNI (vpdpbusd ymm, EVEX)", -1, "MAC", 32, 1, has_avx512vnni, dpbusd256_evex},
       {"int8 MAC, AVX-512 VNNI (vpdpbusd zmm)", 3, "MAC", 64, 1, has_avx512vnni, dpbusd512},
+      {"  with q8_0's float step every 8 (the tiles' ceiling)", -1, "MAC", 512, 12, has_avx512vnni, dpbusd512_group},
   };
   std::printf("%-52s %14s %14s %16s\n", "instruction sequence", "instr/cycle", "ops/cycle", "Gops/s per core");
   for (const Probe& p : probes) {
