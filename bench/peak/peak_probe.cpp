@@ -9,7 +9,9 @@
 //    quant_dot_simd.inc) and attention, each with 12 independent accumulators so that throughput,
 //    not latency, bounds them: int8 multiply-accumulates by vpdpbusd (256-bit, and 512-bit where
 //    AVX-512 VNNI is present), the AVX2 sequence vpmaddubsw + vpmaddwd + vpaddd, and f32 FMA
-//    (256- and 512-bit). Each prints operations per cycle at the measured clock.
+//    (256- and 512-bit). Each prints operations per cycle at the measured clock. Two more rows
+//    give the mixes the tiles really run, below those peaks: int16 products (AVX2 q8_0) and
+//    vpdpbusd zmm with the float step of q8_0's per-group scales (AVX-512).
 // 3. With -m: a prefill of -p tokens at each SIMD level (KVSLIM_SIMD's levels, forced with
 //    qdot::set_level) on -t threads, its multiply-accumulates per token counted from the model's
 //    weight matrices, and its rate per CPU-second as a share of one core's best int8 rate.
@@ -126,6 +128,27 @@ __attribute__((target("avx512f"))) void fma512(int64_t n) {
 #undef KV_DOT
   float out = 0;
 #define KV_OUT(i) out += _mm512_cvtss_f32(c##i);
+  KV_REP12(KV_OUT)
+#undef KV_OUT
+  asm volatile("" ::"m"(out));
+}
+
+// The AVX2 q8_0 tiles' step (micro_q8x2w): codes widened to int16, one vpmaddwd and one vpaddd a
+// 16 products, where q8_0's signed codes leave vpmaddubsw no room (pairs of 127 x 127 fill int16).
+__attribute__((target("avx2"))) void maddwd256(int64_t n) {
+  volatile int seed = 3;
+  __m256i w = _mm256_set1_epi16(static_cast<short>(seed)), x = _mm256_set1_epi16(static_cast<short>(seed + 1));
+#define KV_INIT(i) __m256i c##i = _mm256_set1_epi32(seed);
+  KV_REP12(KV_INIT)
+#undef KV_INIT
+  for (int64_t it = 0; it < n; ++it) {
+    asm volatile("" : "+x"(w), "+x"(x));
+#define KV_STEP(i) asm volatile("" : "+x"(x)); c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(w, x)); asm volatile("" : "+x"(c##i));
+    KV_REP12(KV_STEP)
+#undef KV_STEP
+  }
+  int out = 0;
+#define KV_OUT(i) out += _mm256_cvtsi256_si32(c##i);
   KV_REP12(KV_OUT)
 #undef KV_OUT
   asm volatile("" ::"m"(out));
@@ -268,6 +291,7 @@ void probe_instructions(double& hz) {
       {"f32 FMA, 256-bit (vfmadd231ps ymm)", -1, "FLOP", 16, 1, has_avx2, fma256},
       {"f32 FMA, 512-bit (vfmadd231ps zmm)", -1, "FLOP", 32, 1, has_avx512, fma512},
       {"int8 MAC, AVX2 (vpmaddubsw + vpmaddwd + vpaddd, ymm)", 1, "MAC", 32, 3, has_avx2, madd256},
+      {"  int16 (vpmaddwd + vpaddd, ymm: the q8_0 tiles)", -1, "MAC", 16, 2, has_avx2, maddwd256},
       {"int8 MAC, AVX-VNNI (vpdpbusd ymm, VEX)", 2, "MAC", 32, 1, has_avxvnni, dpbusd256_vex},
       {"int8 MAC, AVX-512 VNNI (vpdpbusd ymm, EVEX)", -1, "MAC", 32, 1, has_avx512vnni, dpbusd256_evex},
       {"int8 MAC, AVX-512 VNNI (vpdpbusd zmm)", 3, "MAC", 64, 1, has_avx512vnni, dpbusd512},

@@ -682,7 +682,8 @@ TEST(Kernels, WeightPrefetchKeepsBits) {
 
 // A small batch runs its activation rows in passes over stripes of weight rows (about 128 KiB of
 // packed bytes each); the first pass requests lines ahead for the whole call, the later ones none.
-// (The AVX-512 q4_K passes enter each stripe with 2 rows, so 5 and 6 rows take stripes too.)
+// (The AVX-512 q4_K and q6_K passes enter each stripe with 2 rows, so from 5 and 4 rows on they take
+// stripes below kMax too.)
 // Over matrices of several stripes, ending mid-stripe and mid-block, every batch size up to
 // kDecodeMaxRows gives the scalar reference's bits, under both prefetch settings.
 TEST(Kernels, SmallBatchStripesKeepBits) {
