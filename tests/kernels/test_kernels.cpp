@@ -657,6 +657,8 @@ TEST(Kernels, PackedRowsBitIdentical) {
 // the in-place decode kernels give the scalar reference's bits at every level, over rows long enough
 // for requests to run ahead of the reads and to reach the end of the call's rows (72 rows x 2,048
 // columns: five 16-row AVX-512 blocks, the last holding 8 rows, or nine 8-row ones, of 8 super-blocks).
+// Above kDecodeMaxRows the prefill tiles run in pairs and request the next pair's bytes while a pair
+// computes, up to the call's end: two pairs and a lone tile at AVX-512, four pairs and one at AVX-VNNI.
 TEST(Kernels, WeightPrefetchKeepsBits) {
   Restore restore;
   for (qdot::Prefetch p : {qdot::Prefetch::None, qdot::Prefetch::Ahead}) {
@@ -664,7 +666,7 @@ TEST(Kernels, WeightPrefetchKeepsBits) {
     for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
       const int64_t rows = 72, cols = 2048;
       Matrix m = make_matrix(t, rows, cols, 131);
-      for (int64_t n : {1, 2}) {
+      for (int64_t n : {int64_t{1}, int64_t{2}, qdot::kDecodeMaxRows + 4}) {
         std::vector<float> x = make_acts(n, cols, 132 + static_cast<uint32_t>(n));
         const std::vector<float> ref = run_q(qdot::Level::Scalar, m, x, n);
         for (qdot::Level lv : levels()) {
