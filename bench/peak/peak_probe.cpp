@@ -105,7 +105,6 @@ __attribute__((target("avx2,fma"))) void fma256(int64_t n) {
     KV_REP12(KV_STEP)
 #undef KV_STEP
   }
-#undef KV_DOT
   float out = 0;
 #define KV_OUT(i) out += _mm256_cvtss_f32(c##i);
   KV_REP12(KV_OUT)
@@ -125,7 +124,6 @@ __attribute__((target("avx512f"))) void fma512(int64_t n) {
     KV_REP12(KV_STEP)
 #undef KV_STEP
   }
-#undef KV_DOT
   float out = 0;
 #define KV_OUT(i) out += _mm512_cvtss_f32(c##i);
   KV_REP12(KV_OUT)
