@@ -17,9 +17,6 @@ namespace kvslim::qdot {
 
 namespace {
 
-constexpr size_t kQ4KRowBytes = 148;  // per row of a block: 2 + 2 + 8 + 8 + 128 bytes
-constexpr size_t kQ8RowBytes = 272;   // per row of a block: 8 blocks x 34 bytes
-constexpr size_t kQ6KRowBytes = 212;  // per row of a block: 2 + 16 + 192 bytes and 2 of padding
 
 // Six-bit scale and min j (0..7) of a q4_K super-block's 12 scale bytes (ggml's packing: j < 4
 // in the low six bits of bytes j and j+4; j >= 4 from the nibbles of byte j+4 and the top bits

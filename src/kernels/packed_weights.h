@@ -71,6 +71,10 @@ namespace kvslim::qdot {
 /// 0, 1, 4, 5, ...: two units a 16-bit sum).
 constexpr int q6k_unit(int n, int h, int j) { return 20 * n + (8 * h + 2 * (j & 3) + (j >> 2)) * 12 * n; }
 
+/// Bytes per row of a packed block: q4_K 2 + 2 + 8 + 8 + 128 (scale, min scale, group scales, group
+/// mins, codes); q8_0 8 blocks x 34; q6_K 2 + 16 + 192 and 2 of padding.
+constexpr size_t kQ4KRowBytes = 148, kQ8RowBytes = 272, kQ6KRowBytes = 212;
+
 /// Bytes of one packed super-block of type t (block rows x 256 columns); 0 if t is not packed.
 size_t packed_block_bytes(GGMLType t);
 /// Rows of one packed block of type t: 16 at the AVX-512 level (qdot::level() now), else 8.

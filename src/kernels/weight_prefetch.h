@@ -14,7 +14,7 @@ namespace kvslim::qdot {
 
 enum class Prefetch : int {
   None = 0,   ///< no software requests: the hardware prefetchers follow the stream
-  Ahead = 1,  ///< every block requested a fixed distance ahead (BlockPrefetch, StreamPrefetch)
+  Ahead = 1,  ///< the packed rows requested a fixed distance ahead of the reads (StreamPrefetch)
 };
 
 /// The setting measured best on this CPU: None on AMD family 19h (Zen 3 and Zen 4; measured on
