@@ -76,6 +76,10 @@ struct RequestOptions {
   SamplingParams sampling;   ///< temp <= 0 is greedy (arg max, lowest id on ties)
   /// Generation stops as soon as the text contains one of these; the text is cut before it.
   std::vector<std::string> stop;
+  /// Decode past end-of-generation tokens (llama.cpp's ignore_eos): the request ends at n_predict,
+  /// a stop string or a full context. Benchmarks use it so that every request decodes n_predict
+  /// tokens; the end-of-generation tokens stay in generated() but add no text.
+  bool ignore_eos = false;
   /// Ratio chosen per request for a byte budget / fidelity target (off by default). Needs
   /// chunk_size 0 and a press with a compression ratio (see AutoBudget).
   AutoBudget auto_budget;

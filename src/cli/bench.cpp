@@ -409,6 +409,7 @@ int run(BenchArgs a) {
           RequestOptions o = ro;
           o.n_predict = n_gen;
           o.sampling.temp = 0;  // greedy: every repetition decodes the same tokens
+          o.ignore_eos = true;  // every request decodes n_gen tokens, so the batch keeps N rows
           for (int rep = 0; rep < a.reps; ++rep) {
             std::vector<std::unique_ptr<Request>> reqs;
             std::vector<Request*> batch;

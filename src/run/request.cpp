@@ -230,7 +230,7 @@ bool Request::sample_step(Token* next) {
     if (at != std::string::npos) cut = std::min(cut, at);
   }
   FinishReason done = FinishReason::None;
-  if (eog)
+  if (eog && !opt_.ignore_eos)
     done = FinishReason::EndOfGeneration;
   else if (cut != std::string::npos)
     done = FinishReason::Stop;

@@ -142,6 +142,33 @@ TEST(Request, UnlimitedGenerationStopsWhenTheContextIsFull) {
   }
 }
 
+// With ignore_eos a request decodes past the end-of-generation token that ends the same greedy run
+// without it: the same tokens up to it, then n_predict tokens in all. (bench --parallel counted
+// fewer rows per step once a request had sampled end-of-generation.) The retrieval model copies the
+// token after the needle's value, and a lowercase word there is one it answers with end-of-generation
+// (models/RETRIEVAL.md).
+TEST(Request, IgnoreEosDecodesPastEndOfGeneration) {
+  const auto model = Model::load(std::string(KVSLIM_SOURCE_DIR) + "/models/retrieval.gguf");
+  const char* prompt = "The grass is green. The pass key is 12345 done. The sky is blue. What is the pass key? The pass key is";
+  RequestOptions o = greedy(40);
+  Request ends(*model, make_press_impl("none", 0.0), o);
+  ends.set_prompt(prompt);
+  ends.run();
+  ASSERT_EQ(ends.finish_reason(), FinishReason::EndOfGeneration);
+  const std::vector<Token> first = ends.generated();
+  ASSERT_LT(first.size(), 40u);
+  EXPECT_EQ(ends.text(), " 12345 ");  // the value, then the lone "▁" that "done" starts with
+  o.ignore_eos = true;
+  Request past(*model, make_press_impl("none", 0.0), o);
+  past.set_prompt(prompt);
+  past.run();
+  EXPECT_EQ(past.finish_reason(), FinishReason::Length);
+  ASSERT_EQ(past.generated().size(), 40u);
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), past.generated().begin()));
+  EXPECT_TRUE(model->tokenizer().is_eog(past.generated()[first.size() - 1]));
+  EXPECT_EQ(past.text().substr(0, ends.text().size()), ends.text());
+}
+
 // generate() takes every request option, stop strings included: the text ends before the first
 // stop string that the same run without it generates.
 TEST(Request, GenerateHonoursStopStrings) {
