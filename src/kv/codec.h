@@ -46,6 +46,9 @@ void float_row_encode(KVCodec c, int hd, const float* x, uint8_t* dst);
 void float_rows_decode(KVCodec c, const uint8_t* src, float* out, size_t n_values);
 /// n f16 values to f32 (F16C / AVX-512 when present).
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n);
+/// n f32 values to f16, rounding to nearest even: fp32_to_fp16's bits for every input (F16C /
+/// AVX-512 when present).
+void f32_to_f16_n(const float* src, uint16_t* dst, size_t n);
 
 void q8_0_tile_put(int hd, uint8_t* tile, int lane, const float* k);
 void q8_0_tile_get(int hd, const uint8_t* tile, int lane, float* out);

@@ -2,6 +2,7 @@
 // to nearest even.
 #include "kernels/intrinsics.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kv/codec.h"
@@ -35,10 +36,42 @@ KV_SIMD_INLINE void bf16_to_f32_body(const uint16_t* s, float* d, size_t n) {
 
 KV_SIMD_LEVELS(void, bf16_to_f32_n, (const uint16_t* s, float* d, size_t n), (s, d, n), bf16_to_f32_body)
 
-uint16_t encode16(KVCodec c, float x) { return c == KVCodec::F16 ? fp32_to_fp16(x) : fp32_to_bf16(x); }
+// vcvtps2ph with round-to-nearest-even gives fp32_to_fp16's bits for every input (NaNs quieted
+// with their top payload bits, overflow to inf, subnormal halves); MXCSR's flush modes do not
+// apply to it. One call per value was most of the time a decode step spends storing its entries.
+__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) d[i] = fp32_to_fp16(s[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) d[i] = fp32_to_fp16(s[i]);
+}
+
 float decode16(KVCodec c, uint16_t h) { return c == KVCodec::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h); }
 
+// n values of codec c (f16 or bf16) into d.
+void encode16_n(KVCodec c, const float* s, uint16_t* d, size_t n) {
+  if (c == KVCodec::F16) return f32_to_f16_n(s, d, n);
+  for (size_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(s[i]);
+}
+
 }  // namespace
+
+void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
+  switch (qdot::level()) {  // the weight kernels' level, as KV_SIMD_LEVELS
+    case qdot::Level::AVX512: return f32_to_f16_avx512(src, dst, n);
+    case qdot::Level::AVXVNNI:
+    case qdot::Level::AVX2: return f32_to_f16_f16c(src, dst, n);
+    default:
+      for (size_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+  }
+}
 
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
   switch (qdot::level()) {  // the weight kernels' level, as KV_SIMD_LEVELS
@@ -56,8 +89,13 @@ void float_tile_put(KVCodec c, int hd, uint8_t* tile, int lane, const float* k) 
     for (int d = 0; d < hd; ++d) t[d * kKVTile + lane] = k[d];
     return;
   }
+  uint16_t buf[512];
   auto* t = reinterpret_cast<uint16_t*>(tile);
-  for (int d = 0; d < hd; ++d) t[d * kKVTile + lane] = encode16(c, k[d]);
+  for (int d0 = 0; d0 < hd; d0 += 512) {
+    const int m = std::min(512, hd - d0);
+    encode16_n(c, k + d0, buf, static_cast<size_t>(m));
+    for (int d = 0; d < m; ++d) t[(d0 + d) * kKVTile + lane] = buf[d];
+  }
 }
 
 void float_tile_get(KVCodec c, int hd, const uint8_t* tile, int lane, float* out) {
@@ -79,8 +117,7 @@ void float_row_encode(KVCodec c, int hd, const float* x, uint8_t* dst) {
     std::memcpy(dst, x, hd * sizeof(float));
     return;
   }
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  for (int i = 0; i < hd; ++i) h[i] = encode16(c, x[i]);
+  encode16_n(c, x, reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(hd));
 }
 
 void float_rows_decode(KVCodec c, const uint8_t* src, float* out, size_t n) {

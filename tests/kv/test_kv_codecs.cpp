@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -824,4 +825,48 @@ TEST(KVCodecs, KiviCodeOfAValueOutsideEveryLevelIsClamped) {
   EXPECT_EQ(kv::kivi_code(-INFINITY, 0.0f, 1.0f, 2), 0);
   EXPECT_EQ(kv::kivi_code(2.4f, 0.0f, 1.0f, 2), 2);   // round to nearest level
   EXPECT_EQ(kv::kivi_code(7.0f, 0.0f, 1.0f, 2), 3);   // above the top level
+}
+
+// The bulk f16 encoder (F16C / AVX-512 where the level has them) gives the scalar conversion's bits
+// at every level: on every f16 value, on the exact ties between neighbours (round to even) and one
+// float ulp either side of them, across the overflow threshold (65520 rounds to inf), on subnormal
+// halves and float denormals, on NaNs with payloads, and on a stride through all 2^32 patterns.
+TEST(KVCodecs, BulkHalfEncoderMatchesScalarAtEveryLevel) {
+  std::vector<uint32_t> bits;
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    const uint32_t f = std::bit_cast<uint32_t>(fp16_to_fp32(static_cast<uint16_t>(h)));
+    const float next = fp16_to_fp32(static_cast<uint16_t>(h + 1));
+    const uint32_t tie = std::bit_cast<uint32_t>((fp16_to_fp32(static_cast<uint16_t>(h)) + next) / 2);
+    for (uint32_t x : {f, tie - 1, tie, tie + 1}) bits.insert(bits.end(), {x, x | 0x80000000u});
+  }
+  for (uint32_t x : {0x7F800000u, 0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7FD55555u, 0x477FE000u, 0x477FEFFFu,
+                     0x477FF000u, 0x477FF001u, 0x7F7FFFFFu, 0x00000001u, 0x007FFFFFu, 0x33000000u, 0x33000001u,
+                     0x32FFFFFFu})
+    bits.insert(bits.end(), {x, x | 0x80000000u});
+  for (uint64_t x = 0; x < (uint64_t{1} << 32); x += 65537) bits.push_back(static_cast<uint32_t>(x));
+  std::vector<float> in(bits.size());
+  std::vector<uint16_t> want(bits.size()), got(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    in[i] = std::bit_cast<float>(bits[i]);
+    want[i] = fp32_to_fp16(in[i]);
+  }
+  const qdot::Level saved = qdot::level();
+  for (qdot::Level lv : qdot::supported_levels()) {
+    qdot::set_level(lv);
+    std::fill(got.begin(), got.end(), uint16_t{0});
+    kv::f32_to_f16_n(in.data(), got.data(), in.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << qdot::level_name(lv) << " input 0x" << std::hex << bits[i];
+  }
+  qdot::set_level(saved);
+  // Hand-derived: 1 + 2^-11 is the tie between 1 and 1 + 2^-10 (rounds to the even 1), 65520 is
+  // the tie at the top (rounds to inf), 2^-25 the tie between 0 and the smallest subnormal (to 0).
+  const float hand[] = {1.0f + 0x1p-11f, 65520.0f, 65519.0f, 0x1p-25f, 0x1.8p-24f};
+  uint16_t h[5];
+  kv::f32_to_f16_n(hand, h, 5);
+  EXPECT_EQ(h[0], 0x3C00);
+  EXPECT_EQ(h[1], 0x7C00);
+  EXPECT_EQ(h[2], 0x7BFF);
+  EXPECT_EQ(h[3], 0x0000);
+  EXPECT_EQ(h[4], 0x0002);
 }
