@@ -199,6 +199,27 @@ TEST(DecodeBatch, AFailingRowFailsAlone) {
   }
   EXPECT_EQ(f16.next_position(), 0);
   EXPECT_EQ(f16.cache().entries(), 0u);
+  // A prompt of 96 tokens stores its (KV head) segments in parallel: the failure is the same, and
+  // the session is left empty whichever heads had stored their entries.
+  std::vector<Token> long_ids;
+  while (long_ids.size() < 96) long_ids.insert(long_ids.end(), ids.begin(), ids.end());
+  long_ids.resize(96);
+  try {
+    f16.forward(long_ids);
+    ADD_FAILURE() << "a long prefill into an f16 cache that cannot hold its keys succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("numeric overflow in layer 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f16.next_position(), 0);
+  EXPECT_EQ(f16.cache().entries(), 0u);
+  // The same session twice in one batch is refused for its second row.
+  errors.clear();
+  Session::decode_batch({&a, &b, &a}, {5, 9, 5}, &errors);
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_FALSE(errors[0]);
+  EXPECT_FALSE(errors[1]);
+  ASSERT_TRUE(errors[2]);
+  EXPECT_NE(message(errors[2]).find("row 2 is the session of row 0"), std::string::npos) << message(errors[2]);
   std::remove(path.c_str());
 }
 
