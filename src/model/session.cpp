@@ -437,55 +437,34 @@ void Session::forward_rows(std::vector<Rows>& runs) {
     // 4. Store each run's entries in its own cache, each checked against the codec it goes into.
     // Entry order is causal order. A layer that shares an earlier layer's entries
     // (KVCache::share_layer, CLA) stores nothing: the source layer stored them already, and its
-    // keys and values are what this layer reads. The (run, KV head) segments are independent, so
-    // they are filled in parallel; a unit's error is kept and the first of a run (in head order)
-    // fails the run, whose rewind at the end drops whatever its other heads stored.
+    // keys and values are what this layer reads.
     for (Rows& r : runs)
       guarded(r, [&] {
-        if (r.hook && r.session->cache_.source(l) != l)
+        KVCache& cache = r.session->cache_;
+        const int src = cache.source(l);
+        if (r.hook && src != l)
           throw Error(fmt::format("layer {} reads layer {}'s entries (press cla): a press that observes the forward pass "
                                   "(replay, decode-time selection or scoring) cannot run on it: a press that replays the context must come "
                                   "before cla in the composition, and one that observes decoding (h2o, ...) cannot be "
                                   "composed with cla",
-                                  l, r.session->cache_.source(l)));
-      });
-    {
-      std::vector<std::exception_ptr> store_error(runs.size() * static_cast<size_t>(nkv));
-      auto store = [&](int64_t b, int64_t e) {
-        for (int64_t u = b; u < e; ++u) {
-          Rows& r = runs[static_cast<size_t>(u / nkv)];
-          const int h = static_cast<int>(u % nkv);
-          if (r.error) continue;
-          try {
-            KVCache& cache = r.session->cache_;
-            const int src = cache.source(l);
-            Segment& s = cache.seg(src, h);
-            if (src != l) {
-              r.n_old[h] = s.size() - static_cast<size_t>(r.n);
-              continue;
-            }
-            r.n_old[h] = s.size();
-            for (int t = 0; t < r.n; ++t) {
-              const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
-              check_entry_fits(s, k.data() + row, v.data() + row, l);
-            }
-            for (int t = 0; t < r.n; ++t) {
-              const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
-              s.append(k.data() + row, v.data() + row, pos[r.first + t]);
-            }
-          } catch (...) {
-            store_error[static_cast<size_t>(u)] = std::current_exception();
+                                  l, src));
+        for (int h = 0; h < nkv; ++h) {
+          Segment& s = cache.seg(src, h);
+          if (src != l) {
+            r.n_old[h] = s.size() - static_cast<size_t>(r.n);
+            continue;
+          }
+          r.n_old[h] = s.size();
+          for (int t = 0; t < r.n; ++t) {
+            const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
+            check_entry_fits(s, k.data() + row, v.data() + row, l);
+          }
+          for (int t = 0; t < r.n; ++t) {
+            const size_t row = static_cast<size_t>(r.first + t) * dkv + static_cast<size_t>(h) * hd;
+            s.append(k.data() + row, v.data() + row, pos[r.first + t]);
           }
         }
-      };
-      // An entry costs about as much as 64 multiply-adds a value (the range check, the encoding and
-      // the store's bookkeeping), so a single decode row stays on the calling thread.
-      parallel_for(static_cast<int64_t>(store_error.size()), static_cast<int64_t>(n) * dkv * 2 * 64, store);
-      for (size_t u = 0; u < store_error.size(); ++u) {
-        Rows& r = runs[u / static_cast<size_t>(nkv)];
-        if (!r.error && store_error[u]) r.error = store_error[u];
-      }
-    }
+      });
     // 5. Attend: to every entry, or to the subset the run's hook chose (decode-time selection).
     for (Rows& r : runs) {
       r.use_subset = false;
@@ -596,8 +575,7 @@ std::vector<float> Session::decode_batch(const std::vector<Session*>& sessions, 
         throw Error(fmt::format("token at position {} exceeds the context size n_ctx {}", s.next_pos_, s.n_ctx_));
       if (tokens[i] < 0 || tokens[i] >= hp.n_vocab)
         throw Error(fmt::format("token id {} is outside the vocabulary (0..{})", tokens[i], hp.n_vocab - 1));
-      // One row per session: a second would take the same position, and the batch fills a
-      // session's segments from one thread only.
+      // One row per session: a second row would be given the same position and stored twice.
       for (int j = 0; j < i; ++j)
         if (sessions[j] == sessions[i])
           throw Error(fmt::format("decode_batch: row {} is the session of row {} again (one row per session)", i, j));

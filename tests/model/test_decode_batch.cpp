@@ -199,8 +199,7 @@ TEST(DecodeBatch, AFailingRowFailsAlone) {
   }
   EXPECT_EQ(f16.next_position(), 0);
   EXPECT_EQ(f16.cache().entries(), 0u);
-  // A prompt of 96 tokens stores its (KV head) segments in parallel: the failure is the same, and
-  // the session is left empty whichever heads had stored their entries.
+  // A prompt of 96 tokens fails the same way, and leaves the session empty.
   std::vector<Token> long_ids;
   while (long_ids.size() < 96) long_ids.insert(long_ids.end(), ids.begin(), ids.end());
   long_ids.resize(96);
