@@ -199,18 +199,6 @@ TEST(DecodeBatch, AFailingRowFailsAlone) {
   }
   EXPECT_EQ(f16.next_position(), 0);
   EXPECT_EQ(f16.cache().entries(), 0u);
-  // A prompt of 96 tokens fails the same way, and leaves the session empty.
-  std::vector<Token> long_ids;
-  while (long_ids.size() < 96) long_ids.insert(long_ids.end(), ids.begin(), ids.end());
-  long_ids.resize(96);
-  try {
-    f16.forward(long_ids);
-    ADD_FAILURE() << "a long prefill into an f16 cache that cannot hold its keys succeeded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("numeric overflow in layer 0"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(f16.next_position(), 0);
-  EXPECT_EQ(f16.cache().entries(), 0u);
   // The same session twice in one batch is refused for its second row.
   errors.clear();
   Session::decode_batch({&a, &b, &a}, {5, 9, 5}, &errors);
