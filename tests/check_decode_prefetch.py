@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every packed decode kernel (gemv_packed_q4k, _q4k_wide, _q6k, _q6k_wide, _q8 at each SIMD level) must
+"""Every packed decode kernel (gemv_packed_q4k, _q6k, _q6k_wide, _q8 at each SIMD level) must
 request the weight lines ahead from inside its loop over the weights. Regression check: GCC at -O2
 took the small functions that only issue prefetch instructions for functions without side effects
 and dropped the calls, so the kernels requested only the first blocks of a run and a decode step of
@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 
-KERNEL = re.compile(r"qdot::(\w+)::\(anonymous namespace\)::(gemv_packed_q(?:4k|4k_wide|6k|6k_wide|8)<\d+>)\(")
+KERNEL = re.compile(r"qdot::(\w+)::\(anonymous namespace\)::(gemv_packed_q(?:4k|6k|6k_wide|8)<\d+>)\(")
 INSN = re.compile(r"^\s*([0-9a-f]+):\s+(?:\{vex\}\s+)?(\S+)\s*(.*)$")
 JUMP_TARGET = re.compile(r"^([0-9a-f]+) <")
 
