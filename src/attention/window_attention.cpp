@@ -81,13 +81,15 @@ KVSLIM_TARGET_CLONES void logits_block(const float* __restrict q, int rb,
   }
 }
 
-/// 2^y for y <= 0 (clamped at -126), 16 at a time: 2^floor(y) from the exponent bits times a
+/// 2^y for y <= 0 (clamped at -126, -inf included), 16 at a time: 2^floor(y) from the exponent bits times a
 /// degree-7 polynomial for 2^frac (relative error < 2e-6).
 __attribute__((always_inline)) inline void exp2_nonpos(vf16& y) {
   constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
                   c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f,
                   c7 = 1.52527338040598e-05f;  // ln2^k / k!
-  const vf16 lo = y - y - 126.0f;
+  // The floor as a vector of its own: taken as y - y - 126, it was NaN where y is -inf (the tail's
+  // padding), so -inf went through unclamped and its exponent overflowed int (UBSan) and gave NaN.
+  const vf16 lo = vf16{} - 126.0f;
   y = y < lo ? lo : y;
   vi16 ki = __builtin_convertvector(y, vi16);  // truncates toward zero
   vf16 k = __builtin_convertvector(ki, vf16);

@@ -25,7 +25,8 @@ void window_probabilities(const float* q, int rows, float scale, const float* ke
                           const size_t* visible, float* out);
 
 /// x[0, n) <- softmax(x[0, n)) in place, 16 values at a time (SIMD chosen at run time). The values
-/// must be finite (mask by passing a shorter n). exp has a relative error below 2e-6.
+/// must be finite or -inf (a -inf entry gets a probability below 2^-126), with at least one finite
+/// (mask a tail by passing a shorter n). exp has a relative error below 2e-6.
 void softmax_inplace(float* __restrict x, size_t n);
 
 }  // namespace kvslim

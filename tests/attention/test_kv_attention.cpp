@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/window_attention.h"
 #include "kernels/quant_dot.h"
 #include "kv/cache.h"
 #include "press/wrappers/precision_tiers.h"
@@ -507,4 +508,27 @@ TEST(KVAttention, KiviInPlaceDecodeMatchesDecodedTiles) {
     }
   }
   qdot::set_level(saved);
+}
+
+// A -inf logit gets (almost) no weight and leaves the others' softmax as it is. exp2's floor was
+// built as y - y - 126, which is NaN where y is -inf, so -inf went through unclamped: the row came
+// out NaN, and the -inf padding of every tail shorter than 16 overflowed an int (found by UBSan).
+TEST(KVAttention, SoftmaxGivesMinusInfinityNoWeight) {
+  for (size_t n : {size_t{3}, size_t{20}}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = 0.25f * static_cast<float>(i);
+    x[1] = -INFINITY;
+    double z = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (i != 1) z += std::exp(double(x[i]));
+    std::vector<float> p = x;
+    softmax_inplace(p.data(), n);
+    EXPECT_LT(p[1], 1e-37f);
+    EXPECT_GE(p[1], 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 1) continue;
+      EXPECT_NEAR(p[i], std::exp(double(x[i])) / z, 1e-5 * std::exp(double(x[i])) / z) << i;
+    }
+  }
 }
